@@ -1,0 +1,3 @@
+from potluck.cli import main
+
+main()

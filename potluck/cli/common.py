@@ -1,0 +1,76 @@
+"""Options and helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from potluck.protocol.dht import NetworkConfig
+from potluck.protocol.errors import ProtocolError
+from potluck.protocol.invite import Invite, read_invite
+from potluck.protocol.membership import PeerView
+
+err_console = Console(stderr=True)
+
+HOST_MADDRS_HELP = "Multiaddrs to listen on, e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)."
+ANNOUNCE_HELP = "Public multiaddrs others should dial (behind NAT or port forwarding; repeatable)."
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a one-line (or few-line) actionable error and return the exit to raise."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def parse_invite(arg: str) -> Invite:
+    try:
+        return read_invite(arg)
+    except ProtocolError as e:
+        raise fail(str(e)) from None
+
+
+def network_config(
+    host_maddrs: list[str] | None,
+    announce_maddrs: list[str] | None,
+    default_host: str,
+    bootstrap_timeout_s: float,
+    use_auto_relay: bool = False,
+) -> NetworkConfig:
+    return NetworkConfig(
+        host_maddrs=tuple(host_maddrs or [default_host]),
+        announce_maddrs=tuple(announce_maddrs or ()),
+        bootstrap_timeout_s=bootstrap_timeout_s,
+        use_auto_relay=use_auto_relay,
+    )
+
+
+def peers_table(peers: list[PeerView], now: float, title: str) -> Table:
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("peer", no_wrap=True)
+    table.add_column("device", no_wrap=True, max_width=24)
+    for col in ("mem GiB", "free GiB", "fp32 TF/s", "bf16 TF/s", "heartbeat"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for p in peers:
+        hw = p.record.hardware
+        table.add_row(
+            "…" + p.peer_id[-8:],
+            hw.device_name if hw.device_kind == "cpu" else f"{hw.device_kind}: {hw.device_name}",
+            f"{hw.memory_total_bytes / 2**30:.1f}",
+            f"{hw.memory_free_bytes / 2**30:.1f}",
+            f"{hw.tflops_fp32:.3f}",
+            f"{hw.tflops_bf16:.3f}",
+            f"{p.age_s(now):.1f}s",
+        )
+    return table
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by the owner only (an invite may carry a join token)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")

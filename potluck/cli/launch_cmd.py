@@ -1,0 +1,92 @@
+"""``potluck launch``: start a coordinator for a job and print the invite."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import signal
+from pathlib import Path
+
+import typer
+from hivemind.utils import get_dht_time
+
+from potluck.cli.common import ANNOUNCE_HELP, HOST_MADDRS_HELP, err_console, fail, network_config, peers_table
+from potluck.coordinator.config import DEFAULT_HOME, CoordinatorConfig
+from potluck.coordinator.service import CoordinatorService
+from potluck.coordinator.state import SwarmState
+from potluck.protocol.errors import ProtocolError
+from potluck.protocol.jobfile import load_job
+from potluck.protocol.keys import check_swarm_id
+from potluck.protocol.records import JobSpec
+
+
+def launch(
+    job_file: Path = typer.Argument(..., help="Job file (TOML), e.g. examples/tiny.toml."),
+    invite_file: Path = typer.Option(
+        None, "--invite-file", help="Also write the invite to this file (0600)."
+    ),
+    swarm_id: str = typer.Option(None, "--swarm-id", help="Swarm id; default: job name + random suffix."),
+    identity: Path = typer.Option(DEFAULT_HOME / "coordinator.pem", help="Coordinator's Ed25519 key file."),
+    host_maddrs: list[str] = typer.Option(None, "--host-maddrs", help=HOST_MADDRS_HELP),
+    announce_maddrs: list[str] = typer.Option(None, "--announce-maddrs", help=ANNOUNCE_HELP),
+    initial_peers: list[str] = typer.Option(None, "--initial-peers", help="Join an existing DHT instead."),
+    poll_interval: float = typer.Option(2.0, min=0.2, help="Seconds between reads of the swarm state."),
+) -> None:
+    """Start the coordinator of a job: sign the job, print an invite, track the peers that join."""
+    try:
+        job = load_job(job_file)
+        swarm = check_swarm_id(swarm_id or _default_swarm_id(job))
+    except ProtocolError as e:
+        raise fail(str(e)) from None
+    cfg = CoordinatorConfig(
+        swarm_id=swarm,
+        identity_path=identity,
+        net=network_config(host_maddrs, announce_maddrs, "/ip4/0.0.0.0/tcp/0", 30.0),
+        initial_peers=tuple(initial_peers or ()),
+        poll_interval_s=poll_interval,
+    )
+    try:
+        asyncio.run(_run(cfg, job, invite_file))
+    except ProtocolError as e:
+        raise fail(str(e)) from None
+
+
+def _default_swarm_id(job: JobSpec) -> str:
+    base = "".join(c if c.isalnum() else "-" for c in job.name.lower()).strip("-")[:50] or "swarm"
+    return f"{base}-{secrets.token_hex(3)}"
+
+
+async def _run(cfg: CoordinatorConfig, job: JobSpec, invite_file: Path | None) -> None:
+    service = CoordinatorService(cfg, job)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    def on_change(state: SwarmState, joined: list[str], left: list[str]) -> None:
+        for pid in joined:
+            err_console.print(f"+ peer joined: {pid}", highlight=False)
+        for pid in left:
+            err_console.print(f"- peer left:   {pid}", highlight=False)
+        err_console.print(peers_table(list(state.peers.values()), get_dht_time(), f"{len(state.peers)} live"))
+
+    service.on_change = on_change
+    invite = await service.start()
+    try:
+        text = invite.encode()
+        if invite_file is not None:
+            from potluck.cli.common import write_private_text
+
+            write_private_text(invite_file, text)
+        err_console.print(
+            f"coordinator of swarm [bold]{cfg.swarm_id}[/] for job [bold]{job.name}[/]; invite:"
+        )
+        print(text, flush=True)  # noqa: T201 - the invite goes to stdout so it can be piped
+        err_console.print("peers join with:  potluck peer --join <invite>    (Ctrl-C stops the coordinator)")
+        await stop.wait()
+    finally:
+        await asyncio.wait_for(service.stop(), timeout=10.0)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("launch")(launch)

@@ -1,0 +1,38 @@
+"""``potluck status``: read the live peers of a swarm as a DHT client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import typer
+from hivemind.utils import get_dht_time
+from rich.console import Console
+
+from potluck.cli.common import fail, network_config, parse_invite, peers_table
+from potluck.protocol.client import read_live_peers
+from potluck.protocol.errors import ProtocolError
+
+
+def status(
+    join: str = typer.Option(..., "--join", help="The swarm's invite (or @FILE)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    timeout: float = typer.Option(15.0, min=1.0, help="Seconds allowed for joining and reading."),
+) -> None:
+    """Print the swarm's live peers: id, device, memory, TFLOP/s, age of the last heartbeat."""
+    invite = parse_invite(join)
+    net = network_config(None, None, "/ip4/127.0.0.1/tcp/0", bootstrap_timeout_s=timeout)
+    try:
+        peers = asyncio.run(read_live_peers(invite, net, timeout_s=timeout))
+    except (ProtocolError, TimeoutError) as e:
+        raise fail(f"could not read swarm {invite.swarm_id}: {e or 'timed out'}") from None
+    now = get_dht_time()
+    if as_json:
+        doc = {"swarm_id": invite.swarm_id, "peers": [p.summary(now) for p in peers]}
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        Console().print(peers_table(peers, now, f"swarm {invite.swarm_id}: {len(peers)} live peers"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status)

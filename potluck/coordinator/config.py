@@ -1,0 +1,21 @@
+"""The coordinator's one typed config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from potluck.protocol.dht import NetworkConfig
+
+DEFAULT_HOME = Path.home() / ".potluck"
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    swarm_id: str
+    identity_path: Path = DEFAULT_HOME / "coordinator.pem"
+    net: NetworkConfig = field(default_factory=NetworkConfig)
+    initial_peers: tuple[str, ...] = ()  # join an existing DHT instead of starting a new one
+    job_ttl_s: float = 300.0  # the signed JobSpec's lifetime; refreshed every third of it
+    poll_interval_s: float = 2.0  # how often the swarm state is re-read from the DHT
+    read_timeout_s: float = 10.0  # bound on one DHT read of the swarm state

@@ -1,0 +1,1 @@
+"""The daemon a volunteer runs: join, probe, announce, train."""

@@ -1,0 +1,27 @@
+"""The peer daemon's one typed config. Defaults are what a volunteer on a home connection wants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from potluck.protocol.dht import NetworkConfig
+from potluck.protocol.invite import Invite
+
+DEFAULT_HOME = Path.home() / ".potluck"
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    invite: Invite
+    identity_path: Path = DEFAULT_HOME / "identity.pem"
+    net: NetworkConfig = field(default_factory=NetworkConfig)
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    ttl_s: float = 30.0  # heartbeat lifetime in the DHT; refreshed every third of it
+    probe_budget_s: float = 0.5  # seconds per matmul benchmark at start-up
+    withdraw_timeout_s: float = 2.0  # on shutdown: time allowed to store the "leaving" record
+    shutdown_timeout_s: float = 5.0  # on SIGINT/SIGTERM: everything is done within this, or forced
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.ttl_s / 3.0

@@ -1,0 +1,112 @@
+"""Hardware probe: which device, how much memory, and how fast it multiplies matrices (measured).
+
+The planner places stages by these numbers, so they are measured, never looked up: a short dense matmul
+loop per dtype, timed after a warm-up, bounded by ``budget_s`` so start-up stays quick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+
+from potluck.protocol.records import DeviceKind, Hardware
+
+logger = logging.getLogger(__name__)
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    """``auto``: CUDA (or ROCm) when present, then Apple MPS, else CPU. Anything else is taken as given."""
+    if requested != "auto":
+        return torch.device(requested)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def matmul_tflops(
+    device: torch.device, dtype: torch.dtype, budget_s: float, size: int | None = None
+) -> float:
+    """Dense ``size x size`` matmul throughput in TFLOP/s (2 n^3 FLOP per product), measured."""
+    n = size or (4096 if device.type == "cuda" else 512)
+    try:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        torch.matmul(a, b)  # warm-up: kernels selected, memory touched
+        _sync(device)
+        reps, start = 0, time.perf_counter()
+        while True:
+            torch.matmul(a, b)
+            reps += 1
+            if reps % 4 == 0:
+                _sync(device)
+                elapsed = time.perf_counter() - start
+                if elapsed >= budget_s:
+                    break
+        return 2.0 * n**3 * reps / elapsed / 1e12
+    except (RuntimeError, TypeError) as e:  # a dtype the device lacks counts as zero throughput
+        logger.info("matmul %s on %s unsupported: %s", dtype, device, e)
+        return 0.0
+
+
+def probe(device: torch.device, budget_s: float = 0.5) -> Hardware:
+    """Describe this machine; ``budget_s`` bounds each of the two matmul benchmarks."""
+    kind: DeviceKind
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        name = torch.cuda.get_device_name(device)
+        kind = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+    else:
+        total, free = _system_memory()
+        name = _cpu_name() if device.type == "cpu" else device.type
+        kind = "mps" if device.type == "mps" else "xpu" if device.type == "xpu" else "cpu"
+    fp32 = matmul_tflops(device, torch.float32, budget_s) if budget_s > 0 else 0.0
+    bf16 = matmul_tflops(device, torch.bfloat16, budget_s) if budget_s > 0 else 0.0
+    hw = Hardware(
+        device_kind=kind,
+        device_name=name[:128],
+        memory_total_bytes=int(total),
+        memory_free_bytes=int(min(free, total)),
+        cpu_cores=max(1, cores),
+        tflops_fp32=round(fp32, 4),
+        tflops_bf16=round(bf16, 4),
+    )
+    logger.info("probed %s: %.3f TFLOP/s fp32, %.3f bf16", hw.device_name, fp32, bf16)
+    return hw
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _system_memory() -> tuple[int, int]:
+    """(total, available) bytes of RAM from /proc/meminfo, falling back to sysconf."""
+    try:
+        info = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, value = line.split(":", 1)
+                info[key] = int(value.split()[0]) * 1024  # kB -> bytes
+        return info["MemTotal"], info.get("MemAvailable", info["MemFree"])
+    except (OSError, KeyError, ValueError):
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        return pages * size, pages * size
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return "CPU: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "CPU"

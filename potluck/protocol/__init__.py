@@ -1,0 +1,4 @@
+"""The shared language of peers and coordinator: identities, signed records, DHT keys, invites.
+
+Imports nothing from ``potluck.peer`` or ``potluck.coordinator``.
+"""

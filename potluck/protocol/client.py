@@ -1,0 +1,44 @@
+"""Read-only access to a swarm for tools (``potluck status``, the demo, monitors): join as a DHT client
+with a throwaway identity, read, leave."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from hivemind.utils import get_dht_time
+
+from potluck.protocol.dht import NetworkConfig, SwarmNode
+from potluck.protocol.envelope import TrustPolicy
+from potluck.protocol.identity import Identity
+from potluck.protocol.invite import Invite
+from potluck.protocol.keys import PEERS
+from potluck.protocol.membership import PeerView, live_peers
+
+
+class SwarmClient:
+    def __init__(self, node: SwarmNode) -> None:
+        self.node = node
+
+    @classmethod
+    async def connect(cls, invite: Invite, net: NetworkConfig) -> SwarmClient:
+        # A client listens on loopback only: it serves nothing and must not be dialled from outside.
+        net = replace(net, host_maddrs=("/ip4/127.0.0.1/tcp/0",), announce_maddrs=())
+        policy = TrustPolicy(invite.swarm_id, invite.coordinator_key)
+        node = await SwarmNode.start(Identity.generate(), policy, net, invite.bootstrap, client_mode=True)
+        return cls(node)
+
+    async def live_peers(self, timeout_s: float) -> list[PeerView]:
+        records = await asyncio.wait_for(self.node.fetch(PEERS.name), timeout=timeout_s)
+        return live_peers(records, get_dht_time())
+
+    async def close(self) -> None:
+        await self.node.shutdown()
+
+
+async def read_live_peers(invite: Invite, net: NetworkConfig, timeout_s: float) -> list[PeerView]:
+    client = await SwarmClient.connect(invite, net)
+    try:
+        return await client.live_peers(timeout_s)
+    finally:
+        await client.close()

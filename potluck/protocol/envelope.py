@@ -1,0 +1,163 @@
+"""Signed envelopes: how a record travels through the DHT, and the one routine that verifies it.
+
+An envelope is a msgpack array ``[magic, swarm, name, kind, body, public_key, signature]`` where ``body``
+is the record's canonical JSON. The signature covers a domain tag plus
+``(swarm, name, kind, DHT key id, subkey bytes, expiration, body)``, so a record cannot be replayed under
+another key or subkey, into another swarm, or with a longer lifetime.
+
+``verify`` runs cheapest checks first (size, expiration, framing) and the signature before the schema, so
+garbage never reaches the JSON parser and nothing is allocated from a claimed size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from hivemind.dht.routing import DHTID
+from hivemind.utils.serializer import MSGPackSerializer
+from pydantic import ValidationError
+
+from potluck.protocol import identity as ident
+from potluck.protocol.errors import RecordError
+from potluck.protocol.keys import KEY_SPECS, dht_key
+from potluck.protocol.records import RECORD_TYPES, PeerRecord, Record
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"PLK1"
+SIGN_DOMAIN = b"potluck/record/v1\x00"
+DEFAULT_MAX_VALUE_BYTES = 64 * 1024  # a PeerRecord is ~1 KiB; plans of thousands of peers fit in 64 KiB
+
+
+@dataclass(frozen=True)
+class TrustPolicy:
+    """What a node accepts: its swarm, who may sign job-level records, and bounds."""
+
+    swarm_id: str
+    coordinator_key: bytes  # Ed25519 public key of the job's owner
+    clock_skew_s: float = 60.0  # tolerated disagreement of clocks between peers, seconds
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A record that passed every check, with who signed it."""
+
+    name: str
+    subkey: Any
+    record: Record
+    public_key: bytes
+    expiration: float
+
+    @property
+    def signer(self) -> str:
+        return ident.peer_id_from_public_key(self.public_key)
+
+
+def key_id_bytes(swarm_id: str, name: str) -> bytes:
+    """The bytes hivemind uses for a DHT key on the wire (hash of the serialized key)."""
+    return bytes(DHTID.generate(source=dht_key(swarm_id, name)).to_bytes())
+
+
+def subkey_bytes(subkey: Any) -> bytes:
+    return bytes(MSGPackSerializer.dumps(subkey))
+
+
+def _signed_message(
+    swarm: str, name: str, kind: str, key_id: bytes, subkey_b: bytes, expiration: float, body: bytes
+) -> bytes:
+    packed = msgpack.packb([swarm, name, kind, key_id, subkey_b, float(expiration), body], use_bin_type=True)
+    return SIGN_DOMAIN + packed
+
+
+def seal(
+    signer: ident.Identity, swarm_id: str, name: str, record: Record, expiration: float, subkey: Any = None
+) -> bytes:
+    """Sign ``record`` for (swarm, name, subkey) until ``expiration``; returns the envelope bytes."""
+    spec = KEY_SPECS[name]
+    if spec.kind != record.KIND:
+        raise RecordError(f"key {name!r} holds {spec.kind}, not {record.KIND}")
+    body = record.canonical_bytes()
+    message = _signed_message(
+        swarm_id, name, record.KIND, key_id_bytes(swarm_id, name), subkey_bytes(subkey), expiration, body
+    )
+    envelope = [MAGIC, swarm_id, name, record.KIND, body, signer.public_key, signer.sign(message)]
+    return bytes(msgpack.packb(envelope, use_bin_type=True))
+
+
+def verify(
+    policy: TrustPolicy, key_id: bytes, subkey_b: bytes, stored_value: bytes, expiration: float, now: float
+) -> Verified:
+    """Check a DHT record exactly as stored (value serialized by hivemind); raise ``RecordError`` if bad."""
+    if len(stored_value) > policy.max_value_bytes:
+        raise RecordError(f"oversized: {len(stored_value)} bytes > limit {policy.max_value_bytes}")
+    if not isinstance(expiration, float | int) or not math.isfinite(expiration):
+        raise RecordError("expiration is not a finite number")
+    if expiration < now - policy.clock_skew_s:
+        raise RecordError(f"stale: expired {now - expiration:.1f} s ago")
+
+    envelope_bytes = _unpack(stored_value, policy.max_value_bytes)
+    if not isinstance(envelope_bytes, bytes):
+        raise RecordError("malformed: DHT value is not a byte string")
+    fields = _unpack(envelope_bytes, policy.max_value_bytes)
+    if not (isinstance(fields, list) and len(fields) == 7):
+        raise RecordError("malformed: envelope is not a 7-element array")
+    magic, swarm, name, kind, body, public_key, signature = fields
+    if magic != MAGIC:
+        raise RecordError("malformed: bad magic (not a potluck record)")
+    if not all(isinstance(x, str) for x in (swarm, name, kind)):
+        raise RecordError("malformed: swarm, name and kind must be strings")
+    if not all(isinstance(x, bytes) for x in (body, public_key, signature)):
+        raise RecordError("malformed: body, public key and signature must be byte strings")
+    if swarm != policy.swarm_id:
+        raise RecordError(f"wrong swarm: record of swarm {swarm!r}, this node serves {policy.swarm_id!r}")
+    spec = KEY_SPECS.get(name)
+    if spec is None or kind != spec.kind:
+        raise RecordError(f"unknown record name/kind {name!r}/{kind!r}")
+    if key_id != key_id_bytes(swarm, name):
+        raise RecordError(f"key mismatch: envelope names {name!r} but is stored under another key")
+    if expiration > now + spec.max_ttl_s + policy.clock_skew_s:
+        raise RecordError(
+            f"expiration too far in the future: {expiration - now:.0f} s > {spec.max_ttl_s:.0f} s"
+        )
+
+    message = _signed_message(swarm, name, kind, key_id, subkey_b, expiration, body)
+    if not ident.verify(public_key, message, signature):
+        raise RecordError("bad signature: not signed by the key it carries, or altered since")
+
+    subkey = _unpack(subkey_b, 256)
+    if spec.signer == "coordinator":
+        if public_key != policy.coordinator_key:
+            raise RecordError(f"{name} record not signed by the swarm's coordinator")
+    elif subkey != ident.peer_id_from_public_key(public_key):
+        raise RecordError("subkey is not the signer's peer id (records may only be written by their owner)")
+
+    try:
+        record = RECORD_TYPES[kind].model_validate_json(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RecordError(f"schema: {kind}.{where}: {first['msg']}") from None
+    if isinstance(record, PeerRecord) and record.peer_id != subkey:
+        raise RecordError("schema: PeerRecord.peer_id differs from its subkey")
+    return Verified(name, subkey, record, public_key, float(expiration))
+
+
+def _unpack(data: bytes, limit: int) -> Any:
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=limit,
+            max_str_len=limit,
+            max_array_len=64,
+            max_map_len=64,
+            max_ext_len=0,
+        )
+    except Exception as e:  # msgpack raises a zoo of types on garbage
+        raise RecordError(f"malformed: cannot decode msgpack ({type(e).__name__})") from None

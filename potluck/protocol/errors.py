@@ -1,0 +1,25 @@
+"""Errors of the protocol package. Each carries a message a user can act on."""
+
+
+class ProtocolError(Exception):
+    """Base class for everything the protocol package rejects."""
+
+
+class IdentityError(ProtocolError):
+    """A key file is missing, unreadable, malformed or too permissive."""
+
+
+class RecordError(ProtocolError):
+    """A record or envelope is malformed, oversized, unsigned, forged, stale or of another swarm."""
+
+
+class InviteError(ProtocolError):
+    """An invite string is garbage, truncated or of an unknown version."""
+
+
+class JobSpecError(ProtocolError):
+    """A job file is unreadable or a field is invalid; the message names the field."""
+
+
+class BootstrapError(ProtocolError):
+    """No bootstrap peer could be reached, or the p2p daemon did not start; the message says what to try."""

@@ -1,0 +1,27 @@
+# Sourced by scripts/test.sh and scripts/demo.sh: make .venv with potluck installed.
+# Idempotent: a stamp keyed on pyproject.toml skips pip when nothing changed.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${POTLUCK_VENV:-$ROOT/.venv}"
+EXTRAS="${1:-}"
+PY="${PYTHON:-python3}"
+
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+  echo "potluck needs Python >= 3.11 (found: $("$PY" --version 2>&1)); set PYTHON=python3.11" >&2
+  exit 1
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "==> creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.potluck-installed"
+want="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)-$EXTRAS"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "==> installing potluck${EXTRAS:+[$EXTRAS]} into $VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip wheel setuptools
+  # torch first and exactly pinned: a floating torch would pull GBs of CUDA packages.
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+  "$VENV/bin/python" -m pip install -q -e "$ROOT${EXTRAS:+[$EXTRAS]}"
+  echo "$want" > "$stamp"
+fi
+export PATH="$VENV/bin:$PATH"

@@ -1,0 +1,84 @@
+"""Shared helpers for integration tests: a local swarm of real processes, the CLI as a subprocess,
+and fault injection through a raw hivemind node that bypasses potluck's validation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hivemind.dht.node import DHTNode
+from hivemind.utils import get_dht_time
+
+from potluck.localswarm import LOOPBACK, LocalSwarm
+from potluck.protocol.invite import Invite
+from potluck.protocol.keys import dht_key
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_JOB = ROOT / "examples" / "tiny.toml"
+
+
+@contextmanager
+def local_swarm(tmp: Path, n_peers: int, ttl: float = 30.0, swarm_id: str = "itest") -> Iterator[LocalSwarm]:
+    """A coordinator and ``n_peers`` peers (named peer0..), reaped on exit whatever happens."""
+    swarm = LocalSwarm(tmp, TINY_JOB, swarm_id=swarm_id, peer_args=("--ttl", str(ttl), "--probe-seconds", "0.1"))
+    try:
+        swarm.start_coordinator()
+        for i in range(n_peers):
+            swarm.start_peer(f"peer{i}")
+        yield swarm
+    finally:
+        swarm.close()
+
+
+def potluck_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run the real console entry point in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "potluck", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def status_json(invite: Invite) -> dict[str, Any]:
+    result = potluck_cli("status", "--join", invite.encode(), "--json", "--timeout", "20")
+    assert result.returncode == 0, result.stderr
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+class RawNode:
+    """A plain hivemind DHT node with NO validator, run in a background thread: an attacker's view.
+
+    It stays up while the test reads the swarm, so lookups can reach its local copies of bad records.
+    """
+
+    def __init__(self, invite: Invite) -> None:
+        self.invite = invite
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.node: DHTNode = self._call(
+            DHTNode.create(
+                initial_peers=list(invite.bootstrap), host_maddrs=[LOOPBACK], nat_port_map=False, auto_nat=False
+            )
+        )
+
+    def _call(self, coro: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def store(self, name: str, subkey: Any, value: bytes, ttl: float = 60.0) -> bool:
+        key = dht_key(self.invite.swarm_id, name)
+        return bool(self._call(self.node.store(key, value, get_dht_time() + ttl, subkey=subkey)))
+
+    def close(self) -> None:
+        try:
+            self._call(self.node.shutdown())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+            self.loop.close()

@@ -1,0 +1,113 @@
+"""Swarm membership on a real hivemind DHT with p2pd processes on 127.0.0.1, every process reaped by PID."""
+
+import signal
+import time
+
+import msgpack
+import pytest
+
+from potluck.protocol.envelope import seal
+from potluck.protocol.identity import Identity
+from potluck.protocol.records import Hardware, PeerRecord
+from potluck.protocol.invite import Invite
+from tests.helpers.swarm import RawNode, local_swarm, potluck_cli, status_json
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TTL = 9.0  # short heartbeat lifetime so expiry is observable quickly
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory):
+    with local_swarm(tmp_path_factory.mktemp("swarm"), n_peers=3, ttl=TTL) as s:
+        yield s
+
+
+def test_three_peers_appear_in_status_json(swarm):
+    deadline = time.monotonic() + 30
+    while True:
+        doc = status_json(swarm.invite)
+        if len(doc["peers"]) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert doc["swarm_id"] == "itest"
+    assert len(doc["peers"]) == 3, doc
+    for p in doc["peers"]:
+        assert p["peer_id"].startswith("12D3KooW")
+        assert p["device_kind"] == "cpu" and p["memory_total_bytes"] > 0 and p["tflops_fp32"] > 0
+        assert p["heartbeat_age_s"] < TTL
+        assert all(a.startswith("/ip4/127.0.0.1/") for a in p["maddrs"])
+    # the potluck peer id is the libp2p id its p2pd announces
+    assert all(p["maddrs"][0].endswith(p["peer_id"]) for p in doc["peers"])
+
+
+def test_forged_records_from_a_raw_node_are_never_shown(swarm):
+    peers = swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
+    victim = peers[0]
+    attacker = Identity.generate()
+    fake_hw = Hardware(
+        device_kind="cuda", device_name="FORGED H100", memory_total_bytes=80 << 30, memory_free_bytes=80 << 30,
+        cpu_cores=64, tflops_fp32=60.0, tflops_bf16=990.0,
+    )  # fmt: skip
+    now = time.time()
+    # 1. the attacker signs a record that claims the victim's identity
+    impostor = PeerRecord(peer_id=victim.peer_id, hardware=fake_hw, issued_at=now)
+    forged_claim = seal(attacker, "itest", "peers", impostor, now + 60, victim.peer_id)
+    # 2. a record for a fake peer whose signature is garbage
+    ghost = Identity.generate()
+    ghost_rec = PeerRecord(peer_id=ghost.peer_id, hardware=fake_hw, issued_at=now)
+    fields = msgpack.unpackb(seal(ghost, "itest", "peers", ghost_rec, now + 60, ghost.peer_id))
+    fields[6] = bytes(64)
+    forged_sig = msgpack.packb(fields, use_bin_type=True)
+    raw = RawNode(swarm.invite)
+    try:
+        # the raw node keeps its own copy (no validator), honest nodes refuse theirs
+        raw.store("peers", victim.peer_id, forged_claim)
+        raw.store("peers", ghost.peer_id, forged_sig)
+        for _ in range(3):  # several reads while the raw node is up: lookups may reach it
+            doc = status_json(swarm.invite)
+            ids = {p["peer_id"] for p in doc["peers"]}
+            assert ghost.peer_id not in ids
+            assert all(p["device_name"] != "FORGED H100" for p in doc["peers"]), doc
+            assert victim.peer_id in ids
+    finally:
+        raw.close()
+
+
+def test_sigterm_peer_leaves_within_5s(swarm):
+    swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
+    pid_before = {p.peer_id for p in swarm.live_peers()}
+    start = time.monotonic()
+    exit_s = swarm.stop("peer1", signal.SIGTERM)
+    assert exit_s < 5.0, f"peer took {exit_s:.1f} s to exit"
+    assert swarm.procs["peer1"].popen.returncode == 0, swarm.procs["peer1"].tail()
+    peers = swarm.wait_for(lambda ps: len(ps) == 2, timeout_s=5.0 - (time.monotonic() - start) + 1.0, poll_s=0.3)
+    gone_s = time.monotonic() - start
+    assert gone_s < 6.0  # 5 s bound plus one status read
+    assert len(pid_before - {p.peer_id for p in peers}) == 1
+
+
+def test_sigkill_peer_disappears_after_ttl(swarm):
+    before = swarm.wait_for(lambda ps: len(ps) >= 2, timeout_s=30)
+    start = time.monotonic()
+    swarm.stop("peer2", signal.SIGKILL)
+    # a crashed peer cannot withdraw: right after the kill it is still listed...
+    assert len(swarm.live_peers()) == len(before)
+    # ...and its heartbeat lapses within one TTL
+    after = swarm.wait_for(lambda ps: len(ps) == len(before) - 1, timeout_s=TTL + 10, poll_s=0.5)
+    elapsed = time.monotonic() - start
+    assert elapsed <= TTL + 10
+    assert len(after) == len(before) - 1
+
+
+def test_unreachable_bootstrap_fails_with_advice(tmp_path):
+    dead = f"/ip4/127.0.0.1/tcp/9/p2p/{Identity.generate().peer_id}"
+    invite = Invite("itest", (dead,), Identity.generate().public_key)
+    start = time.monotonic()
+    result = potluck_cli(
+        "peer", "--join", invite.encode(), "--identity", str(tmp_path / "id.pem"),
+        "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--bootstrap-timeout", "3", "--probe-seconds", "0",
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert dead in result.stderr and "--announce-maddrs" in result.stderr
+    assert time.monotonic() - start < 30

@@ -1,0 +1,68 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from potluck.protocol.errors import InviteError
+from potluck.protocol.identity import Identity
+from potluck.protocol.invite import Invite, read_invite
+
+ADDR = f"/ip4/127.0.0.1/tcp/4242/p2p/{Identity.generate().peer_id}"
+INVITE = Invite("swarm-a", (ADDR,), Identity.generate().public_key, token="t0k")
+
+
+def test_roundtrip_and_file(tmp_path):
+    text = INVITE.encode()
+    assert text.startswith("potluck:") and "\n" not in text
+    assert Invite.decode(text) == INVITE
+    assert Invite.decode(f"  {text}\n") == INVITE  # pasted with whitespace
+    f = tmp_path / "invite.txt"
+    f.write_text(text + "\n")
+    assert read_invite(f"@{f}") == INVITE
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty"),
+        ("hello world", "should start with 'potluck:'"),
+        ("potluck:!!!!", "corrupted"),
+        ("potluck:AAAA", "truncated or altered"),
+        ("potluck:" + "A" * 9000, "too long"),
+    ],
+)
+def test_garbage_gets_one_clear_line(text, message):
+    with pytest.raises(InviteError, match=message) as err:
+        Invite.decode(text)
+    assert "\n" not in str(err.value)
+
+
+def test_every_truncation_is_detected():
+    text = INVITE.encode()
+    for cut in range(len("potluck:"), len(text)):
+        with pytest.raises(InviteError):
+            Invite.decode(text[:cut])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=len("potluck:"), max_value=10_000), st.sampled_from("ABCxyz019-_"))
+def test_altered_character_is_detected(pos, ch):
+    text = INVITE.encode()
+    pos %= len(text)
+    pos = max(pos, len("potluck:"))
+    if text[pos] == ch:
+        return
+    with pytest.raises(InviteError):
+        Invite.decode(text[:pos] + ch + text[pos + 1 :])
+
+
+def test_missing_file_and_bad_fields(tmp_path):
+    with pytest.raises(InviteError, match="cannot read invite file"):
+        read_invite(f"@{tmp_path / 'nope'}")
+    with pytest.raises(InviteError, match="no bootstrap"):
+        Invite("swarm-a", (), b"k" * 32)
+    with pytest.raises(InviteError, match="/p2p/"):
+        Invite("swarm-a", ("/ip4/1.2.3.4/tcp/1",), b"k" * 32)
+    with pytest.raises(InviteError, match="invalid swarm id"):
+        Invite("Bad Swarm!", (ADDR,), b"k" * 32)
+    with pytest.raises(InviteError, match="32-byte"):
+        Invite("swarm-a", (ADDR,), b"k")

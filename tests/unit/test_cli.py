@@ -1,0 +1,42 @@
+"""CLI behaviour that needs no network: help, and errors that are one clear line."""
+
+import os
+
+from typer.testing import CliRunner
+
+from potluck.cli import app
+from potluck.protocol.identity import Identity
+from potluck.protocol.invite import Invite
+
+runner = CliRunner()
+
+
+def test_help_lists_subcommands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for cmd in ("peer", "launch", "status", "demo"):
+        assert cmd in result.output
+
+
+def test_garbage_invite_is_a_clear_error():
+    result = runner.invoke(app, ["status", "--join", "garbage"])
+    assert result.exit_code == 2
+    assert "not a potluck invite" in result.output
+
+
+def test_loose_key_permissions_refused(tmp_path):
+    key = tmp_path / "id.pem"
+    Identity.generate().save(key)
+    os.chmod(key, 0o644)
+    invite = Invite("swarm-a", (f"/ip4/127.0.0.1/tcp/1/p2p/{Identity.generate().peer_id}",), b"k" * 32)
+    result = runner.invoke(app, ["peer", "--join", invite.encode(), "--identity", str(key)])
+    assert result.exit_code == 2
+    assert "chmod 600" in result.output
+
+
+def test_bad_job_file_names_field(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('name = "x"\n')
+    result = runner.invoke(app, ["launch", str(job)])
+    assert result.exit_code == 2
+    assert "field `model`" in result.output
