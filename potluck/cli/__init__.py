@@ -12,6 +12,7 @@ import logging
 import typer
 
 from potluck import __version__
+from potluck.compat import use_fork
 
 # Subcommand modules, in the order `potluck --help` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -52,4 +53,5 @@ for _module in COMMANDS:
 
 
 def main() -> None:
+    use_fork()  # before anything creates a hivemind process object (see potluck.compat)
     app()

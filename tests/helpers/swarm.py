@@ -27,7 +27,9 @@ TINY_JOB = ROOT / "examples" / "tiny.toml"
 @contextmanager
 def local_swarm(tmp: Path, n_peers: int, ttl: float = 30.0, swarm_id: str = "itest") -> Iterator[LocalSwarm]:
     """A coordinator and ``n_peers`` peers (named peer0..), reaped on exit whatever happens."""
-    swarm = LocalSwarm(tmp, TINY_JOB, swarm_id=swarm_id, peer_args=("--ttl", str(ttl), "--probe-seconds", "0.1"))
+    swarm = LocalSwarm(
+        tmp, TINY_JOB, swarm_id=swarm_id, peer_args=("--ttl", str(ttl), "--probe-seconds", "0.1")
+    )
     try:
         swarm.start_coordinator()
         for i in range(n_peers):
@@ -64,7 +66,10 @@ class RawNode:
         self.thread.start()
         self.node: DHTNode = self._call(
             DHTNode.create(
-                initial_peers=list(invite.bootstrap), host_maddrs=[LOOPBACK], nat_port_map=False, auto_nat=False
+                initial_peers=list(invite.bootstrap),
+                host_maddrs=[LOOPBACK],
+                nat_port_map=False,
+                auto_nat=False,
             )
         )
 

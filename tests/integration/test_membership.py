@@ -8,8 +8,8 @@ import pytest
 
 from potluck.protocol.envelope import seal
 from potluck.protocol.identity import Identity
-from potluck.protocol.records import Hardware, PeerRecord
 from potluck.protocol.invite import Invite
+from potluck.protocol.records import Hardware, PeerRecord
 from tests.helpers.swarm import RawNode, local_swarm, potluck_cli, status_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -81,7 +81,9 @@ def test_sigterm_peer_leaves_within_5s(swarm):
     exit_s = swarm.stop("peer1", signal.SIGTERM)
     assert exit_s < 5.0, f"peer took {exit_s:.1f} s to exit"
     assert swarm.procs["peer1"].popen.returncode == 0, swarm.procs["peer1"].tail()
-    peers = swarm.wait_for(lambda ps: len(ps) == 2, timeout_s=5.0 - (time.monotonic() - start) + 1.0, poll_s=0.3)
+    peers = swarm.wait_for(
+        lambda ps: len(ps) == 2, timeout_s=5.0 - (time.monotonic() - start) + 1.0, poll_s=0.3
+    )
     gone_s = time.monotonic() - start
     assert gone_s < 6.0  # 5 s bound plus one status read
     assert len(pid_before - {p.peer_id for p in peers}) == 1

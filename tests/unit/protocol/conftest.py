@@ -17,7 +17,9 @@ def make_hardware(**kw):
 
 
 def make_peer_record(ident: Identity, **kw) -> PeerRecord:
-    base = dict(peer_id=ident.peer_id, hardware=make_hardware(), maddrs=["/ip4/127.0.0.1/tcp/1"], issued_at=NOW)
+    base = dict(
+        peer_id=ident.peer_id, hardware=make_hardware(), maddrs=["/ip4/127.0.0.1/tcp/1"], issued_at=NOW
+    )
     base.update(kw)
     return PeerRecord(**base)
 

@@ -10,12 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from potluck.protocol import envelope
-from potluck.protocol.envelope import key_id_bytes, seal, subkey_bytes, verify
+from potluck.protocol.envelope import TrustPolicy, key_id_bytes, seal, subkey_bytes, verify
 from potluck.protocol.errors import RecordError
 from potluck.protocol.identity import Identity
 from potluck.protocol.records import JobSpec, PeerRecord, canonical_json
 from potluck.protocol.validators import PotluckValidator
-from potluck.protocol.envelope import TrustPolicy
 from tests.unit.protocol.conftest import NOW, make_job, make_peer_record
 
 # Hypothesis tests take a module-level policy: function fixtures are not reset between examples.
@@ -113,7 +112,9 @@ def test_signed_but_schema_invalid_rejected(policy):
     raw = canonical_json(body)
     key, sk = key_id_bytes("swarm-a", "peers"), subkey_bytes(peer.peer_id)
     msg = envelope._signed_message("swarm-a", "peers", "PeerRecord", key, sk, NOW + 30, raw)
-    value = msgpack.packb([envelope.MAGIC, "swarm-a", "peers", "PeerRecord", raw, peer.public_key, peer.sign(msg)])
+    value = msgpack.packb(
+        [envelope.MAGIC, "swarm-a", "peers", "PeerRecord", raw, peer.public_key, peer.sign(msg)]
+    )
     with pytest.raises(RecordError, match=r"schema: PeerRecord\.hardware\.memory_total_bytes"):
         check(policy, value, subkey=peer.peer_id)
 
