@@ -17,6 +17,7 @@ from potluck.cli.common import (
 )
 from potluck.peer.config import DEFAULT_HOME, PeerConfig
 from potluck.peer.daemon import PeerDaemon
+from potluck.peer.links import LinkProbeConfig
 from potluck.protocol.errors import BootstrapError, IdentityError
 
 
@@ -34,6 +35,10 @@ def peer(
     ),
     probe_seconds: float = typer.Option(0.5, min=0.0, help="Seconds per matmul benchmark at start-up."),
     use_auto_relay: bool = typer.Option(False, help="Behind NAT: become reachable through a libp2p relay."),
+    link_interval: float = typer.Option(120.0, min=1.0, help="Seconds between rounds of link measurement."),
+    link_probe_bytes: int = typer.Option(
+        4 << 20, min=1024, help="Bytes sent to measure each link's goodput."
+    ),
 ) -> None:
     """Join a swarm with this machine: probe the hardware, announce it, keep a heartbeat."""
     cfg = PeerConfig(
@@ -45,6 +50,7 @@ def peer(
         device=device,
         ttl_s=ttl,
         probe_budget_s=probe_seconds,
+        links=LinkProbeConfig(interval_s=link_interval, bulk_bytes=link_probe_bytes),
     )
     try:
         asyncio.run(_run(cfg))

@@ -10,8 +10,9 @@ from hivemind.utils import get_dht_time
 from rich.console import Console
 
 from potluck.cli.common import fail, network_config, parse_invite, peers_table
-from potluck.protocol.client import read_live_peers
+from potluck.protocol.client import read_swarm
 from potluck.protocol.errors import ProtocolError
+from potluck.protocol.membership import links_summary
 
 
 def status(
@@ -23,15 +24,22 @@ def status(
     invite = parse_invite(join)
     net = network_config(None, None, "/ip4/127.0.0.1/tcp/0", bootstrap_timeout_s=timeout)
     try:
-        peers = asyncio.run(read_live_peers(invite, net, timeout_s=timeout))
+        peers, links = asyncio.run(read_swarm(invite, net, timeout_s=timeout))
     except (ProtocolError, TimeoutError) as e:
         raise fail(f"could not read swarm {invite.swarm_id}: {e or 'timed out'}") from None
     now = get_dht_time()
     if as_json:
-        doc = {"swarm_id": invite.swarm_id, "peers": [p.summary(now) for p in peers]}
+        doc = {
+            "swarm_id": invite.swarm_id,
+            "peers": [p.summary(now) for p in peers],
+            "links": links_summary(links),
+        }
         typer.echo(json.dumps(doc, indent=2))
     else:
-        Console().print(peers_table(peers, now, f"swarm {invite.swarm_id}: {len(peers)} live peers"))
+        console = Console()
+        console.print(peers_table(peers, now, f"swarm {invite.swarm_id}: {len(peers)} live peers"))
+        n_links = sum(len(r.links) for r in links.values())
+        console.print(f"{n_links} measured links from {len(links)} peers (details: --json)")
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ from potluck.protocol.dht import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
-from potluck.protocol.keys import JOB, PEERS
+from potluck.protocol.keys import JOB, LINKS, PEERS
 from potluck.protocol.records import JobSpec
 
 logger = logging.getLogger(__name__)
@@ -51,8 +51,11 @@ class CoordinatorService:
 
     async def read_state(self) -> SwarmState:
         assert self.node is not None
-        records = await asyncio.wait_for(self.node.fetch(PEERS.name), timeout=self.cfg.read_timeout_s)
-        return SwarmState.from_records(self.cfg.swarm_id, records, get_dht_time())
+        peers, links = await asyncio.wait_for(
+            asyncio.gather(self.node.fetch(PEERS.name), self.node.fetch(LINKS.name)),
+            timeout=self.cfg.read_timeout_s,
+        )
+        return SwarmState.from_records(self.cfg.swarm_id, peers, links, get_dht_time())
 
     async def _refresh_job(self) -> None:
         assert self.node is not None

@@ -6,7 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from potluck.protocol.envelope import Verified
-from potluck.protocol.membership import PeerView, live_peers
+from potluck.protocol.membership import PeerView, link_reports, live_peers
+from potluck.protocol.records import LinkReport
 
 
 @dataclass(frozen=True)
@@ -14,10 +15,14 @@ class SwarmState:
     swarm_id: str
     as_of: float  # DHT time of the read
     peers: dict[str, PeerView] = field(default_factory=dict)
+    links: dict[str, LinkReport] = field(default_factory=dict)  # reporter -> its latest report
 
     @classmethod
-    def from_records(cls, swarm_id: str, records: Iterable[Verified], now: float) -> SwarmState:
-        return cls(swarm_id, now, {p.peer_id: p for p in live_peers(records, now)})
+    def from_records(
+        cls, swarm_id: str, peer_records: Iterable[Verified], link_records: Iterable[Verified], now: float
+    ) -> SwarmState:
+        peers = {p.peer_id: p for p in live_peers(peer_records, now)}
+        return cls(swarm_id, now, peers, link_reports(link_records, peers, now))
 
     def diff(self, previous: SwarmState) -> tuple[list[str], list[str]]:
         """(joined, left) peer ids relative to ``previous``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from potluck.peer.links import LinkProbeConfig
 from potluck.protocol.dht import NetworkConfig
 from potluck.protocol.invite import Invite
 
@@ -16,6 +17,7 @@ class PeerConfig:
     invite: Invite
     identity_path: Path = DEFAULT_HOME / "identity.pem"
     net: NetworkConfig = field(default_factory=NetworkConfig)
+    links: LinkProbeConfig = field(default_factory=LinkProbeConfig)
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
     ttl_s: float = 30.0  # heartbeat lifetime in the DHT; refreshed every third of it
     probe_budget_s: float = 0.5  # seconds per matmul benchmark at start-up

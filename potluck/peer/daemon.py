@@ -16,12 +16,15 @@ import time
 from hivemind.utils import get_dht_time
 
 from potluck.peer.config import PeerConfig
+from potluck.peer.links import LinkProber, choose_targets
 from potluck.peer.probe import pick_device, probe
 from potluck.protocol.dht import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
+from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity
-from potluck.protocol.keys import PEERS
-from potluck.protocol.records import Hardware, PeerRecord
+from potluck.protocol.keys import LINKS, PEERS
+from potluck.protocol.membership import live_peers
+from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +38,8 @@ class PeerDaemon:
         self.hardware: Hardware | None = None
         self.stop_event = asyncio.Event()
         self.ready = asyncio.Event()  # set once the first heartbeat is stored
+        self.prober: LinkProber
+        self.link_reports = 0  # link reports published so far
 
     @property
     def peer_id(self) -> str:
@@ -62,13 +67,20 @@ class PeerDaemon:
                 await probe_task
             raise
         logger.info("peer %s joined swarm %s", self.peer_id, self.cfg.invite.swarm_id)
-        heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
+        self.prober = LinkProber(self.node.p2p, self.cfg.invite.swarm_id, self.cfg.links)
+        await self.prober.serve()
+        tasks = [
+            asyncio.create_task(self._heartbeat(), name="heartbeat"),
+            asyncio.create_task(self._measure_links(), name="links"),
+        ]
         try:
             await self.stop_event.wait()
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self._leave()
 
     def stop(self) -> None:
@@ -105,6 +117,32 @@ class PeerDaemon:
             except TimeoutError:
                 logger.warning("heartbeat store timed out after %.1f s", self.cfg.heartbeat_interval_s)
             await asyncio.sleep(max(0.0, self.cfg.heartbeat_interval_s - (time.monotonic() - started)))
+
+    async def _measure_links(self) -> None:
+        """Every ``links.interval_s``: measure a sample of live peers and publish a signed LinkReport."""
+        assert self.node is not None
+        cfg = self.cfg.links
+        await asyncio.sleep(min(cfg.interval_s, 2.0))  # let the first heartbeats of a new swarm land
+        round_no = 0
+        while True:
+            try:
+                peers = live_peers(await self.node.fetch(PEERS.name), get_dht_time())
+                targets = choose_targets(self.peer_id, [p.peer_id for p in peers], round_no, cfg.sample_size)
+                samples: list[LinkSample] = []
+                for target in targets:
+                    try:
+                        samples.append(await self.prober.measure(target))
+                    except WireError as e:
+                        logger.info("link to %s not measured: %s", target, e)
+                if samples:
+                    report = LinkReport(peer_id=self.peer_id, links=samples, issued_at=get_dht_time())
+                    ttl = min(3 * cfg.interval_s, LINKS.max_ttl_s)
+                    await self.node.publish(LINKS.name, report, ttl, self.peer_id)
+                    self.link_reports += 1
+            except Exception as e:  # measurement is best effort; the daemon carries on
+                logger.warning("link measurement round %d failed: %s", round_no, e)
+            round_no += 1
+            await asyncio.sleep(cfg.interval_s)
 
     async def _leave(self) -> None:
         """Withdraw the heartbeat, then stop the node; bounded by ``shutdown_timeout_s`` in total."""

@@ -12,8 +12,9 @@ from potluck.protocol.dht import NetworkConfig, SwarmNode
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
-from potluck.protocol.keys import PEERS
-from potluck.protocol.membership import PeerView, live_peers
+from potluck.protocol.keys import LINKS, PEERS
+from potluck.protocol.membership import PeerView, link_reports, live_peers
+from potluck.protocol.records import LinkReport
 
 
 class SwarmClient:
@@ -32,6 +33,10 @@ class SwarmClient:
         records = await asyncio.wait_for(self.node.fetch(PEERS.name), timeout=timeout_s)
         return live_peers(records, get_dht_time())
 
+    async def links(self, live_ids: list[str], timeout_s: float) -> dict[str, LinkReport]:
+        records = await asyncio.wait_for(self.node.fetch(LINKS.name), timeout=timeout_s)
+        return link_reports(records, live_ids, get_dht_time())
+
     async def close(self) -> None:
         await self.node.shutdown()
 
@@ -40,5 +45,17 @@ async def read_live_peers(invite: Invite, net: NetworkConfig, timeout_s: float) 
     client = await SwarmClient.connect(invite, net)
     try:
         return await client.live_peers(timeout_s)
+    finally:
+        await client.close()
+
+
+async def read_swarm(
+    invite: Invite, net: NetworkConfig, timeout_s: float
+) -> tuple[list[PeerView], dict[str, LinkReport]]:
+    """Live peers and their latest link reports, in one client session."""
+    client = await SwarmClient.connect(invite, net)
+    try:
+        peers = await client.live_peers(timeout_s)
+        return peers, await client.links([p.peer_id for p in peers], timeout_s)
     finally:
         await client.close()

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from potluck.protocol import identity as ident
 from potluck.protocol.errors import RecordError
 from potluck.protocol.keys import KEY_SPECS, dht_key
-from potluck.protocol.records import RECORD_TYPES, PeerRecord, Record
+from potluck.protocol.records import RECORD_TYPES, Record
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +142,8 @@ def verify(
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise RecordError(f"schema: {kind}.{where}: {first['msg']}") from None
-    if isinstance(record, PeerRecord) and record.peer_id != subkey:
-        raise RecordError("schema: PeerRecord.peer_id differs from its subkey")
+    if spec.signer == "subkey" and getattr(record, "peer_id", None) != subkey:
+        raise RecordError(f"schema: {kind}.peer_id differs from its subkey")
     return Verified(name, subkey, record, public_key, float(expiration))
 
 

@@ -23,3 +23,7 @@ class JobSpecError(ProtocolError):
 
 class BootstrapError(ProtocolError):
     """No bootstrap peer could be reached, or the p2p daemon did not start; the message says what to try."""
+
+
+class WireError(ProtocolError):
+    """A stream frame was malformed, oversized, unexpected, or did not arrive in time."""

@@ -29,9 +29,10 @@ class KeySpec:
 
 
 PEERS = KeySpec("peers", "PeerRecord", signer="subkey", max_ttl_s=300.0)
+LINKS = KeySpec("links", "LinkReport", signer="subkey", max_ttl_s=3600.0)
 JOB = KeySpec("job", "JobSpec", signer="coordinator", max_ttl_s=3600.0)
 
-KEY_SPECS: dict[str, KeySpec] = {spec.name: spec for spec in (PEERS, JOB)}
+KEY_SPECS: dict[str, KeySpec] = {spec.name: spec for spec in (PEERS, LINKS, JOB)}
 
 
 def check_swarm_id(swarm_id: str) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from potluck.protocol.envelope import Verified
-from potluck.protocol.records import PeerRecord
+from potluck.protocol.records import LinkReport, PeerRecord
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,29 @@ def live_peers(records: Iterable[Verified], now: float) -> list[PeerView]:
         if isinstance(v.record, PeerRecord) and v.record.status == "online" and v.expiration > now
     ]
     return sorted(views, key=lambda p: p.peer_id)
+
+
+def link_reports(records: Iterable[Verified], live_ids: Iterable[str], now: float) -> dict[str, LinkReport]:
+    """The newest unexpired link report of each live peer, keeping only links to live peers."""
+    live = set(live_ids)
+    newest: dict[str, Verified] = {}
+    for v in records:
+        if isinstance(v.record, LinkReport) and v.record.peer_id in live and v.expiration > now:
+            best = newest.get(v.record.peer_id)
+            if best is None or v.expiration > best.expiration:
+                newest[v.record.peer_id] = v
+    out: dict[str, LinkReport] = {}
+    for pid, v in sorted(newest.items()):
+        report = v.record
+        assert isinstance(report, LinkReport)
+        kept = [s for s in report.links if s.dst in live and s.dst != pid]
+        out[pid] = report.model_copy(update={"links": kept})
+    return out
+
+
+def links_summary(reports: dict[str, LinkReport]) -> list[dict[str, object]]:
+    return [
+        {"src": src, "dst": s.dst, "rtt_ms": round(s.rtt_ms, 3), "bandwidth_gbps": round(s.bandwidth_gbps, 4)}
+        for src, report in reports.items()
+        for s in report.links
+    ]

@@ -79,6 +79,26 @@ class PeerRecord(Record):
     issued_at: NonNegFloat  # DHT time (unix seconds) when signed; age of a heartbeat = now - issued_at
 
 
+class LinkSample(BaseModel):
+    """One measured link from the reporting peer to ``dst``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    dst: PeerId
+    rtt_ms: float = Field(ge=0.0, le=600_000.0, allow_inf_nan=False)  # median round trip, milliseconds
+    bandwidth_gbps: float = Field(ge=0.0, le=100_000.0, allow_inf_nan=False)  # measured goodput, Gbit/s
+
+
+class LinkReport(Record):
+    """What a peer measured towards a sample of others. Stored under subkey = reporter's peer id."""
+
+    KIND: ClassVar[str] = "LinkReport"
+
+    peer_id: PeerId
+    links: list[LinkSample] = Field(max_length=64)
+    issued_at: NonNegFloat
+
+
 # ---- jobs ------------------------------------------------------------------------------------------------
 
 
@@ -128,4 +148,4 @@ class JobSpec(Record):
     batch: BatchSpec
 
 
-RECORD_TYPES: dict[str, type[Record]] = {cls.KIND: cls for cls in (PeerRecord, JobSpec)}
+RECORD_TYPES: dict[str, type[Record]] = {cls.KIND: cls for cls in (PeerRecord, LinkReport, JobSpec)}

@@ -41,6 +41,22 @@ def test_three_peers_appear_in_status_json(swarm):
     assert all(p["maddrs"][0].endswith(p["peer_id"]) for p in doc["peers"])
 
 
+def test_links_are_measured_and_published(swarm):
+    """Every peer measures the others over real libp2p streams and publishes a signed LinkReport."""
+    deadline = time.monotonic() + 40
+    while True:
+        doc = status_json(swarm.invite)
+        ids = {p["peer_id"] for p in doc["peers"]}
+        pairs = {(link["src"], link["dst"]) for link in doc["links"]}
+        if (len(ids) == 3 and len(pairs) == 6) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert pairs == {(s, d) for s in ids for d in ids if s != d}, doc["links"]
+    for link in doc["links"]:
+        assert 0 < link["rtt_ms"] < 1000  # loopback, but through two p2pd daemons
+        assert link["bandwidth_gbps"] > 0.01
+
+
 def test_forged_records_from_a_raw_node_are_never_shown(swarm):
     peers = swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
     victim = peers[0]

@@ -1,0 +1,134 @@
+"""Measuring links to other peers: round-trip time and goodput over real libp2p streams.
+
+Each peer serves a probe protocol (echo pings, count bulk bytes) and periodically measures a sample of
+other peers: a fixed number or O(log N) of them, never all, because the coordinator's network model
+estimates the unmeasured pairs. Results become a signed ``LinkReport`` in the DHT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import statistics
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+
+from potluck.protocol.errors import WireError
+from potluck.protocol.records import LinkSample
+from potluck.protocol.wire import MAX_PAYLOAD, Frame, MsgType, read_frame, write_frame
+
+logger = logging.getLogger(__name__)
+
+LAST = 1  # frame flag: the final BULK frame of a probe
+
+
+@dataclass(frozen=True)
+class LinkProbeConfig:
+    pings: int = 5  # round trips per measurement; the median is reported
+    bulk_bytes: int = 4 << 20  # bytes sent to measure goodput
+    frame_bytes: int = 256 << 10  # bytes per BULK frame
+    timeout_s: float = 10.0  # bound on every read and write of a probe
+    max_stream_bytes: int = 64 << 20  # a probe stream that sends more is cut off (abuse bound)
+    sample_size: int = 4  # peers measured per round, at least; grows as ceil(log2 N)
+    interval_s: float = 120.0  # seconds between measurement rounds
+
+
+def probe_protocol(swarm_id: str) -> str:
+    return f"potluck/{swarm_id}/probe/1"
+
+
+def choose_targets(self_id: str, peer_ids: Sequence[str], round_no: int, minimum: int) -> list[str]:
+    """Deterministic sample of peers to measure this round: max(minimum, ceil(log2 N)) of them.
+
+    Hashing (self, round, peer) spreads measurements: over rounds every pair gets measured, and each
+    round costs every peer O(log N) probes instead of N.
+    """
+    others = sorted(set(peer_ids) - {self_id})
+    k = min(len(others), max(minimum, math.ceil(math.log2(len(others) + 1))))
+
+    def rank(peer: str) -> bytes:
+        return hashlib.blake2b(f"{self_id}|{round_no}|{peer}".encode(), digest_size=8).digest()
+
+    return sorted(others, key=rank)[:k]
+
+
+class LinkProber:
+    def __init__(self, p2p: P2P, swarm_id: str, cfg: LinkProbeConfig) -> None:
+        self.p2p, self.cfg = p2p, cfg
+        self.protocol = probe_protocol(swarm_id)
+        if cfg.frame_bytes > MAX_PAYLOAD[MsgType.BULK]:
+            raise ValueError(
+                f"frame_bytes {cfg.frame_bytes} exceeds the wire limit {MAX_PAYLOAD[MsgType.BULK]}"
+            )
+
+    async def serve(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
+
+    async def _handle(
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        received = 0
+        try:
+            while True:
+                try:
+                    frame = await read_frame(reader, self.cfg.timeout_s, expect={MsgType.PING, MsgType.BULK})
+                except WireError as e:
+                    if "closed" not in str(e):
+                        logger.debug("probe from %s ended: %s", info.peer_id, e)
+                    return
+                if frame.type == MsgType.PING:
+                    await write_frame(writer, Frame(MsgType.PONG, frame.payload), self.cfg.timeout_s)
+                    continue
+                received += len(frame.payload)
+                if received > self.cfg.max_stream_bytes:
+                    logger.warning("probe stream from %s exceeded %d bytes; closing", info.peer_id, received)
+                    return
+                if frame.flags & LAST:
+                    done = Frame(MsgType.BULK_DONE, struct.pack("<Q", received))
+                    await write_frame(writer, done, self.cfg.timeout_s)
+                    received = 0
+        finally:
+            writer.close()
+
+    async def measure(self, peer_id: str) -> LinkSample:
+        """RTT (median of ``pings``) and goodput to ``peer_id``; raises ``WireError`` on any failure."""
+        cfg = self.cfg
+        try:
+            _, reader, writer = await asyncio.wait_for(
+                self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), self.protocol), cfg.timeout_s
+            )
+        except Exception as e:  # the daemon raises several types for unreachable peers
+            raise WireError(f"cannot open a probe stream to {peer_id}: {e or type(e).__name__}") from None
+        try:
+            rtts = []
+            for i in range(cfg.pings):
+                t = time.perf_counter()
+                await write_frame(writer, Frame(MsgType.PING, struct.pack("<Q", i)), cfg.timeout_s)
+                pong = await read_frame(reader, cfg.timeout_s, expect={MsgType.PONG})
+                if pong.payload != struct.pack("<Q", i):
+                    raise WireError("probe echo does not match")
+                rtts.append(time.perf_counter() - t)
+            chunk = bytes(cfg.frame_bytes)
+            n_frames = max(1, math.ceil(cfg.bulk_bytes / cfg.frame_bytes))
+            t = time.perf_counter()
+            for i in range(n_frames):
+                flags = LAST if i == n_frames - 1 else 0
+                await write_frame(writer, Frame(MsgType.BULK, chunk, flags), cfg.timeout_s)
+            done = await read_frame(reader, cfg.timeout_s, expect={MsgType.BULK_DONE})
+            elapsed = time.perf_counter() - t
+        finally:
+            writer.close()
+        (received,) = struct.unpack("<Q", done.payload)
+        if received != n_frames * len(chunk):
+            raise WireError(f"peer counted {received} bytes of {n_frames * len(chunk)}")
+        rtt = statistics.median(rtts)
+        # The clock ran from the first byte sent to the acknowledgement: subtract one round trip.
+        transfer_s = max(elapsed - rtt, 1e-6)
+        return LinkSample(dst=peer_id, rtt_ms=rtt * 1e3, bandwidth_gbps=received * 8 / transfer_s / 1e9)

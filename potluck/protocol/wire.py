@@ -1,0 +1,100 @@
+"""Framing of binary messages on potluck's P2P streams.
+
+A frame is a 12-byte little-endian header ``magic "PLW1" | version u8 | type u8 | flags u16 |
+length u32`` followed by ``length`` payload bytes. The reader checks the header and the length against
+the limit for that message type BEFORE reading (allocating) the payload, and every read has a timeout,
+so a slow, dead or hostile peer costs at most one bounded wait and no memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import struct
+from dataclasses import dataclass
+
+from potluck.protocol.errors import WireError
+
+MAGIC = b"PLW1"
+VERSION = 1
+HEADER = struct.Struct("<4sBBHI")
+HEADER_BYTES = HEADER.size  # 12
+
+
+class MsgType(enum.IntEnum):
+    PING = 1  # payload: opaque bytes, echoed back
+    PONG = 2
+    BULK = 3  # payload: filler bytes for throughput probes
+    BULK_DONE = 4  # payload: u64 total bytes received
+    TENSOR = 16  # payload: a compression-library payload (activations, gradients, all-reduce chunks)
+    CONTROL = 17  # payload: msgpack control message
+    ERROR = 255  # payload: UTF-8 reason
+
+
+# Largest payload accepted per type, bytes. TENSOR is bounded by the codec's own header checks too.
+MAX_PAYLOAD: dict[MsgType, int] = {
+    MsgType.PING: 1024,
+    MsgType.PONG: 1024,
+    MsgType.BULK: 1 << 20,
+    MsgType.BULK_DONE: 8,
+    MsgType.TENSOR: 256 << 20,
+    MsgType.CONTROL: 1 << 16,
+    MsgType.ERROR: 4096,
+}
+
+
+@dataclass(frozen=True)
+class Frame:
+    type: MsgType
+    payload: bytes
+    flags: int = 0
+
+
+def encode_header(msg_type: MsgType, length: int, flags: int = 0) -> bytes:
+    if length > MAX_PAYLOAD[msg_type]:
+        raise WireError(f"{msg_type.name} payload of {length} bytes exceeds {MAX_PAYLOAD[msg_type]}")
+    return HEADER.pack(MAGIC, VERSION, int(msg_type), flags, length)
+
+
+def decode_header(header: bytes) -> tuple[MsgType, int, int]:
+    """(type, flags, length) of a header, validated against the per-type limit."""
+    magic, version, type_code, flags, length = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise WireError("bad frame magic: the peer does not speak potluck's wire protocol")
+    if version != VERSION:
+        raise WireError(f"unsupported wire version {version} (this peer speaks {VERSION})")
+    try:
+        msg_type = MsgType(type_code)
+    except ValueError:
+        raise WireError(f"unknown message type {type_code}") from None
+    if length > MAX_PAYLOAD[msg_type]:
+        raise WireError(f"{msg_type.name} frame declares {length} bytes, limit {MAX_PAYLOAD[msg_type]}")
+    return msg_type, flags, length
+
+
+async def write_frame(writer: asyncio.StreamWriter, frame: Frame, timeout_s: float) -> None:
+    writer.write(encode_header(frame.type, len(frame.payload), frame.flags))
+    writer.write(frame.payload)
+    try:
+        await asyncio.wait_for(writer.drain(), timeout_s)
+    except TimeoutError:
+        raise WireError(f"peer did not accept a {frame.type.name} frame within {timeout_s:.1f} s") from None
+
+
+async def read_frame(
+    reader: asyncio.StreamReader, timeout_s: float, expect: set[MsgType] | None = None
+) -> Frame:
+    """Read one frame; raise ``WireError`` on timeout, EOF, bad header, oversize or unexpected type."""
+    try:
+        header = await asyncio.wait_for(reader.readexactly(HEADER_BYTES), timeout_s)
+        msg_type, flags, length = decode_header(header)
+        if expect is not None and msg_type not in expect and msg_type != MsgType.ERROR:
+            raise WireError(f"expected {sorted(t.name for t in expect)}, got {msg_type.name}")
+        payload = await asyncio.wait_for(reader.readexactly(length), timeout_s) if length else b""
+    except TimeoutError:
+        raise WireError(f"no frame from peer within {timeout_s:.1f} s") from None
+    except asyncio.IncompleteReadError:
+        raise WireError("peer closed the stream mid-frame") from None
+    if msg_type == MsgType.ERROR:
+        raise WireError(f"peer reported an error: {payload.decode('utf-8', 'replace')}")
+    return Frame(msg_type, payload, flags)
