@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from potluck.protocol.dht import NetworkConfig
-
-DEFAULT_HOME = Path.home() / ".potluck"
+from potluck.protocol.identity import DEFAULT_HOME
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,8 @@ from pathlib import Path
 
 from potluck.peer.links import LinkProbeConfig
 from potluck.protocol.dht import NetworkConfig
+from potluck.protocol.identity import DEFAULT_HOME
 from potluck.protocol.invite import Invite
-
-DEFAULT_HOME = Path.home() / ".potluck"
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from potluck.protocol.errors import IdentityError
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_HOME = Path.home() / ".potluck"  # where key files live unless a path is given
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 # libp2p's protobuf framing of keys: field 1 (KeyType) = 1 (Ed25519), field 2 (Data) = raw bytes.
