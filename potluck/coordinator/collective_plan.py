@@ -1,0 +1,207 @@
+"""What the all-reduce executor consumes, and the time model it is checked against. Pure.
+
+A ``TreePlan`` lists, per tree, its root, every peer's parent and children, and its share of the buffer
+(weights normalised to sum 1). Executing it: split the buffer into consecutive per-tree slices by
+share; for each tree, stream its slice in chunks: leaves send up, inner peers add their own slice and
+forward, the root finishes each chunk and sends it back down the same edges. A ``RingPlan`` lists, per
+ring, the peer order and share: the classic reduce-scatter + all-gather around each ring.
+
+``predict_allreduce_time`` models D bytes over a plan for given capacities (bytes/s) and chunk size:
+the data split by share must cross every resource (link direction, peer uplink/downlink), so the
+transfer time is D / R_eff with R_eff = W / max_resource(load per unit weight / capacity), W the plan's
+total weight. chunk_bytes is the data one pipeline step moves across *all* trees: tree T's chunks are
+share_T * chunk_bytes, so every tree has the same number of chunks and a light tree is not slower to
+fill. Each tree then adds its pipeline fill, (2 * depth - 1) steps of chunk_bytes / R_eff, plus one
+latency per hop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from potluck.coordinator.trees.graph import CapacityInput, NodeCapacityInput, PackingError, make_network
+
+logger = logging.getLogger(__name__)
+
+Edge = tuple[Hashable, Hashable]
+
+
+@dataclass(frozen=True)
+class TreeSchedule:
+    """One tree: reduce toward root along parent links, broadcast back along children."""
+
+    root: Hashable
+    parent: dict[Hashable, Hashable | None]
+    children: dict[Hashable, tuple[Hashable, ...]]
+    weight: float  # rate of this tree in the packing (bytes/s)
+    share: float  # fraction of the buffer this tree carries
+
+    @property
+    def depth(self) -> int:
+        """Hops from the root to its farthest leaf."""
+        depth, frontier = 0, list(self.children[self.root])
+        while frontier:
+            depth += 1
+            frontier = [c for p in frontier for c in self.children[p]]
+        return depth
+
+    def edges(self) -> list[Edge]:
+        return [(p, c) for c, p in self.parent.items() if p is not None]
+
+
+@dataclass(frozen=True)
+class RingSchedule:
+    """One ring: peer i sends to order[(i + 1) % N]."""
+
+    order: tuple[Hashable, ...]
+    weight: float
+    share: float
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    nodes: tuple[Hashable, ...]
+    trees: tuple[TreeSchedule, ...]
+    rate: float  # sum of tree weights (bytes/s): D bytes take about D / rate plus fill
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    nodes: tuple[Hashable, ...]
+    rings: tuple[RingSchedule, ...]
+    rate: float  # sum of ring weights; D bytes take about 2 (N - 1) / N * D / rate plus fill
+
+
+def _center(nodes: Sequence[Hashable], adj: dict[Hashable, list[Hashable]]) -> Hashable:
+    """The peer of least eccentricity (shallowest root: shortest pipeline fill); first one on ties."""
+    def ecc(r: Hashable) -> int:
+        dist = {r: 0}
+        frontier = [r]
+        while frontier:
+            nxt = []
+            for u in frontier:
+                for v in adj[u]:
+                    if v not in dist:
+                        dist[v] = dist[u] + 1
+                        nxt.append(v)
+            frontier = nxt
+        return max(dist.values())
+    return min(nodes, key=ecc)
+
+
+def schedule_tree(nodes: Sequence[Hashable], edges: Sequence[Edge], weight: float, share: float,
+                  root: Hashable | None = None) -> TreeSchedule:
+    """Orient an undirected spanning tree from `root` (default: its center). Raises unless spanning."""
+    adj: dict[Hashable, list[Hashable]] = {u: [] for u in nodes}
+    for u, v in edges:
+        adj[u].append(v)
+        adj[v].append(u)
+    root = _center(nodes, adj) if root is None else root
+    parent: dict[Hashable, Hashable | None] = {root: None}
+    order = [root]
+    for u in order:  # BFS; `order` grows while iterating
+        for v in adj[u]:
+            if v not in parent:
+                parent[v] = u
+                order.append(v)
+    if len(parent) != len(nodes) or len(edges) != len(nodes) - 1:
+        raise PackingError(f"{len(edges)} edges do not form a spanning tree of {len(nodes)} peers")
+    children = {u: tuple(v for v in adj[u] if parent.get(v) == u) for u in nodes}
+    return TreeSchedule(root=root, parent=parent, children=children, weight=weight, share=share)
+
+
+def tree_plan(nodes: Sequence[Hashable], trees: Sequence[tuple[float, Sequence[Edge]]]) -> TreePlan:
+    """TreePlan from pack_allreduce's (weight, edges) list; each tree rooted at its center."""
+    total = sum(w for w, _ in trees)
+    if total <= 0:
+        raise PackingError("a tree plan needs positive weights")
+    scheds = tuple(schedule_tree(nodes, edges, w, w / total) for w, edges in trees)
+    return TreePlan(nodes=tuple(nodes), trees=scheds, rate=total)
+
+
+def ring_plan(nodes: Sequence[Hashable], rings: Sequence[tuple[float, Sequence[Hashable]]]) -> RingPlan:
+    """RingPlan from (weight, peer order) pairs (e.g. pack_rings)."""
+    total = sum(w for w, _ in rings)
+    if total <= 0:
+        raise PackingError("a ring plan needs positive weights")
+    for _, order in rings:
+        if sorted(map(repr, order)) != sorted(map(repr, nodes)):
+            raise PackingError(f"ring {order} does not visit every peer exactly once")
+    scheds = tuple(RingSchedule(order=tuple(o), weight=w, share=w / total) for w, o in rings)
+    return RingPlan(nodes=tuple(nodes), rings=scheds, rate=total)
+
+
+def split_elements(n_elements: int, shares: Sequence[float]) -> list[int]:
+    """Integer slice sizes proportional to shares (largest remainder; ties to the earlier structure)."""
+    raw = np.asarray(shares, dtype=np.float64) * n_elements / float(sum(shares))
+    sizes = np.floor(raw).astype(np.int64)
+    rest = n_elements - int(sizes.sum())
+    order = np.argsort(-(raw - sizes), kind="stable")
+    sizes[order[:rest]] += 1
+    return [int(s) for s in sizes]
+
+
+def _loads(plan: TreePlan | RingPlan, n: int, index: dict[Hashable, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Per unit of plan weight: load on each link direction (n x n) and per-peer up = down load (n,)."""
+    link = np.zeros((n, n))
+    peer = np.zeros(n)
+    if isinstance(plan, TreePlan):
+        for t in plan.trees:
+            for p, c in t.edges():
+                a, b = index[p], index[c]
+                link[a, b] += t.weight
+                link[b, a] += t.weight
+                peer[a] += t.weight
+                peer[b] += t.weight
+    else:
+        for r in plan.rings:
+            for i, u in enumerate(r.order):
+                a, b = index[u], index[r.order[(i + 1) % len(r.order)]]
+                link[a, b] += r.weight
+                peer[a] += r.weight
+    return link / plan.rate, peer / plan.rate
+
+
+def effective_rate(plan: TreePlan | RingPlan, capacity: CapacityInput,
+                   node_capacity: NodeCapacityInput | None = None) -> float:
+    """The rate the plan's weight split achieves on these capacities (W / worst resource utilisation)."""
+    net = make_network(capacity, node_capacity)
+    index = {u: i for i, u in enumerate(net.nodes)}
+    missing = [u for u in plan.nodes if u not in index]
+    if missing:
+        raise PackingError(f"plan peers {missing[:5]} have no capacities")
+    link, peer = _loads(plan, net.n, index)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        util = np.where(link > 0, link / net.cap, 0.0)
+        util_up = np.where(peer > 0, peer / net.up, 0.0)
+        util_down = np.where(peer > 0, peer / net.down, 0.0)
+    worst = max(float(util.max()), float(util_up.max()), float(util_down.max()))
+    return 0.0 if not math.isfinite(worst) or worst <= 0 else 1.0 / worst
+
+
+def predict_allreduce_time(plan: TreePlan | RingPlan, nbytes: float, capacity: CapacityInput, *,
+                           chunk_bytes: float, node_capacity: NodeCapacityInput | None = None,
+                           latency_s: float = 0.0) -> float:
+    """Model time (s) of an all-reduce of nbytes over the plan (see the module docstring).
+
+    Trees: max over trees of nbytes / R + (2 depth - 1) * c / R + 2 depth * latency, where
+    c = min(chunk, nbytes) (tree T streams chunks of share_T * c at share_T * R). Rings: the 2(N-1) steps move
+    2(N-1)/N * nbytes across each link at R, plus one chunk of fill and 2(N-1) latencies.
+    Returns inf when a used link has no capacity.
+    """
+    rate = effective_rate(plan, capacity, node_capacity)
+    if rate <= 0:
+        return math.inf
+    if isinstance(plan, RingPlan):
+        n = len(plan.nodes)
+        steps = 2 * (n - 1)
+        chunk = min(chunk_bytes, nbytes / n)
+        return steps / n * nbytes / rate + chunk / rate + steps * latency_s
+    chunk = min(chunk_bytes, nbytes)
+    depth = max(t.depth for t in plan.trees)
+    return nbytes / rate + (2 * depth - 1) * chunk / rate + 2 * depth * latency_s
