@@ -1,0 +1,91 @@
+"""The peer mailbox over real p2pd daemons on loopback (one process, port 0)."""
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from potluck.peer.transport import Mailbox, Tag, TransportConfig
+from potluck.protocol.errors import WireError
+from tests.helpers.p2p import p2p_group
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+PROTO = "potluck/test/mailbox/1"
+
+
+async def mailboxes(nodes, cfg=TransportConfig(timeout_s=5.0)):
+    boxes = [Mailbox(node, PROTO, cfg) for node in nodes]
+    for box in boxes:
+        await box.start()
+    return boxes
+
+
+def test_tagged_messages_between_three_peers():
+    async def main():
+        async with p2p_group(3) as nodes:
+            a, b, c = await mailboxes(nodes)
+            big = os.urandom(3 << 20)
+            # sends that arrive before anyone waits are buffered under (sender, tag)
+            await a.send(c.peer_id, Tag(1, 0, 0), b"from-a")
+            await b.send(c.peer_id, Tag(1, 0, 0), b"from-b")
+            await a.send(c.peer_id, Tag(1, 2, 7, 1), big)
+            await a.send(c.peer_id, Tag(1, 0, 1), b"")
+            assert await c.recv(b.peer_id, Tag(1, 0, 0)) == b"from-b"
+            assert await c.recv(a.peer_id, Tag(1, 0, 0)) == b"from-a"
+            assert await c.recv(a.peer_id, Tag(1, 2, 7, 1)) == big
+            assert await c.recv(a.peer_id, Tag(1, 0, 1)) == b""
+            # a receive posted before the send completes when the message lands
+            waiting = asyncio.create_task(a.recv(c.peer_id, Tag(2)))
+            await asyncio.sleep(0.05)
+            await c.send(a.peer_id, Tag(2), b"late")
+            assert await waiting == b"late"
+            # messages to oneself need no stream
+            await b.send(b.peer_id, Tag(3), b"self")
+            assert await b.recv(b.peer_id, Tag(3)) == b"self"
+            assert a.bytes_sent == len(big) + len(b"from-a")
+            for box in (a, b, c):
+                await box.close()
+
+    asyncio.run(main())
+
+
+def test_missing_message_times_out_and_dead_peer_fails_fast():
+    async def main():
+        async with p2p_group(2) as nodes:
+            a, b = await mailboxes(nodes, TransportConfig(timeout_s=2.0))
+            start = time.monotonic()
+            with pytest.raises(WireError, match="no message"):
+                await a.recv(b.peer_id, Tag(9), timeout_s=0.5)
+            assert time.monotonic() - start < 2.0
+            dead = b.peer_id
+            await b.close()
+            await nodes[1].shutdown()
+            start = time.monotonic()
+            with pytest.raises(WireError):
+                await a.send(dead, Tag(1), b"x")
+                await a.send(dead, Tag(2), b"y")  # a cached stream may accept one write before failing
+            assert time.monotonic() - start < 10.0
+            await a.close()
+
+    asyncio.run(main())
+
+
+def test_pending_bytes_are_bounded_with_backpressure():
+    async def main():
+        async with p2p_group(2) as nodes:
+            cfg = TransportConfig(timeout_s=10.0, max_pending_bytes=1 << 20)
+            a, b = await mailboxes(nodes, cfg)
+            chunk = os.urandom(400 << 10)
+            sends = asyncio.ensure_future(asyncio.gather(*(a.send(b.peer_id, Tag(1, 0, i), chunk) for i in range(6))))
+            await asyncio.sleep(1.0)
+            assert b._pending_bytes <= cfg.max_pending_bytes  # at most 2 of the 6 chunks buffered
+            got = [await b.recv(a.peer_id, Tag(1, 0, i)) for i in range(6)]
+            await sends
+            assert got == [chunk] * 6
+            assert await b.forget_round(1) == 0
+            await a.close()
+            await b.close()
+
+    asyncio.run(main())
