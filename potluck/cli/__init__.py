@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "potluck.cli.launch_cmd",
     "potluck.cli.status_cmd",
     "potluck.cli.demo_cmd",
+    "potluck.cli.plan_cmd",
 )
 
 app = typer.Typer(
