@@ -1,0 +1,35 @@
+"""Tensor codecs for activations and gradients on slow links; no networking inside.
+
+    codec = get_codec("topk:density=0.01|int4:block=64|zstd")
+    data = codec.encode(grad, key=(round, tensor_id, part), state=ErrorFeedback())
+    codec.decode_into(data, accumulator)          # or decode(data) for a fresh tensor
+
+Every payload is self-describing (docs/wire-format.md): ``decode(data)`` needs no codec.
+"""
+
+from __future__ import annotations
+
+from .base import Codec
+from .chooser import Choice, choose
+from .delta import ActivationCache, DeltaCoder
+from .errors import CompressionError, DecodeError, EncodeError, NonFiniteError, SpecError
+from .feedback import ErrorFeedback
+from .registry import STAGES, decode, decode_into, get_codec
+
+__all__ = [
+    "STAGES",
+    "ActivationCache",
+    "Choice",
+    "Codec",
+    "CompressionError",
+    "DecodeError",
+    "DeltaCoder",
+    "EncodeError",
+    "ErrorFeedback",
+    "NonFiniteError",
+    "SpecError",
+    "choose",
+    "decode",
+    "decode_into",
+    "get_codec",
+]

@@ -1,0 +1,229 @@
+"""``Codec``: a chain of stages that turns a tensor into one self-describing payload and back."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .errors import DecodeError, EncodeError, NonFiniteError
+from .feedback import ErrorFeedback
+from .hashing import KeyLike, key_to_u64
+from .quantize import QuantStage
+from .stages import LosslessStage, SectionReader, SelectStage, Stage, StageCtx, TransformStage, ValueStage
+from .wire import (
+    CRC_SIZE,
+    DTYPE_CODES,
+    FIXED_SIZE,
+    MAX_ELEMENTS,
+    Header,
+    Section,
+    pack,
+    unpack_header,
+    unpack_sections,
+)
+
+logger = logging.getLogger(__name__)
+
+SpecResolver = Callable[[str], "Codec"]
+
+
+class Codec:
+    """Encode/decode tensors with one codec chain. Thread-safe: all mutable state is the caller's."""
+
+    def __init__(
+        self,
+        stages: list[Stage],
+        resolver: SpecResolver,
+        nonfinite: str = "error",
+        max_elements: int = MAX_ELEMENTS,
+    ) -> None:
+        if nonfinite not in ("error", "zero"):
+            raise EncodeError(f"nonfinite must be 'error' or 'zero', not {nonfinite!r}")
+        self.transform = next((s for s in stages if isinstance(s, TransformStage)), None)
+        self.select = next((s for s in stages if isinstance(s, SelectStage)), None)
+        value = next((s for s in stages if isinstance(s, ValueStage)), None)
+        if value is None:
+            raise EncodeError("a codec chain needs a value stage")
+        self.value: ValueStage = value
+        self.lossless = next((s for s in stages if isinstance(s, LosslessStage)), None)
+        self.stages = stages
+        self.spec = "|".join(s.canonical() for s in stages)
+        self.nonfinite = nonfinite
+        self.max_elements = max_elements
+        self._resolve = resolver
+
+    def __repr__(self) -> str:
+        return f"Codec({self.spec!r})"
+
+    # ---- encode -------------------------------------------------------------------------------
+    def encode(self, tensor: torch.Tensor, *, key: KeyLike = None, state: Any = None) -> bytes:
+        """One payload for ``tensor``. ``key`` names (round, tensor, part) for shared random streams;
+        ``state`` is an ``ErrorFeedback`` (or None) owned by the caller."""
+        if not isinstance(tensor, torch.Tensor):
+            raise EncodeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in DTYPE_CODES:
+            raise EncodeError(
+                f"cannot encode dtype {tensor.dtype}: only floating-point tensors are supported"
+            )
+        if tensor.numel() > self.max_elements:
+            raise EncodeError(
+                f"{tensor.numel()} elements exceed the limit {self.max_elements}; split the tensor"
+            )
+        try:
+            key64 = key_to_u64(key)
+        except ValueError as exc:
+            raise EncodeError(str(exc)) from exc
+        if state is not None and not isinstance(state, ErrorFeedback):
+            raise EncodeError(f"state must be an ErrorFeedback, got {type(state).__name__}")
+        ef = state if isinstance(state, ErrorFeedback) and state.enabled else None
+        ctx = StageCtx(tensor.dtype, tuple(tensor.shape), key64, state)
+        flat = tensor.detach().reshape(-1)
+        dense = self.transform is None and self.select is None and isinstance(self.value, QuantStage)
+        if dense:
+            # one fused pass; finiteness comes from the block maxima it computes anyway
+            assert isinstance(self.value, QuantStage)
+            res_in = ef.checked_residual(flat) if ef is not None else None
+            spare = ef.spare_buffer(flat) if ef is not None else None
+            sections, residual, finite = self.value.encode_dense(flat, res_in, ef is not None, ctx, spare)
+            if not finite:
+                flat = self._finite(flat)  # raises, or zeroes NaN/Inf and we run again
+                res_in = torch.nan_to_num(res_in, 0.0, 0.0, 0.0) if res_in is not None else None
+                sections, residual, _ = self.value.encode_dense(flat, res_in, ef is not None, ctx, spare)
+        else:
+            flat = self._finite(flat)
+            sections, residual = self.encode_sections(flat, ctx, ef)
+        if ef is not None and residual is not None:
+            ef.store(residual)
+        if self.lossless is not None:
+            sections = self.lossless.compress(sections)
+        return pack(Header(tensor.dtype, tuple(tensor.shape), self.spec, key64, 0), sections)
+
+    def _finite(self, flat: torch.Tensor) -> torch.Tensor:
+        # One read-only pass: a finite float64 sum implies every element is finite.
+        if flat.numel() == 0 or math.isfinite(float(flat.sum(dtype=torch.float64))):
+            return flat
+        if bool(torch.isfinite(flat).all()):
+            return flat
+        if self.nonfinite == "zero":
+            return torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)
+        raise NonFiniteError(
+            "tensor holds NaN or Inf; use get_codec(spec, nonfinite='zero') to send them as 0"
+        )
+
+    def encode_sections(
+        self, flat: torch.Tensor, ctx: StageCtx, ef: ErrorFeedback | None
+    ) -> tuple[list[Section], torch.Tensor | None]:
+        """Run the lossy part of the chain; returns sections and the new residual (when ef is given)."""
+        x = ef.apply(flat) if ef is not None else flat
+        sections: list[Section] = []
+        work, back = x, None
+        if self.transform is not None:
+            tsec, work, back = self.transform.forward(x.to(torch.float32), ctx)
+            sections += tsec
+        want = ef is not None
+        if self.select is not None:
+            ssec, pos = self.select.select(work, ctx)
+            sections += ssec
+            vsec, rvals = self.value.encode(work[pos], ctx, want)
+            sections += vsec
+            if not want or rvals is None:
+                return sections, None
+            scale = getattr(self.select, "value_scale", lambda _n: None)(work.numel())
+            if scale is not None:
+                rvals = rvals * scale.to(rvals.device)
+            if back is None:
+                work[pos] -= rvals  # work is ef.apply's fresh fp32 copy
+                return sections, work
+            recon_vec = torch.zeros_like(work, dtype=torch.float32)
+            recon_vec[pos] = rvals
+        else:
+            vsec, recon = self.value.encode(work, ctx, want)
+            sections += vsec
+            if not want or recon is None:
+                return sections, None
+            if back is None:
+                return sections, x.sub_(recon)
+            recon_vec = recon
+        assert back is not None
+        return sections, x.sub_(back(recon_vec).reshape(-1))
+
+    # ---- decode -------------------------------------------------------------------------------
+    def _open(self, data: bytes | bytearray | memoryview) -> tuple[Codec, Header, SectionReader, StageCtx]:
+        header, off = unpack_header(data, self.max_elements)
+        codec = self if header.spec == self.spec else self._resolve(header.spec)
+        sections = unpack_sections(data, off, header.payload_len)
+        if codec.lossless is not None:
+            sections = codec.lossless.decompress(sections)
+        return codec, header, SectionReader(sections), StageCtx(header.dtype, header.shape, header.key)
+
+    def decode(self, data: bytes | bytearray | memoryview) -> torch.Tensor:
+        """The tensor a payload carries, in its original dtype and shape (any codec's payload)."""
+        codec, header, r, ctx = self._open(data)
+        out = codec._decode_flat(r, header.numel, ctx)
+        r.done()
+        return out.to(header.dtype).reshape(header.shape)
+
+    def _decode_flat(self, r: SectionReader, n: int, ctx: StageCtx) -> torch.Tensor:
+        length, back = n, None
+        if self.transform is not None:
+            length, back = self.transform.inverse(r, n, ctx)
+        if self.select is not None:
+            pos = self.select.positions(r, length, ctx)
+            vals = self.value.decode(r, pos.numel(), ctx)
+            scale = getattr(self.select, "value_scale", lambda _n: None)(length)
+            if scale is not None:
+                vals = vals.to(torch.float32) * scale
+            vec = torch.zeros(length, dtype=vals.dtype)
+            vec[pos] = vals
+        else:
+            vec = self.value.decode(r, length, ctx)
+        return back(vec.to(torch.float32)).reshape(-1) if back is not None else vec
+
+    def decode_into(
+        self, data: bytes | bytearray | memoryview, out: torch.Tensor, accumulate: bool = True
+    ) -> torch.Tensor:
+        """Decode into ``out`` (same number of elements); with ``accumulate`` add to it (reductions)."""
+        codec, header, r, ctx = self._open(data)
+        if out.numel() != header.numel:
+            raise DecodeError(f"payload holds shape {header.shape}, out has shape {tuple(out.shape)}")
+        n = header.numel
+        fused = accumulate and out.is_contiguous() and out.device.type == "cpu" and out.dtype == torch.float32
+        if fused and codec.transform is None and codec.select is None:
+            codec.value.decode_add(r, n, ctx, out.view(-1))
+        elif fused and codec.transform is None and codec.select is not None:
+            pos = codec.select.positions(r, n, ctx)
+            vals = codec.value.decode(r, pos.numel(), ctx).to(torch.float32)
+            scale = getattr(codec.select, "value_scale", lambda _n: None)(n)
+            out.view(-1).index_add_(0, pos, vals * scale if scale is not None else vals)
+        else:
+            dec = codec._decode_flat(r, n, ctx).reshape(out.shape).to(out.device)
+            out.add_(dec) if accumulate else out.copy_(dec)
+        r.done()
+        return out
+
+    # ---- sizes --------------------------------------------------------------------------------
+    def estimate_bytes(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float32) -> int:
+        """Payload size for a tensor of this shape: exact for fixed-size chains, the target for top-k,
+        and the expected ratio of the lossless stage where one is present."""
+        shape = tuple(int(d) for d in shape)
+        n = math.prod(shape)
+        length = self.transform.vector_len(shape) if self.transform is not None else n
+        body = 0
+        nsec = 0
+        if self.transform is not None:
+            body += self.transform.meta_bytes
+            nsec += 1
+        k = length
+        if self.select is not None:
+            k = self.select.expected_k(length)
+            body += self.select.index_bytes(length)
+            nsec += 2 if self.select.index_bytes(length) else 0
+        body += self.value.nbytes(k, dtype)
+        nsec += self.value.n_sections
+        if self.lossless is not None:
+            body = math.ceil(body / self.lossless.expected_ratio)
+        return FIXED_SIZE + 8 * len(shape) + len(self.spec) + 1 + 10 * nsec + body + CRC_SIZE
