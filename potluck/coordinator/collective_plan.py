@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from potluck.coordinator.trees.graph import CapacityInput, NodeCapacityInput, PackingError, make_network
+from potluck.protocol.collective import AllReduceSchedule, TreeSpec
 
 logger = logging.getLogger(__name__)
 
@@ -136,16 +137,6 @@ def ring_plan(nodes: Sequence[Hashable], rings: Sequence[tuple[float, Sequence[H
     return RingPlan(nodes=tuple(nodes), rings=scheds, rate=total)
 
 
-def split_elements(n_elements: int, shares: Sequence[float]) -> list[int]:
-    """Integer slice sizes proportional to shares (largest remainder; ties to the earlier structure)."""
-    raw = np.asarray(shares, dtype=np.float64) * n_elements / float(sum(shares))
-    sizes = np.floor(raw).astype(np.int64)
-    rest = n_elements - int(sizes.sum())
-    order = np.argsort(-(raw - sizes), kind="stable")
-    sizes[order[:rest]] += 1
-    return [int(s) for s in sizes]
-
-
 def _loads(plan: TreePlan | RingPlan, n: int, index: dict[Hashable, int]) -> tuple[np.ndarray, np.ndarray]:
     """Per unit of plan weight: load on each link direction (n x n) and per-peer up = down load (n,)."""
     link = np.zeros((n, n))
@@ -205,3 +196,18 @@ def predict_allreduce_time(plan: TreePlan | RingPlan, nbytes: float, capacity: C
     chunk = min(chunk_bytes, nbytes)
     depth = max(t.depth for t in plan.trees)
     return nbytes / rate + (2 * depth - 1) * chunk / rate + 2 * depth * latency_s
+
+
+def to_schedule(plan: TreePlan) -> AllReduceSchedule:
+    """The protocol form of a tree plan, as peers execute it (peer ids as strings)."""
+    peers = tuple(str(p) for p in plan.nodes)
+    trees = tuple(
+        TreeSpec(
+            root=str(t.root),
+            parent={str(c): (None if p is None else str(p)) for c, p in t.parent.items()},
+            share=t.share,
+        )
+        for t in plan.trees
+    )
+    return AllReduceSchedule(peers, trees)
+

@@ -11,11 +11,11 @@ from potluck.coordinator.collective_plan import (
     predict_allreduce_time,
     ring_plan,
     schedule_tree,
-    split_elements,
     tree_plan,
 )
 from potluck.coordinator.topologies import dgx1v, home_uplinks, lognormal_graph
 from potluck.coordinator.trees import PackingError, pack_allreduce, pack_rings
+from potluck.protocol.collective import split_elements
 
 from .helpers import assert_valid_allreduce
 

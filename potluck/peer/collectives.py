@@ -1,0 +1,111 @@
+"""Tree all-reduce over the peer mailbox: the executor of an ``AllReduceSchedule``.
+
+The flat buffer is cut into one slice per tree (by share), and every slice into the same number of
+chunks, so light and heavy trees fill their pipelines equally fast. Per tree and chunk:
+
+- reduce: a peer waits for its children's partial sums (in the group's fixed order, so the float sums
+  are reproducible), adds them to its own chunk and sends the result to its parent;
+- broadcast: the root encodes the finished chunk (the mean when ``average``) ONCE, and those exact bytes
+  travel down the tree, each peer forwarding them unchanged. Every peer, the root included, decodes the
+  same bytes, so all replicas hold bit-identical results whatever the codec.
+
+Reduce and broadcast run as separate coroutines per tree, so chunk c+1 climbs while chunk c descends.
+Every receive has the schedule's timeout; any failure raises ``CollectiveError`` naming the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+
+from potluck.compression import Codec, get_codec
+from potluck.compression.errors import CompressionError
+from potluck.peer.errors import CollectiveError
+from potluck.peer.transport import Mailbox, Tag
+from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
+from potluck.protocol.errors import WireError
+
+logger = logging.getLogger(__name__)
+
+REDUCE, BROADCAST = 0, 1
+
+
+@dataclass(frozen=True)
+class AllReduceConfig:
+    codec: str = "none"  # any potluck.compression spec; applied on every hop
+    chunk_elements: int = 1 << 18  # elements moved per pipeline step, summed over all trees
+    timeout_s: float = 30.0  # bound on each wait for a chunk
+    average: bool = True  # mean over the group (else the sum)
+
+
+async def tree_allreduce(
+    box: Mailbox, schedule: AllReduceSchedule, tensor: torch.Tensor, round_no: int, cfg: AllReduceConfig
+) -> torch.Tensor:
+    """All-reduce ``tensor`` (any shape, float) with the group; returns a new tensor, same on every peer."""
+    me = box.peer_id
+    if me not in schedule.peers:
+        raise CollectiveError(f"peer {me} is not in this all-reduce group")
+    codec = get_codec(cfg.codec)
+    flat = tensor.detach().reshape(-1).to(torch.float32).clone()
+    n_chunks = max(1, math.ceil(flat.numel() / cfg.chunk_elements))
+    slices, offset = [], 0
+    for size in split_elements(flat.numel(), schedule.shares):
+        slices.append(flat[offset : offset + size])
+        offset += size
+    runs = []
+    for t_idx, (tree, part) in enumerate(zip(schedule.trees, slices, strict=True)):
+        chunks = (
+            list(torch.split(part, split_elements(part.numel(), [1.0] * n_chunks))) if part.numel() else []
+        )
+        runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg))
+    try:
+        await asyncio.gather(*runs)
+    except (WireError, CompressionError) as e:
+        raise CollectiveError(f"all-reduce round {round_no} failed at {me}: {e}") from None
+    return flat.reshape(tensor.shape).to(tensor.dtype)
+
+
+async def _run_tree(
+    box: Mailbox,
+    schedule: AllReduceSchedule,
+    tree: TreeSpec,
+    t_idx: int,
+    chunks: list[torch.Tensor],
+    round_no: int,
+    codec: Codec,
+    cfg: AllReduceConfig,
+) -> None:
+    me = box.peer_id
+    parent = tree.parent[me]
+    children = tree.children(me, schedule.peers)
+    finished: asyncio.Queue[bytes] = asyncio.Queue()  # root only: encoded results, in chunk order
+
+    async def reduce() -> None:
+        for c, chunk in enumerate(chunks):
+            acc = chunk.clone()
+            for child in children:
+                data = await box.recv(child, Tag(round_no, t_idx, c, REDUCE), cfg.timeout_s)
+                codec.decode_into(data, acc, accumulate=True)
+            key = (round_no, t_idx, c)
+            if parent is None:
+                if cfg.average:
+                    acc /= len(schedule.peers)
+                await finished.put(codec.encode(acc, key=key))
+            else:
+                await box.send(parent, Tag(round_no, t_idx, c, REDUCE), codec.encode(acc, key=key))
+
+    async def broadcast() -> None:
+        for c, chunk in enumerate(chunks):
+            if parent is None:
+                data = await finished.get()
+            else:
+                data = await box.recv(parent, Tag(round_no, t_idx, c, BROADCAST), cfg.timeout_s)
+            for child in children:
+                await box.send(child, Tag(round_no, t_idx, c, BROADCAST), data)
+            codec.decode_into(data, chunk, accumulate=False)
+
+    await asyncio.gather(reduce(), broadcast())

@@ -1,0 +1,9 @@
+"""Errors of the peer package."""
+
+
+class PeerError(Exception):
+    """Base class for failures inside the peer daemon."""
+
+
+class CollectiveError(PeerError):
+    """An all-reduce could not complete: a peer was missing, slow past its deadline, or sent bad data."""

@@ -1,0 +1,64 @@
+"""All-reduce schedules as the coordinator sends them and the peers execute them (pure data).
+
+A schedule names the group's peers and, per spanning tree, its root, every peer's parent and the tree's
+share of the buffer. The coordinator builds it from a tree packing; each peer runs its part of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from potluck.protocol.errors import ProtocolError
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    root: str
+    parent: dict[str, str | None]  # every peer of the group; the root maps to None
+    share: float  # fraction of the buffer this tree carries
+
+    def children(self, peer: str, order: Sequence[str]) -> list[str]:
+        """``peer``'s children in the group's order: a fixed order makes the sums bit-reproducible."""
+        return [p for p in order if self.parent.get(p) == peer]
+
+
+@dataclass(frozen=True)
+class AllReduceSchedule:
+    peers: tuple[str, ...]
+    trees: tuple[TreeSpec, ...]
+
+    def __post_init__(self) -> None:
+        group = set(self.peers)
+        if len(group) != len(self.peers) or not self.peers:
+            raise ProtocolError("an all-reduce group needs distinct peers")
+        if not self.trees or any(t.share <= 0 for t in self.trees):
+            raise ProtocolError("an all-reduce schedule needs trees with positive shares")
+        for t in self.trees:
+            if set(t.parent) != group or t.parent.get(t.root, "") is not None:
+                raise ProtocolError("every tree must span the group and have its root's parent None")
+            for peer in self.peers:  # every peer reaches the root without a cycle
+                seen: set[str] = set()
+                cur: str | None = peer
+                while cur is not None:
+                    if cur in seen:
+                        raise ProtocolError(f"tree rooted at {t.root} has a cycle through {cur}")
+                    seen.add(cur)
+                    cur = t.parent[cur]
+
+    @property
+    def shares(self) -> list[float]:
+        return [t.share for t in self.trees]
+
+
+def split_elements(n_elements: int, shares: Sequence[float]) -> list[int]:
+    """Integer sizes proportional to ``shares`` summing to ``n_elements`` (largest remainder; ties to the
+    earlier part), so every peer cuts a buffer identically."""
+    raw = np.asarray(shares, dtype=np.float64) * n_elements / float(sum(shares))
+    sizes = np.floor(raw).astype(np.int64)
+    rest = n_elements - int(sizes.sum())
+    order = np.argsort(-(raw - sizes), kind="stable")
+    sizes[order[:rest]] += 1
+    return [int(s) for s in sizes]
