@@ -109,3 +109,46 @@ async def _run_tree(
             codec.decode_into(data, chunk, accumulate=False)
 
     await asyncio.gather(reduce(), broadcast())
+
+
+async def ring_allreduce(
+    box: Mailbox, order: tuple[str, ...], tensor: torch.Tensor, round_no: int, cfg: AllReduceConfig
+) -> torch.Tensor:
+    """The classic ring (reduce-scatter, then all-gather) on the same mailbox: the baseline for trees.
+
+    Segment s ends its reduce-scatter at peer (s - 1) mod N, which encodes the finished segment once;
+    all-gather forwards those exact bytes, so every peer again decodes identical bits.
+    """
+    me = box.peer_id
+    n = len(order)
+    if me not in order or len(set(order)) != n:
+        raise CollectiveError(f"peer {me} is not in ring {order}")
+    codec = get_codec(cfg.codec)
+    flat = tensor.detach().reshape(-1).to(torch.float32).clone()
+    if n == 1:
+        return flat.reshape(tensor.shape).to(tensor.dtype)
+    i = order.index(me)
+    nxt, prv = order[(i + 1) % n], order[(i - 1) % n]
+    segments = list(torch.split(flat, split_elements(flat.numel(), [1.0] * n)))
+    try:
+        for step in range(n - 1):  # reduce-scatter: after step k, segment (i - k - 1) holds k + 2 inputs
+            send_s, recv_s = (i - step) % n, (i - step - 1) % n
+            payload = codec.encode(segments[send_s], key=(round_no, send_s, step))
+            sending = asyncio.create_task(box.send(nxt, Tag(round_no, send_s, step, REDUCE), payload))
+            data = await box.recv(prv, Tag(round_no, recv_s, step, REDUCE), cfg.timeout_s)
+            codec.decode_into(data, segments[recv_s], accumulate=True)
+            await sending
+        own = (i + 1) % n  # the segment this peer finished
+        if cfg.average:
+            segments[own] /= n
+        data = codec.encode(segments[own], key=(round_no, own, n))
+        codec.decode_into(data, segments[own], accumulate=False)
+        for step in range(n - 1):  # all-gather: pass finished segments along unchanged
+            send_s, recv_s = (own - step) % n, (own - step - 1) % n
+            sending = asyncio.create_task(box.send(nxt, Tag(round_no, send_s, step, BROADCAST), data))
+            data = await box.recv(prv, Tag(round_no, recv_s, step, BROADCAST), cfg.timeout_s)
+            codec.decode_into(data, segments[recv_s], accumulate=False)
+            await sending
+    except (WireError, CompressionError) as e:
+        raise CollectiveError(f"ring all-reduce round {round_no} failed at {me}: {e}") from None
+    return flat.reshape(tensor.shape).to(tensor.dtype)

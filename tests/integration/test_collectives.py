@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from potluck.compression import get_codec
-from potluck.peer.collectives import AllReduceConfig, tree_allreduce
+from potluck.peer.collectives import AllReduceConfig, ring_allreduce, tree_allreduce
 from potluck.peer.transport import Mailbox, TransportConfig
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from tests.helpers.gloo import gloo_mean
@@ -89,3 +89,27 @@ def test_lossy_codec_equals_its_reference_bit_for_bit():
         assert torch.equal(r, expected)
     exact = torch.stack(inputs).mean(0)
     assert float((expected - exact).norm() / exact.norm()) < 0.02  # and the codec error stays small
+
+
+@pytest.mark.parametrize(("n", "codec"), [(2, "none"), (4, "none"), (3, "int8:block=64")])
+def test_ring_allreduce_equals_gloo_and_is_identical_everywhere(n, codec):
+    gen = torch.Generator().manual_seed(n)
+    inputs = [torch.randn(4099, generator=gen) for _ in range(n)]
+    cfg = AllReduceConfig(codec=codec, timeout_s=20)
+
+    async def main():
+        async with p2p_group(n) as nodes:
+            boxes = [Mailbox(node, "potluck/test/ring/1", TransportConfig(timeout_s=20)) for node in nodes]
+            for box in boxes:
+                await box.start()
+            order = tuple(b.peer_id for b in boxes)
+            out = await asyncio.gather(*(ring_allreduce(b, order, x, 1, cfg) for b, x in zip(boxes, inputs, strict=True)))
+            for box in boxes:
+                await box.close()
+            return out
+
+    results = asyncio.run(main())
+    for r in results:
+        assert torch.equal(r, results[0])
+    tol = dict(rtol=1e-5, atol=1e-6) if codec == "none" else dict(rtol=0.0, atol=0.05)
+    torch.testing.assert_close(results[0], gloo_mean(inputs), **tol)
