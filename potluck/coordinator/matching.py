@@ -22,6 +22,33 @@ logger = logging.getLogger(__name__)
 _BITMASK_LIMIT = 24
 
 
+class _Augmenter:
+    """Kuhn's augmenting-path search on a bipartite graph held as one column bitmask per row."""
+
+    def __init__(self, rows: list[int], n: int) -> None:
+        self.rows = rows  # rows[r]: bitmask of the columns row r may take; callers may add bits
+        self.match_col = [-1] * n  # column -> row
+        self.row_col = [-1] * n  # row -> column
+        self._visited = 0  # columns seen in the current search, as a bitmask
+
+    def try_row(self, r: int) -> bool:
+        """Try to match row r, re-routing earlier rows along an augmenting path."""
+        self._visited = 0
+        return self._augment(r)
+
+    def _augment(self, r: int) -> bool:
+        avail = self.rows[r] & ~self._visited
+        while avail:
+            low = avail & -avail
+            c = low.bit_length() - 1
+            self._visited |= low
+            if self.match_col[c] < 0 or self._augment(self.match_col[c]):
+                self.match_col[c], self.row_col[r] = r, c
+                return True
+            avail &= ~self._visited
+        return False
+
+
 def _incremental_bottleneck(w: np.ndarray, lower: float) -> tuple[float, list[int]]:
     """Small groups: match on entries <= lower, then add edges in increasing weight until perfect.
 
@@ -30,71 +57,29 @@ def _incremental_bottleneck(w: np.ndarray, lower: float) -> tuple[float, list[in
     """
     n = w.shape[0]
     weights = 1 << np.arange(n, dtype=np.int64)
-    rows = [int(v) for v in ((w <= lower) * weights).sum(axis=1)]
-    match_col = [-1] * n
-    row_col = [-1] * n
-    visited = [0]
-
-    def augment(r: int) -> bool:
-        avail = rows[r] & ~visited[0]
-        while avail:
-            low = avail & -avail
-            c = low.bit_length() - 1
-            visited[0] |= low
-            if match_col[c] < 0 or augment(match_col[c]):
-                match_col[c], row_col[r] = r, c
-                return True
-            avail &= ~visited[0]
-        return False
-
-    free = []
-    for r in range(n):
-        visited[0] = 0
-        if not augment(r):
-            free.append(r)
+    aug = _Augmenter([int(v) for v in ((w <= lower) * weights).sum(axis=1)], n)
+    free = [r for r in range(n) if not aug.try_row(r)]
     if not free:
-        return lower, row_col
+        return lower, aug.row_col
     flat = w.ravel()
     for idx in np.argsort(flat, kind="stable"):
         value = float(flat[idx])
         if value <= lower:
             continue
         i, k = divmod(int(idx), n)
-        rows[i] |= 1 << k
-        for r in list(free):
-            visited[0] = 0
-            if augment(r):
-                free.remove(r)
+        aug.rows[i] |= 1 << k
+        free = [r for r in free if not aug.try_row(r)]
         if not free:
-            return value, row_col
+            return value, aug.row_col
     raise AssertionError("a complete bipartite graph always has a perfect matching")
 
 
 def _bitmask_matching(rows: list[int], n: int) -> list[int] | None:
     """Perfect matching of a bipartite graph given as one column bitmask per row; returns col of each row."""
-    match_col = [-1] * n  # column -> row
-    visited = [0]  # columns seen in the current augmenting search, as a bitmask
-
-    def augment(r: int) -> bool:
-        avail = rows[r] & ~visited[0]
-        while avail:
-            low = avail & -avail
-            c = low.bit_length() - 1
-            visited[0] |= low
-            if match_col[c] < 0 or augment(match_col[c]):
-                match_col[c] = r
-                return True
-            avail &= ~visited[0]
-        return False
-
-    for start in range(n):
-        visited[0] = 0
-        if not augment(start):
-            return None
-    row_to_col = [0] * n
-    for c, r in enumerate(match_col):
-        row_to_col[r] = c
-    return row_to_col
+    aug = _Augmenter(rows, n)
+    if not all(aug.try_row(r) for r in range(n)):
+        return None
+    return aug.row_col
 
 
 def _matching_at(w: np.ndarray, threshold: float) -> list[int] | None:
