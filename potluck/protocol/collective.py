@@ -62,3 +62,29 @@ def split_elements(n_elements: int, shares: Sequence[float]) -> list[int]:
     order = np.argsort(-(raw - sizes), kind="stable")
     sizes[order[:rest]] += 1
     return [int(s) for s in sizes]
+
+
+def restrict(schedule: AllReduceSchedule, members: Sequence[str]) -> AllReduceSchedule:
+    """The schedule over a subset of its peers (those who contribute this round). Deterministic, so every
+    member derives the same trees: a peer whose parent is absent hangs under its nearest present
+    ancestor; if the root is absent, the first orphan in group order becomes the root and the other
+    orphans hang under it."""
+    keep = set(members)
+    peers = tuple(p for p in schedule.peers if p in keep)
+    if not peers:
+        raise ProtocolError("an all-reduce needs at least one member")
+    trees = []
+    for tree in schedule.trees:
+
+        def present_ancestor(p: str | None, tree: TreeSpec = tree) -> str | None:
+            while p is not None and p not in keep:
+                p = tree.parent[p]
+            return p
+
+        parent = {p: present_ancestor(tree.parent[p]) for p in peers}
+        orphans = [p for p in peers if parent[p] is None]
+        root = orphans[0]
+        for p in orphans[1:]:
+            parent[p] = root
+        trees.append(TreeSpec(root=root, parent=parent, share=tree.share))
+    return AllReduceSchedule(peers, tuple(trees))
