@@ -62,10 +62,14 @@ async def tree_allreduce(
             list(torch.split(part, split_elements(part.numel(), [1.0] * n_chunks))) if part.numel() else []
         )
         runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg))
+    tasks = [asyncio.create_task(run) for run in runs]
     try:
-        await asyncio.gather(*runs)
+        await asyncio.gather(*tasks)
     except (WireError, CompressionError) as e:
         raise CollectiveError(f"all-reduce round {round_no} failed at {me}: {e}") from None
+    finally:
+        for task in tasks:  # on failure, stop the other trees' waits instead of leaving them running
+            task.cancel()
     return flat.reshape(tensor.shape).to(tensor.dtype)
 
 
