@@ -65,7 +65,7 @@ async def run_group(n: int, inputs: list[torch.Tensor], sched_fn, cfg: AllReduce
         return sched, [b.peer_id for b in boxes], results
 
 
-@pytest.mark.parametrize(("n", "n_trees", "numel", "chunk"), [(2, 1, 1000, 64), (3, 2, 5000, 777), (5, 3, 20000, 4096)])
+@pytest.mark.parametrize(("n", "n_trees", "numel", "chunk"), [(2, 1, 1000, 64), (3, 2, 5000, 777), (5, 3, 20000, 4096), (8, 4, 30000, 2500)])
 def test_uncompressed_tree_allreduce_equals_gloo(n, n_trees, numel, chunk):
     rng = random.Random(n * 100 + n_trees)
     gen = torch.Generator().manual_seed(n)
