@@ -13,7 +13,7 @@ Sections:
           linked only if hole punching works, 30% of pairs), with the one-hop (butterfly) packing and
           hivemind 1.1.12's own butterfly LP (optimize_parts_lp, NATed peers as clients) scored on the
           same links and caps.
-  executor (to be added with potluck.peer.collectives: measured vs model, tree vs ring, vs hivemind)
+  executor (scripts/bench_executor.py: measured vs model, tree vs ring on shaped loopback links)
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -147,8 +148,11 @@ def _ratios(values: list[float]) -> str:
 
 
 def bench_executor(quick: bool) -> list[dict[str, Any]]:
-    """Placeholder: measured executor time vs predict_allreduce_time, tree vs ring, vs hivemind."""
-    return []
+    """Measured executor time vs predict_allreduce_time, tree vs ring (scripts/bench_executor.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_executor import run
+
+    return run(quick)
 
 
 def main() -> None:

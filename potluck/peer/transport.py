@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
+from potluck.peer.shaping import LinkShaper
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
 
@@ -51,8 +52,11 @@ class TransportConfig:
 
 
 class Mailbox:
-    def __init__(self, p2p: P2P, protocol: str, cfg: TransportConfig) -> None:
+    def __init__(
+        self, p2p: P2P, protocol: str, cfg: TransportConfig, shaper: LinkShaper | None = None
+    ) -> None:
         self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
+        self.shaper = shaper  # paces sends to configured link rates (benchmarks, upload caps)
         self.peer_id = p2p.peer_id.to_base58()
         self._pending: dict[tuple[str, Tag], bytes] = {}
         self._waiters: dict[tuple[str, Tag], asyncio.Future[bytes]] = {}
@@ -84,6 +88,8 @@ class Mailbox:
             await self._deliver(peer, tag, payload)
             return
         writer, lock = await self._stream_to(peer)
+        if self.shaper is not None:
+            await self.shaper.pace(self.peer_id, peer, len(payload))
         async with lock:
             try:
                 await write_frame(writer, Frame(MsgType.TENSOR, tag.pack() + payload), self.cfg.timeout_s)
