@@ -1,0 +1,129 @@
+"""A decoder-only transformer (Llama-style: RMSNorm, rotary positions, SwiGLU) that splits into stages.
+
+``StageModel(spec, first, last, seed)`` holds layers ``[first, last)``; the stage holding layer 0 also
+embeds tokens, and the stage holding the final layer also applies the final norm and the output head
+and computes the loss. Every layer is initialised from a generator seeded by (seed, layer index), so a
+stage's weights do not depend on which other layers it holds: replicas of a stage start identical, and
+chaining all stages equals the whole model (tested).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from potluck.protocol.records import ModelSpec
+
+EMBED, HEAD = -1, -2  # generator slots for the embedding and the output head
+
+
+def ffn_hidden(d_model: int) -> int:
+    """SwiGLU hidden width: about 8/3 d (same parameter count as a 4d GELU MLP), a multiple of 64."""
+    return 64 * math.ceil(8 * d_model / 3 / 64)
+
+
+def layer_generator(seed: int, slot: int) -> torch.Generator:
+    digest = hashlib.blake2b(f"potluck-init|{seed}|{slot}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotary(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, (seq_len, head_dim / 2) each."""
+    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (even, odd) of the last dim of x: (batch, heads, seq, head_dim)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        d, hidden = spec.d_model, ffn_hidden(spec.d_model)
+        self.n_heads = spec.n_heads
+        self.attn_norm = RMSNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.ffn_norm = RMSNorm(d)
+        self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, heads, t, head_dim)
+        q, k = apply_rotary(q, cos[:t], sin[:t]), apply_rotary(k, cos[:t], sin[:t])
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        gate, up = self.gate_up(self.ffn_norm(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class StageModel(nn.Module):
+    """Layers [first, last) of the model, plus the embedding (first == 0) and the head (last == n)."""
+
+    def __init__(self, spec: ModelSpec, first: int, last: int, seed: int) -> None:
+        super().__init__()
+        if not 0 <= first < last <= spec.n_layers:
+            raise ValueError(f"stage layers [{first}, {last}) outside [0, {spec.n_layers})")
+        self.spec, self.first, self.last = spec, first, last
+        self.is_first, self.is_last = first == 0, last == spec.n_layers
+        d = spec.d_model
+        self.embed = nn.Embedding(spec.vocab_size, d) if self.is_first else None
+        self.layers = nn.ModuleList(Block(spec) for _ in range(first, last))
+        self.norm = RMSNorm(d) if self.is_last else None
+        self.head = nn.Linear(d, spec.vocab_size, bias=False) if self.is_last else None
+        cos, sin = rotary(spec.seq_len, d // spec.n_heads)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self._init_weights(seed)
+
+    @torch.no_grad()
+    def _init_weights(self, seed: int) -> None:
+        """Normal(0, 0.02) weights, output projections scaled by 1/sqrt(2 n_layers) (GPT-2 style)."""
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * self.spec.n_layers)
+        if self.embed is not None:
+            self.embed.weight.normal_(0.0, std, generator=layer_generator(seed, EMBED))
+        for offset, block in enumerate(self.layers):
+            assert isinstance(block, Block)
+            gen = layer_generator(seed, self.first + offset)
+            block.qkv.weight.normal_(0.0, std, generator=gen)
+            block.proj.weight.normal_(0.0, out_std, generator=gen)
+            block.gate_up.weight.normal_(0.0, std, generator=gen)
+            block.down.weight.normal_(0.0, out_std, generator=gen)
+        if self.head is not None:
+            self.head.weight.normal_(0.0, std, generator=layer_generator(seed, HEAD))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (b, t) on the first stage, hidden states (b, t, d) elsewhere; returns hidden states,
+        or logits (b, t, vocab) on the last stage."""
+        h = self.embed(x) if self.embed is not None else x
+        for block in self.layers:
+            h = block(h, self.cos, self.sin)
+        if self.norm is not None and self.head is not None:
+            h = self.head(self.norm(h))
+        return h
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy; ``targets`` are the inputs shifted by one."""
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
