@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,9 +109,10 @@ class LocalSwarm:
         net = NetworkConfig(host_maddrs=(LOOPBACK,), bootstrap_timeout_s=timeout_s)
         return asyncio.run(read_live_peers(self.invite, net, timeout_s))
 
-    def wait_for(self, predicate: object, timeout_s: float, poll_s: float = 1.0) -> list[PeerView]:
+    def wait_for(
+        self, predicate: Callable[[list[PeerView]], bool], timeout_s: float, poll_s: float = 1.0
+    ) -> list[PeerView]:
         """Poll the swarm until ``predicate(peers)`` holds; return the peers seen last."""
-        assert callable(predicate)
         deadline = time.monotonic() + timeout_s
         peers: list[PeerView] = []
         while True:

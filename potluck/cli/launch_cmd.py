@@ -10,7 +10,15 @@ from pathlib import Path
 import typer
 from hivemind.utils import get_dht_time
 
-from potluck.cli.common import ANNOUNCE_HELP, HOST_MADDRS_HELP, err_console, fail, network_config, peers_table
+from potluck.cli.common import (
+    ANNOUNCE_HELP,
+    HOST_MADDRS_HELP,
+    err_console,
+    fail,
+    network_config,
+    peers_table,
+    write_private_text,
+)
 from potluck.coordinator.config import DEFAULT_HOME, CoordinatorConfig
 from potluck.coordinator.service import CoordinatorService
 from potluck.coordinator.state import SwarmState
@@ -75,8 +83,6 @@ async def _run(cfg: CoordinatorConfig, job: JobSpec, invite_file: Path | None) -
     try:
         text = invite.encode()
         if invite_file is not None:
-            from potluck.cli.common import write_private_text
-
             write_private_text(invite_file, text)
         err_console.print(
             f"coordinator of swarm [bold]{cfg.swarm_id}[/] for job [bold]{job.name}[/]; invite:"

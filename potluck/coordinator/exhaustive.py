@@ -129,7 +129,7 @@ def step_optimum(
         for r in range(1, n // s + 1):
             obj = StepObjective(state_net, devices, job, s, r)
             for active in itertools.combinations(range(n), s * r):
-                for groups in _balanced(list(active), r):
+                for groups in balanced_partitions(list(active), r):
                     stats = [obj.group_stat(np.array(g)) for g in groups]
                     pair = pair_matrix(obj, np.array(groups))
                     for order in itertools.permutations(range(s)):
@@ -140,7 +140,7 @@ def step_optimum(
     return best, shape
 
 
-def _balanced(items: list[int], r: int) -> list[list[list[int]]]:
+def balanced_partitions(items: list[int], r: int) -> list[list[list[int]]]:
     """Every partition of `items` into groups of r (groups unordered)."""
     if not items:
         return [[]]
@@ -148,5 +148,5 @@ def _balanced(items: list[int], r: int) -> list[list[list[int]]]:
     out = []
     for mates in itertools.combinations(rest, r - 1):
         left = [x for x in rest if x not in mates]
-        out += [[[first, *mates], *tail] for tail in _balanced(left, r)]
+        out += [[[first, *mates], *tail] for tail in balanced_partitions(left, r)]
     return out

@@ -13,7 +13,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,6 @@ class NetworkConfig:
     use_relay: bool = True  # reach NATed peers through libp2p circuit relays
     use_auto_relay: bool = False  # look for a relay to become reachable ourselves (behind NAT)
     nat_traversal: bool | None = None  # AutoNAT + UPnP; None: on unless every listen address is loopback
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def loopback_only(self) -> bool:
@@ -88,7 +87,6 @@ class SwarmNode:
             auto_nat=nat,
             nat_port_map=nat,
             dht_mode="client" if client_mode else "server",
-            **net.extra,
         )
         try:
             p2p = await _start_p2p(list(initial_peers), p2p_kwargs, net.bootstrap_timeout_s)

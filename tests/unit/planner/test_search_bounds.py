@@ -17,21 +17,9 @@ from potluck.coordinator.templates import template_partitions
 from tests.unit.planner.conftest import clustered_net
 
 
-def _partitions(items: list[int], r: int) -> list[list[list[int]]]:
-    if not items:
-        return [[]]
-    first, rest = items[0], items[1:]
-    out = []
-    for mates in itertools.combinations(rest, r - 1):
-        left = [x for x in rest if x not in mates]
-        for tail in _partitions(left, r):
-            out.append([[first, *mates], *tail])
-    return out
-
-
 def _brute_force(obj: DtfmObjective, n: int, r: int) -> float:
     empty = np.array([], dtype=np.int64)
-    return min(evaluate(obj, np.array(p), empty).cost for p in _partitions(list(range(n)), r))
+    return min(evaluate(obj, np.array(p), empty).cost for p in exhaustive.balanced_partitions(list(range(n)), r))
 
 
 @pytest.mark.parametrize(("n", "s", "r", "seed"), [(6, 3, 2, 0), (6, 2, 3, 4), (8, 2, 4, 1), (8, 4, 2, 2)])
@@ -93,4 +81,4 @@ def test_dtfm_with_more_peers_than_slots_uses_spares_and_a_valid_bound() -> None
 def _brute_force_subset(obj: DtfmObjective, active: list[int], r: int) -> float:
     empty = np.array([], dtype=np.int64)
     return min(evaluate(obj, np.array(active)[np.array(p)], empty).cost
-               for p in _partitions(list(range(len(active))), r))
+               for p in exhaustive.balanced_partitions(list(range(len(active))), r))
