@@ -24,8 +24,8 @@ from potluck.coordinator.service import CoordinatorService
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.jobfile import load_job
+from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import check_swarm_id
-from potluck.protocol.records import JobSpec
 
 
 def launch(

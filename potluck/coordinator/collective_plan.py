@@ -80,6 +80,7 @@ class RingPlan:
 
 def _center(nodes: Sequence[Hashable], adj: dict[Hashable, list[Hashable]]) -> Hashable:
     """The peer of least eccentricity (shallowest root: shortest pipeline fill); first one on ties."""
+
     def ecc(r: Hashable) -> int:
         dist = {r: 0}
         frontier = [r]
@@ -92,11 +93,17 @@ def _center(nodes: Sequence[Hashable], adj: dict[Hashable, list[Hashable]]) -> H
                         nxt.append(v)
             frontier = nxt
         return max(dist.values())
+
     return min(nodes, key=ecc)
 
 
-def schedule_tree(nodes: Sequence[Hashable], edges: Sequence[Edge], weight: float, share: float,
-                  root: Hashable | None = None) -> TreeSchedule:
+def schedule_tree(
+    nodes: Sequence[Hashable],
+    edges: Sequence[Edge],
+    weight: float,
+    share: float,
+    root: Hashable | None = None,
+) -> TreeSchedule:
     """Orient an undirected spanning tree from `root` (default: its center). Raises unless spanning."""
     adj: dict[Hashable, list[Hashable]] = {u: [] for u in nodes}
     for u, v in edges:
@@ -158,8 +165,9 @@ def _loads(plan: TreePlan | RingPlan, n: int, index: dict[Hashable, int]) -> tup
     return link / plan.rate, peer / plan.rate
 
 
-def effective_rate(plan: TreePlan | RingPlan, capacity: CapacityInput,
-                   node_capacity: NodeCapacityInput | None = None) -> float:
+def effective_rate(
+    plan: TreePlan | RingPlan, capacity: CapacityInput, node_capacity: NodeCapacityInput | None = None
+) -> float:
     """The rate the plan's weight split achieves on these capacities (W / worst resource utilisation)."""
     net = make_network(capacity, node_capacity)
     index = {u: i for i, u in enumerate(net.nodes)}
@@ -175,9 +183,15 @@ def effective_rate(plan: TreePlan | RingPlan, capacity: CapacityInput,
     return 0.0 if not math.isfinite(worst) or worst <= 0 else 1.0 / worst
 
 
-def predict_allreduce_time(plan: TreePlan | RingPlan, nbytes: float, capacity: CapacityInput, *,
-                           chunk_bytes: float, node_capacity: NodeCapacityInput | None = None,
-                           latency_s: float = 0.0) -> float:
+def predict_allreduce_time(
+    plan: TreePlan | RingPlan,
+    nbytes: float,
+    capacity: CapacityInput,
+    *,
+    chunk_bytes: float,
+    node_capacity: NodeCapacityInput | None = None,
+    latency_s: float = 0.0,
+) -> float:
     """Model time (s) of an all-reduce of nbytes over the plan (see the module docstring).
 
     Trees: max over trees of nbytes / R + (2 depth - 1) * c / R + 2 depth * latency, where
@@ -210,4 +224,3 @@ def to_schedule(plan: TreePlan) -> AllReduceSchedule:
         for t in plan.trees
     )
     return AllReduceSchedule(peers, trees)
-

@@ -112,15 +112,23 @@ class SearchResult:
 
 
 def _search(
-    obj: Objective, active: np.ndarray, spares: np.ndarray, rng: np.random.Generator, deadline: float,
-    cfg: PlannerConfig, clustering: tuple[np.ndarray, list] | None = None, target: float = 0.0,
+    obj: Objective,
+    active: np.ndarray,
+    spares: np.ndarray,
+    rng: np.random.Generator,
+    deadline: float,
+    cfg: PlannerConfig,
+    clustering: tuple[np.ndarray, list] | None = None,
+    target: float = 0.0,
 ) -> SearchResult:
     """Templates -> local search on the best -> GA (stops early on reaching `target`, a lower bound)."""
     start = time.monotonic()
     seeds = template_partitions(obj.link, active, obj.n_stages, obj.n_replicas, clustering)
     pool = np.union1d(active, spares)  # templates may leave some active peers out: they become spares
-    scored = [(name, evaluate(obj, groups, np.setdiff1d(pool, groups), SEARCH_EXACT_LIMIT))
-              for name, groups in seeds]
+    scored = [
+        (name, evaluate(obj, groups, np.setdiff1d(pool, groups), SEARCH_EXACT_LIMIT))
+        for name, groups in seeds
+    ]
     scored.sort(key=lambda x: x[1].cost)
     name, best = scored[0]
     if best.cost <= target * (1 + 1e-9):
@@ -155,8 +163,10 @@ def _shapes(n: int, job: StepJob) -> list[tuple[int, int]]:
 
 def _by_speed(devices: tuple[DeviceSpec, ...]) -> np.ndarray:
     """Device indices, fastest first (memory breaks ties): the ones kept when some become spares."""
-    return np.array(sorted(range(len(devices)), key=lambda k: (-devices[k].tflops, -devices[k].memory_gb, k)),
-                    dtype=np.int64)
+    return np.array(
+        sorted(range(len(devices)), key=lambda k: (-devices[k].tflops, -devices[k].memory_gb, k)),
+        dtype=np.int64,
+    )
 
 
 def _rankings(devices: tuple[DeviceSpec, ...], clustering: tuple[np.ndarray, list]) -> dict[str, np.ndarray]:
@@ -177,8 +187,16 @@ def _rankings(devices: tuple[DeviceSpec, ...], clustering: tuple[np.ndarray, lis
     return out
 
 
-def to_plan(obj: Objective, cand: Candidate, state: PlanningState, job: Job, lower: float, method: str,
-            template: str, detail: dict[str, Any]) -> PlacementPlan:
+def to_plan(
+    obj: Objective,
+    cand: Candidate,
+    state: PlanningState,
+    job: Job,
+    lower: float,
+    method: str,
+    template: str,
+    detail: dict[str, Any],
+) -> PlacementPlan:
     grid = pipelines(obj, cand)
     ids = state.peers
     layers: tuple[int, ...] = ()
@@ -191,8 +209,13 @@ def to_plan(obj: Objective, cand: Candidate, state: PlanningState, job: Job, low
         objective=obj.name,
         stages=tuple(tuple(ids[int(d)] for d in row) for row in grid),
         spares=tuple(ids[int(d)] for d in sorted(cand.spares.tolist())),
-        cost=float(cand.cost), lower_bound=lower, bound_method=method, layers=layers,
-        micro_batches=micro, template=template, detail=detail,
+        cost=float(cand.cost),
+        lower_bound=lower,
+        bound_method=method,
+        layers=layers,
+        micro_batches=micro,
+        template=template,
+        detail=detail,
     )
 
 
@@ -225,8 +248,10 @@ def fresh_plan(state: PlanningState, job: Job, cfg: PlannerConfig) -> tuple[Plac
         obj = make_objective(state, job, s, r)
         for rank_name, ranked in rankings.items():
             active, spares = np.sort(ranked[: s * r]), np.sort(ranked[s * r :])
-            costs = [evaluate(obj, groups, spares, exact_limit=SCREEN_EXACT_LIMIT).cost
-                     for _, groups in template_partitions(obj.link, active, s, r, clustering)[:2]]
+            costs = [
+                evaluate(obj, groups, spares, exact_limit=SCREEN_EXACT_LIMIT).cost
+                for _, groups in template_partitions(obj.link, active, s, r, clustering)[:2]
+            ]
             if math.isfinite(min(costs)):
                 screened.append((min(costs), s, r, rank_name))
     if not screened:
@@ -245,15 +270,24 @@ def fresh_plan(state: PlanningState, job: Job, cfg: PlannerConfig) -> tuple[Plac
     assert best is not None
     res, obj, template = best
     lower = step_lower_bound(state.devices, job)
-    detail = {"generations": res.generations, "shapes_screened": len(screened),
-              "seconds_to_best": res.seconds_to_best}
+    detail = {
+        "generations": res.generations,
+        "shapes_screened": len(screened),
+        "seconds_to_best": res.seconds_to_best,
+    }
     plan = to_plan(obj, res.best, state, job, lower, "perfect-scaling", template, detail)
-    return plan, f"fresh plan: {plan.n_stages} stages x {plan.n_replicas} replicas, " \
-                 f"{len(plan.spares)} spares, from {template}"
+    return (
+        plan,
+        f"fresh plan: {plan.n_stages} stages x {plan.n_replicas} replicas, "
+        f"{len(plan.spares)} spares, from {template}",
+    )
 
 
 def plan(
-    state: PlanningState, job: Job, now: float, previous: PlacementPlan | None = None,
+    state: PlanningState,
+    job: Job,
+    now: float,
+    previous: PlacementPlan | None = None,
     cfg: PlannerConfig | None = None,
 ) -> tuple[PlacementPlan | None, str]:
     """Plan from scratch, or repair `previous` after peers left or joined or links changed.

@@ -18,8 +18,8 @@ from potluck.protocol.dht import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
+from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, LINKS, PEERS
-from potluck.protocol.records import JobSpec
 
 logger = logging.getLogger(__name__)
 

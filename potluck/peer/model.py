@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from potluck.protocol.records import ModelSpec
+from potluck.protocol.jobspec import ModelSpec
 
 EMBED, HEAD = -1, -2  # generator slots for the embedding and the output head
 

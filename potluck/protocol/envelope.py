@@ -23,10 +23,16 @@ from pydantic import ValidationError
 
 from potluck.protocol import identity as ident
 from potluck.protocol.errors import RecordError
+from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import KEY_SPECS, dht_key
-from potluck.protocol.records import RECORD_TYPES, Record
+from potluck.protocol.records import LinkReport, PeerRecord, Record
+from potluck.protocol.training import Progress, TrainPlan
 
 logger = logging.getLogger(__name__)
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.KIND: cls for cls in (PeerRecord, LinkReport, JobSpec, TrainPlan, Progress)
+}
 
 MAGIC = b"PLK1"
 SIGN_DOMAIN = b"potluck/record/v1\x00"

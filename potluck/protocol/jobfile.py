@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from potluck.protocol.errors import JobSpecError
-from potluck.protocol.records import JobSpec
+from potluck.protocol.jobspec import JobSpec
 
 MAX_JOB_FILE_BYTES = 1 << 20
 

@@ -1,7 +1,7 @@
 import torch
 
 from potluck.peer.model import StageModel, ffn_hidden
-from potluck.protocol.records import ModelSpec
+from potluck.protocol.jobspec import ModelSpec
 
 SPEC = ModelSpec(n_layers=4, d_model=64, n_heads=4, vocab_size=256, seq_len=32)
 

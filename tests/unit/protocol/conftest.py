@@ -2,7 +2,8 @@ import pytest
 
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
-from potluck.protocol.records import BatchSpec, Hardware, JobSpec, ModelSpec, PeerRecord
+from potluck.protocol.jobspec import BatchSpec, JobSpec, ModelSpec
+from potluck.protocol.records import Hardware, PeerRecord
 
 NOW = 1_800_000_000.0
 

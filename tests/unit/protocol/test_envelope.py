@@ -13,7 +13,8 @@ from potluck.protocol import envelope
 from potluck.protocol.envelope import TrustPolicy, key_id_bytes, seal, subkey_bytes, verify
 from potluck.protocol.errors import RecordError
 from potluck.protocol.identity import Identity
-from potluck.protocol.records import JobSpec, PeerRecord, canonical_json
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.records import PeerRecord, canonical_json
 from potluck.protocol.validators import PotluckValidator
 from tests.unit.protocol.conftest import NOW, make_job, make_peer_record
 

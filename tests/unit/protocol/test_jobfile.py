@@ -24,7 +24,7 @@ def test_errors_name_the_field(tmp_path):
         load_job(f)
     text = str(err.value)
     assert "field `model.n_layers`" in text
-    assert "field `model.n_heads`" in text and "divisible" in text
+    assert "field `model.n_heads`" in text and "even head width" in text
     assert "field `colour`" in text
 
 
@@ -39,3 +39,46 @@ def test_unreadable_and_invalid_toml(tmp_path):
     missing.write_text('name = "x"\n')
     with pytest.raises(JobSpecError, match="field `model`: Field required"):
         load_job(missing)
+
+
+BASE = (
+    'name = "x"\n[model]\nn_layers = 2\nd_model = 64\nn_heads = 4\nvocab_size = 256\nseq_len = 32\n'
+    "[batch]\ntokens_per_step = 256\nmicro_batch_size = 2\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ('[data]\nsource = "directory"\n', "data", "needs `path`"),
+        ('[data]\nsource = "web"\n', "data.source", "generated"),
+        ("[optimizer]\nlr = -1\n", "optimizer.lr", "greater than 0"),
+        ("[optimizer]\nbeta2 = 1.0\n", "optimizer.beta2", "less than 1"),
+        ("[compression]\nsync_every = 0\n", "compression.sync_every", "greater than or equal to 1"),
+        ("[checkpoint]\ninterval = 0\n", "checkpoint.interval", "greater than or equal to 1"),
+        ("[limits]\nstages = 3\n", "(top level)", "limits.stages (3) exceeds model.n_layers"),
+        ("[optimizer]\nmomentum = 0.9\n", "optimizer.momentum", "Extra inputs"),
+    ],
+)
+def test_section_errors_name_the_field(tmp_path, extra, field, words):
+    f = tmp_path / "job.toml"
+    f.write_text(BASE + extra)
+    with pytest.raises(JobSpecError) as err:
+        load_job(f)
+    assert f"field `{field}`" in str(err.value) and words in str(err.value)
+
+
+def test_batch_must_hold_whole_sequences(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text(BASE.replace("tokens_per_step = 256", "tokens_per_step = 100"))
+    with pytest.raises(JobSpecError, match=r"batch.tokens_per_step \(100\) must be a multiple of"):
+        load_job(f)
+
+
+def test_defaults_fill_the_optional_sections(tmp_path):
+    f = tmp_path / "job.toml"
+    f.write_text(BASE)
+    job = load_job(f)
+    assert job.data.source == "generated" and job.optimizer.clip_norm == 1.0
+    assert job.compression.sync_every == 1 and job.checkpoint.interval >= 1
+    assert job.sequences_per_step == 8

@@ -1,0 +1,135 @@
+"""The job spec: what a person asks the swarm to train, as written in ``JOB.toml``.
+
+Every section is its own model with bounded fields and defaults a first job can rely on; only
+``name``, ``[model]`` and ``[batch]`` are required. Cross-field rules (heads divide the width, the batch
+holds whole sequences, a directory source names its path) are checked here, so a bad job file fails at
+``potluck launch`` with the field named, never on a peer halfway through training.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from potluck.protocol.records import Name, Record
+
+CodecSpec = str  # a potluck.compression spec string; validated by ``get_codec`` where it is used
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ModelSpec(_Section):
+    """A decoder-only transformer, Llama-style (RMSNorm, rotary positions, SwiGLU)."""
+
+    n_layers: int = Field(ge=1, le=1024)
+    d_model: int = Field(ge=8, le=65536)
+    n_heads: int = Field(ge=1, le=1024)
+    vocab_size: int = Field(ge=2, le=1_048_576)
+    seq_len: int = Field(ge=2, le=1_048_576)
+
+    @field_validator("n_heads")
+    @classmethod
+    def _heads_divide_width(cls, v: int, info: object) -> int:
+        d_model = getattr(info, "data", {}).get("d_model")
+        if d_model is not None and (d_model % v or (d_model // v) % 2):
+            raise ValueError(f"d_model ({d_model}) must be n_heads ({v}) times an even head width")
+        return v
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of a Llama-style model: embeddings + per layer 4 d^2 attention + ~8 d^2 SwiGLU."""
+        d = self.d_model
+        return self.vocab_size * d * 2 + self.n_layers * 12 * d * d
+
+
+class BatchSpec(_Section):
+    tokens_per_step: int = Field(ge=1, le=2**40)  # global batch, summed over data-parallel replicas
+    micro_batch_size: int = Field(ge=1, le=65536)  # sequences per pipeline micro-batch
+
+
+class DataSpec(_Section):
+    """Where tokens come from. Every peer reads the same source; replicas take disjoint sequences."""
+
+    source: Literal["generated", "directory"] = "generated"
+    path: str | None = Field(default=None, max_length=1024)  # directory of .txt/.jsonl/.parquet files
+    generated_chars: int = Field(default=1_000_000, ge=1024, le=1 << 31)  # size of the built-in corpus
+    tokenizer: str | None = Field(default=None, max_length=1024)  # HF tokenizers JSON; default bytes
+
+    @model_validator(mode="after")
+    def _directory_has_path(self) -> DataSpec:
+        if self.source == "directory" and not self.path:
+            raise ValueError("source = 'directory' needs `path` (a directory of .txt/.jsonl/.parquet files)")
+        return self
+
+
+class OptimizerSpec(_Section):
+    """AdamW with linear warm-up, then cosine decay to ``min_lr_ratio * lr``; global-norm clipping."""
+
+    lr: float = Field(default=3e-3, gt=0.0, le=10.0)
+    beta1: float = Field(default=0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(default=0.95, ge=0.0, lt=1.0)
+    eps: float = Field(default=1e-8, gt=0.0, le=1.0)
+    weight_decay: float = Field(default=0.1, ge=0.0, le=10.0)
+    warmup_steps: int = Field(default=10, ge=0, le=10**9)
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    clip_norm: float = Field(default=1.0, ge=0.0, le=1e6)  # 0 disables clipping
+
+
+class CompressionSpec(_Section):
+    """Codecs on the wire (see docs/compression.md) and how often replicas synchronise."""
+
+    activations: CodecSpec = Field(default="int8:block=64", min_length=1, max_length=256)
+    gradients: CodecSpec = Field(default="int8:block=64", min_length=1, max_length=256)
+    error_feedback: bool = True  # carry what the gradient codec dropped into the next step
+    sync_every: int = Field(default=1, ge=1, le=10_000)  # H > 1: DiLoCo local steps between syncs
+
+
+class CheckpointSpec(_Section):
+    dir: str = Field(default="checkpoints", min_length=1, max_length=1024)
+    interval: int = Field(default=50, ge=1, le=10**9)  # steps between checkpoints
+    keep: int = Field(default=3, ge=1, le=1000)  # complete checkpoints kept on disk
+
+
+class LimitsSpec(_Section):
+    """Bounds on the shape the planner may choose."""
+
+    max_stages: int = Field(default=64, ge=1, le=1024)
+    max_replicas: int = Field(default=1024, ge=1, le=100_000)
+    stages: int | None = Field(default=None, ge=1, le=1024)  # force a pipeline depth
+    replicas: int | None = Field(default=None, ge=1, le=100_000)  # force a data-parallel width
+
+
+class JobSpec(Record):
+    """What the coordinator is asked to train. Signed by the coordinator, stored under the job key."""
+
+    KIND: ClassVar[str] = "JobSpec"
+
+    name: Name
+    seed: int = Field(default=0, ge=0, lt=2**63)
+    steps: int = Field(default=100, ge=1, le=10**9)
+    min_peers: int = Field(default=1, ge=1, le=100_000)
+    model: ModelSpec
+    batch: BatchSpec
+    data: DataSpec = Field(default_factory=DataSpec)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    compression: CompressionSpec = Field(default_factory=CompressionSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+
+    @model_validator(mode="after")
+    def _batch_holds_sequences(self) -> JobSpec:
+        if self.batch.tokens_per_step % self.model.seq_len:
+            raise ValueError(
+                f"batch.tokens_per_step ({self.batch.tokens_per_step}) must be a multiple of "
+                f"model.seq_len ({self.model.seq_len})"
+            )
+        if self.limits.stages is not None and self.limits.stages > self.model.n_layers:
+            raise ValueError(f"limits.stages ({self.limits.stages}) exceeds model.n_layers")
+        return self
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.batch.tokens_per_step // self.model.seq_len

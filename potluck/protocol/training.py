@@ -1,0 +1,118 @@
+"""Records of a running job: the coordinator's signed plan and each peer's signed progress.
+
+A ``TrainPlan`` says who runs which layers: ``stages[j].peers[i]`` is the peer running stage j of
+pipeline (replica) i. Plans carry an ``epoch`` that grows with every re-plan; peers act only on the
+highest epoch they have verified, so a stale or replayed plan cannot pull them back. A peer that is
+not placed learns why from ``spares``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from potluck.protocol.records import Name, NonNegFloat, PeerId, Record, ShortText
+
+Seconds = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
+
+
+class StageAssignment(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    first_layer: int = Field(ge=0, le=1024)
+    last_layer: int = Field(ge=1, le=1024)  # exclusive
+    peers: list[PeerId] = Field(min_length=1, max_length=4096)  # index = replica (pipeline) number
+
+
+class Spare(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    peer_id: PeerId
+    reason: ShortText
+
+
+class TrainPlan(Record):
+    """Signed by the coordinator, stored under the plan key (one value, no subkey)."""
+
+    KIND: ClassVar[str] = "TrainPlan"
+
+    job: Name
+    epoch: int = Field(ge=0, lt=2**40)
+    status: Literal["training", "done"] = "training"
+    start_step: int = Field(ge=0, le=10**9)  # the step this plan's swarm trains first (resume point)
+    stages: list[StageAssignment] = Field(min_length=1, max_length=1024)
+    micro_batches: int = Field(ge=1, le=1 << 20)  # per replica per step
+    spares: list[Spare] = Field(default_factory=list, max_length=4096)
+    predicted_step_s: Seconds = 0.0
+    issued_at: NonNegFloat
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainPlan:
+        width = len(self.stages[0].peers)
+        expect_first = 0
+        seen: set[str] = set()
+        for j, st in enumerate(self.stages):
+            if st.first_layer != expect_first or st.last_layer <= st.first_layer:
+                raise ValueError(f"stage {j} layers [{st.first_layer}, {st.last_layer}) do not follow on")
+            expect_first = st.last_layer
+            if len(st.peers) != width:
+                raise ValueError(f"stage {j} has {len(st.peers)} replicas, stage 0 has {width}")
+            if seen & set(st.peers) or len(set(st.peers)) != len(st.peers):
+                raise ValueError(f"stage {j} repeats a peer: a peer runs at most one stage")
+            seen |= set(st.peers)
+        return self
+
+    @property
+    def n_layers(self) -> int:
+        return self.stages[-1].last_layer
+
+    @property
+    def n_replicas(self) -> int:
+        return len(self.stages[0].peers)
+
+    @property
+    def leader(self) -> str:
+        """The peer that commits steps (stage 0, replica 0)."""
+        return self.stages[0].peers[0]
+
+    def position(self, peer_id: str) -> tuple[int, int] | None:
+        """(stage, replica) of ``peer_id``, or None when it is not placed."""
+        for j, st in enumerate(self.stages):
+            if peer_id in st.peers:
+                return j, st.peers.index(peer_id)
+        return None
+
+
+class StepTiming(BaseModel):
+    """Where one peer's wall time of one step went, seconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    compute: Seconds = 0.0  # forward + backward + optimizer
+    send: Seconds = 0.0  # encoding and handing activations/gradients to the transport
+    recv: Seconds = 0.0  # waiting for and decoding activations/gradients
+    allreduce: Seconds = 0.0  # replica synchronisation not hidden under compute
+    idle: Seconds = 0.0  # the rest: commit barrier, bubbles
+    total: Seconds = 0.0
+
+
+class Progress(Record):
+    """A peer's latest completed step. Stored under the progress key, subkey = peer id."""
+
+    KIND: ClassVar[str] = "Progress"
+
+    peer_id: PeerId
+    job: Name
+    epoch: int = Field(ge=0, lt=2**40)
+    stage: int = Field(ge=0, le=1024)
+    replica: int = Field(ge=0, le=100_000)
+    step: int = Field(ge=0, le=10**9)  # steps completed (the next step to run)
+    loss: float | None = Field(default=None, ge=0.0, le=1e6)  # the swarm's loss of the last step
+    tokens_per_s: NonNegFloat = 0.0  # the swarm's tokens per second over the recent steps
+    timing: StepTiming = Field(default_factory=StepTiming)
+    bytes_sent_per_step: int = Field(default=0, ge=0, le=2**50)
+    checkpoint_step: int | None = Field(default=None, ge=0, le=10**9)  # latest checkpoint written
+    state: Literal["waiting", "training", "done", "failed"] = "training"
+    message: ShortText = ""
+    issued_at: NonNegFloat
