@@ -18,3 +18,6 @@ class CoordinatorConfig:
     job_ttl_s: float = 300.0  # the signed JobSpec's lifetime; refreshed every third of it
     poll_interval_s: float = 2.0  # how often the swarm state is re-read from the DHT
     read_timeout_s: float = 10.0  # bound on one DHT read of the swarm state
+    plan_ttl_s: float = 300.0  # the signed TrainPlan's lifetime; refreshed every third of it
+    checkpoint_root: Path | None = None  # where the coordinator looks for checkpoints (job's dir if None)
+    train: bool = True  # plan and run the job (False: membership only, as before issue 6)

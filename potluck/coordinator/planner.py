@@ -66,6 +66,11 @@ class PlannerConfig:
     max_shapes: int = 3  # (shape, peer ranking) pairs carried from screening into the search
     horizon_steps: int = 200  # re-planning: steps over which a better plan must repay migration
     repair_time_limit_s: float = 0.6  # local moves after the fill; the fill itself is not limited
+    # Shape limits (the job's [limits]): a forced depth/width, or caps on them.
+    stages: int | None = None
+    replicas: int | None = None
+    max_stages: int = 1 << 20
+    max_replicas: int = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -147,14 +152,18 @@ def _search(
     return SearchResult(best, name, gens, found)
 
 
-def _shapes(n: int, job: StepJob) -> list[tuple[int, int]]:
+def _shapes(n: int, job: StepJob, cfg: PlannerConfig) -> list[tuple[int, int]]:
     grid = sorted({1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128})
+    if cfg.stages is not None:
+        grid = [cfg.stages]
     out = []
     for s in grid:
-        if s > min(job.model.layers, n):
+        if s > min(job.model.layers, n, cfg.max_stages):
             continue
-        r_max = n // s
+        r_max = min(n // s, cfg.max_replicas)
         options = {r_max, math.ceil(r_max * 0.75), math.ceil(r_max * 0.5), math.ceil(r_max * 0.25), 1}
+        if cfg.replicas is not None:
+            options = {cfg.replicas} if cfg.replicas <= r_max else set()
         for r in sorted(options, reverse=True):
             if r >= 1:
                 out.append((s, r))
@@ -244,7 +253,7 @@ def fresh_plan(state: PlanningState, job: Job, cfg: PlannerConfig) -> tuple[Plac
     clustering = cluster_levels(make_objective(state, job, 1, 1).link, everyone)
     rankings = _rankings(state.devices, clustering)
     screened: list[tuple[float, int, int, str]] = []
-    for s, r in _shapes(n, job):
+    for s, r in _shapes(n, job, cfg):
         obj = make_objective(state, job, s, r)
         for rank_name, ranked in rankings.items():
             active, spares = np.sort(ranked[: s * r]), np.sort(ranked[s * r :])
@@ -255,6 +264,8 @@ def fresh_plan(state: PlanningState, job: Job, cfg: PlannerConfig) -> tuple[Plac
             if math.isfinite(min(costs)):
                 screened.append((min(costs), s, r, rank_name))
     if not screened:
+        if not _shapes(n, job, cfg):
+            return None, f"no shape within the job's limits fits {n} peers"
         return None, "no feasible shape: the model does not fit in the peers' memory"
     screened.sort()
     best: tuple[SearchResult, Objective, str] | None = None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from potluck.peer.links import LinkProbeConfig
+from potluck.peer.worker import WorkerConfig
 from potluck.protocol.dht import NetworkConfig
 from potluck.protocol.identity import DEFAULT_HOME
 from potluck.protocol.invite import Invite
@@ -18,6 +19,10 @@ class PeerConfig:
     net: NetworkConfig = field(default_factory=NetworkConfig)
     links: LinkProbeConfig = field(default_factory=LinkProbeConfig)
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    threads: int | None = None  # CPU threads torch may use (None: torch's default, all cores)
+    max_memory_bytes: int | None = None  # memory this peer offers the swarm (None: all that is free)
+    train: bool = True  # follow the coordinator's plan and train (False: membership and links only)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
     ttl_s: float = 30.0  # heartbeat lifetime in the DHT; refreshed every third of it
     probe_budget_s: float = 0.5  # seconds per matmul benchmark at start-up
     withdraw_timeout_s: float = 2.0  # on shutdown: time allowed to store the "leaving" record

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
 
+import torch
 from hivemind.utils import get_dht_time
 
 from potluck.peer.config import PeerConfig
 from potluck.peer.links import LinkProber, choose_targets
 from potluck.peer.probe import pick_device, probe
+from potluck.peer.worker import PlanWorker
 from potluck.protocol.dht import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import WireError
@@ -40,6 +43,7 @@ class PeerDaemon:
         self.ready = asyncio.Event()  # set once the first heartbeat is stored
         self.prober: LinkProber
         self.link_reports = 0  # link reports published so far
+        self.worker: PlanWorker | None = None
 
     @property
     def peer_id(self) -> str:
@@ -60,7 +64,7 @@ class PeerDaemon:
                 self.cfg.invite.bootstrap,
                 key_dir=self.cfg.identity_path.parent,
             )
-            self.hardware = await probe_task
+            self.hardware = self._capped(await probe_task)
         except BaseException:
             probe_task.cancel()
             with contextlib.suppress(BaseException):
@@ -73,6 +77,10 @@ class PeerDaemon:
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
             asyncio.create_task(self._measure_links(), name="links"),
         ]
+        if self.cfg.train:
+            wcfg = dataclasses.replace(self.cfg.worker, device=str(device))
+            self.worker = PlanWorker(self.node, self.peer_id, self.cfg.invite.swarm_id, wcfg)
+            tasks.append(asyncio.create_task(self.worker.run(), name="train"))
         try:
             await self.stop_event.wait()
         finally:
@@ -82,6 +90,17 @@ class PeerDaemon:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await self._leave()
+
+    def _capped(self, hw: Hardware) -> Hardware:
+        """Apply --threads and --max-memory: the swarm plans with what this peer offers, not all it has."""
+        if self.cfg.threads is not None:
+            torch.set_num_threads(self.cfg.threads)
+        cap = self.cfg.max_memory_bytes
+        if cap is None:
+            return hw
+        if hw.device_kind == "cuda" and hw.memory_total_bytes:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / hw.memory_total_bytes))
+        return hw.model_copy(update={"memory_free_bytes": min(hw.memory_free_bytes, cap)})
 
     def stop(self) -> None:
         self.stop_event.set()

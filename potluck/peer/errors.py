@@ -1,5 +1,7 @@
 """Errors of the peer package."""
 
+from potluck.protocol.errors import CheckpointError as CheckpointError  # raised by checkpoint code here too
+
 
 class PeerError(Exception):
     """Base class for failures inside the peer daemon."""
@@ -11,3 +13,11 @@ class CollectiveError(PeerError):
 
 class DataError(PeerError, ValueError):
     """The dataset is missing, empty, or malformed; the message names the file."""
+
+
+class PipelineError(PeerError):
+    """A pipeline neighbour did not deliver in time, or sent something undecodable."""
+
+
+class StepAborted(PeerError):
+    """The step was not committed (a peer failed or disagreed); no replica applied it."""

@@ -27,3 +27,7 @@ class BootstrapError(ProtocolError):
 
 class WireError(ProtocolError):
     """A stream frame was malformed, oversized, unexpected, or did not arrive in time."""
+
+
+class CheckpointError(ProtocolError):
+    """A checkpoint on disk is missing, incomplete, or damaged; the message names the file and the fault."""

@@ -17,12 +17,32 @@ from potluck.protocol.records import Name, NonNegFloat, PeerId, Record, ShortTex
 Seconds = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
 
 
+class TreeRecord(BaseModel):
+    """One spanning tree of a stage's all-reduce: ``parents[i]`` is replica i's parent (-1: the root)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    share: float = Field(gt=0.0, le=1.0)  # fraction of the buffer this tree carries
+    parents: list[int] = Field(min_length=1, max_length=4096)
+
+
 class StageAssignment(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     first_layer: int = Field(ge=0, le=1024)
     last_layer: int = Field(ge=1, le=1024)  # exclusive
     peers: list[PeerId] = Field(min_length=1, max_length=4096)  # index = replica (pipeline) number
+    trees: list[TreeRecord] = Field(default_factory=list, max_length=64)  # empty: one-hop trees
+
+    @model_validator(mode="after")
+    def _trees_span_the_group(self) -> StageAssignment:
+        n = len(self.peers)
+        for t in self.trees:
+            if len(t.parents) != n or sum(p == -1 for p in t.parents) != 1:
+                raise ValueError("each tree needs one parent entry per replica and exactly one root")
+            if any(not -1 <= p < n or p == i for i, p in enumerate(t.parents)):
+                raise ValueError("tree parents must name another replica of the stage")
+        return self
 
 
 class Spare(BaseModel):
@@ -38,7 +58,7 @@ class TrainPlan(Record):
     KIND: ClassVar[str] = "TrainPlan"
 
     job: Name
-    epoch: int = Field(ge=0, lt=2**40)
+    epoch: int = Field(ge=0, lt=2**27)  # < 2^27: peers pack (epoch, step) into 64-bit message tags
     status: Literal["training", "done"] = "training"
     start_step: int = Field(ge=0, le=10**9)  # the step this plan's swarm trains first (resume point)
     stages: list[StageAssignment] = Field(min_length=1, max_length=1024)
@@ -104,7 +124,7 @@ class Progress(Record):
 
     peer_id: PeerId
     job: Name
-    epoch: int = Field(ge=0, lt=2**40)
+    epoch: int = Field(ge=0, lt=2**27)
     stage: int = Field(ge=0, le=1024)
     replica: int = Field(ge=0, le=100_000)
     step: int = Field(ge=0, le=10**9)  # steps completed (the next step to run)

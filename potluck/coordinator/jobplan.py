@@ -1,0 +1,170 @@
+"""From the live swarm and the job to a signed-ready ``TrainPlan``. Pure: records in, a plan out.
+
+Peers' measured TFLOP/s (bf16 on CUDA, fp32 elsewhere) and free memory become the planner's devices;
+their link reports become the network model (uniform defaults when no link was measured yet, which
+the reason says). Peers that cannot hold even one layer are set aside first, each told why. The
+planner picks the shape, the placement and the layer split; each stage's replicas get all-reduce trees
+packed over their measured links.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from potluck.coordinator.collective_plan import to_schedule, tree_plan
+from potluck.coordinator.costmodel import (
+    BatchSpec,
+    CodecRatios,
+    DeviceSpec,
+    ModelShape,
+    StepJob,
+    layer_memory,
+)
+from potluck.coordinator.errors import NetModelError
+from potluck.coordinator.netmodel import NetModel, build_netmodel, from_matrices
+from potluck.coordinator.planner import PlacementPlan, PlannerConfig, PlanningState, plan
+from potluck.coordinator.state import SwarmState
+from potluck.coordinator.trees import PackingError, pack_allreduce
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.records import PeerRecord
+from potluck.protocol.training import Spare, StageAssignment, TrainPlan, TreeRecord
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RTT_MS, DEFAULT_GBPS = 2.0, 1.0  # assumed for pairs when no link has been measured at all
+
+
+def _planner_defaults() -> PlannerConfig:
+    return PlannerConfig(time_limit_s=2.0, bound_time_limit_s=0.5)
+
+
+@dataclass(frozen=True)
+class JobPlanConfig:
+    planner: PlannerConfig = field(default_factory=_planner_defaults)
+    max_trees_per_stage: int = 8
+
+
+def step_job(job: JobSpec) -> StepJob:
+    """The planner's view of the job: fp32 weights + grads + AdamW moments (16 B/param), no recompute."""
+    m = job.model
+    hidden = 64 * math.ceil(8 * m.d_model / 3 / 64)  # SwiGLU width, as potluck.peer.model builds it
+    shape = ModelShape(
+        m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.seq_len, ffn_mult=1.5 * hidden / m.d_model
+    )
+    # int8 codecs move ~1/2 the bytes of fp16 (plus scales); "none" ships fp32 (2x fp16).
+    act = (
+        0.53
+        if "int8" in job.compression.activations
+        else 2.0
+        if job.compression.activations == "none"
+        else 1.0
+    )
+    grad = (
+        0.53 if "int8" in job.compression.gradients else 2.0 if job.compression.gradients == "none" else 1.0
+    )
+    ratios = CodecRatios(act, act, grad, grad)
+    return StepJob(
+        shape, BatchSpec(job.sequences_per_step, job.batch.micro_batch_size), ratios, recompute=False
+    )
+
+
+def device_of(record: PeerRecord) -> DeviceSpec:
+    hw = record.hardware
+    tflops = hw.tflops_bf16 if hw.device_kind == "cuda" else hw.tflops_fp32
+    return DeviceSpec(tflops=max(tflops, 1e-6), memory_gb=hw.memory_free_bytes / 1e9)
+
+
+def network(state: SwarmState, peers: list[str]) -> tuple[NetModel, str]:
+    inside = set(peers)
+    measured = [
+        (rep.peer_id, s.dst, max(s.rtt_ms, 1e-3), s.bandwidth_gbps)
+        for rep in state.links.values() if rep.peer_id in inside
+        for s in rep.links if s.dst in inside and s.bandwidth_gbps > 0
+    ]  # fmt: skip
+    if measured:
+        try:
+            return build_netmodel(peers, measured), f"{len(measured)} measured links"
+        except NetModelError as e:
+            logger.warning("link reports unusable (%s); assuming uniform links", e)
+    n = len(peers)
+    lat = np.full((n, n), DEFAULT_RTT_MS / 2)
+    bw = np.full((n, n), DEFAULT_GBPS)
+    np.fill_diagonal(lat, 0.0)
+    return from_matrices(
+        lat, bw
+    ), f"no measured links yet: assumed {DEFAULT_GBPS} Gbit/s, {DEFAULT_RTT_MS} ms"
+
+
+def stage_trees(
+    net: NetModel, index: dict[str, int], peers: tuple[str, ...], max_trees: int
+) -> list[TreeRecord]:
+    """All-reduce trees for one stage's replicas, packed over their measured bandwidths."""
+    if len(peers) < 2:
+        return []
+    ix = [index[p] for p in peers]
+    cap = net.bandwidth_gbps[np.ix_(ix, ix)].copy()
+    np.fill_diagonal(cap, 0.0)
+    try:
+        packing = pack_allreduce(cap.tolist(), max_trees=max_trees)
+        sched = to_schedule(tree_plan(list(range(len(peers))), packing.trees))  # peers named "0", "1", ...
+    except PackingError as e:
+        logger.warning("tree packing failed (%s); the stage uses one-hop trees", e)
+        return []
+    out = []
+    for t in sched.trees:
+        parents = [-1 if (par := t.parent[str(i)]) is None else int(par) for i in range(len(peers))]
+        out.append(TreeRecord(share=min(1.0, max(t.share, 1e-9)), parents=parents))
+    return out
+
+
+def make_train_plan(
+    state: SwarmState, job: JobSpec, now: float, epoch: int, start_step: int,
+    previous: PlacementPlan | None = None, cfg: JobPlanConfig | None = None,
+) -> tuple[TrainPlan | None, PlacementPlan | None, str]:  # fmt: skip
+    """(plan, the planner's placement, reason). None when the swarm cannot run the job yet."""
+    cfg = cfg or JobPlanConfig()
+    sj = step_job(job)
+    state_bytes, act_bytes = layer_memory(sj)
+    one_layer_gb = (state_bytes + act_bytes) / 1e9
+    spares: list[Spare] = []
+    usable: list[str] = []
+    for pid in sorted(state.peers):
+        dev = device_of(state.peers[pid].record)
+        if dev.memory_gb * sj.memory_headroom < one_layer_gb:
+            why = f"too little memory: {dev.memory_gb:.2f} GB free, one layer needs {one_layer_gb:.2f} GB"
+            spares.append(Spare(peer_id=pid, reason=why[:128]))
+        else:
+            usable.append(pid)
+    if len(usable) < job.min_peers:
+        return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
+    net, net_note = network(state, usable)
+    pstate = PlanningState(tuple(usable), tuple(device_of(state.peers[p].record) for p in usable), net)
+    lim = job.limits
+    pcfg = PlannerConfig(**{**cfg.planner.__dict__, "seed": job.seed, "stages": lim.stages,
+                            "replicas": lim.replicas, "max_stages": lim.max_stages,
+                            "max_replicas": lim.max_replicas})  # fmt: skip
+    placement, reason = plan(pstate, sj, now, previous, pcfg)
+    if placement is None and previous is not None:
+        placement, reason = plan(pstate, sj, now, None, pcfg)  # repair impossible: plan afresh
+    if placement is None:
+        return None, None, reason
+    index = {p: i for i, p in enumerate(usable)}
+    stages, first = [], 0
+    for row, n_layers in zip(placement.stages, placement.layers, strict=True):
+        peers = tuple(str(p) for p in row)
+        trees = stage_trees(net, index, peers, cfg.max_trees_per_stage)
+        stages.append(
+            StageAssignment(first_layer=first, last_layer=first + n_layers, peers=list(peers), trees=trees)
+        )
+        first += n_layers
+    spares += [Spare(peer_id=str(p), reason="spare: the plan is faster without it") for p in placement.spares]
+    train = TrainPlan(
+        job=job.name, epoch=epoch, start_step=start_step, stages=stages,
+        micro_batches=max(1, placement.micro_batches), spares=spares,
+        predicted_step_s=float(min(placement.cost, 1e9)), issued_at=now,
+    )  # fmt: skip
+    return train, placement, f"{reason}; {net_note}"

@@ -1,0 +1,156 @@
+"""The peer's training side: follow the coordinator's signed plan, train its part, report progress.
+
+Every ``plan_poll_s`` the worker reads the plan key. Only plans signed by the swarm's coordinator get
+this far (the DHT validator and the reader both verify), and only a plan with a higher epoch than the
+one being followed is acted on, so a replayed old plan changes nothing. A new epoch cancels the running
+trainer and starts the new one from the plan's ``start_step`` (its checkpoint). Each completed step is
+published as a signed ``Progress`` record, which is how the coordinator sees the job move, fail or end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hivemind.utils import get_dht_time
+
+from potluck.peer.data import TokenDataset, load_dataset
+from potluck.peer.errors import PeerError
+from potluck.peer.trainer import StepReport, Trainer, TrainerConfig, round_base
+from potluck.peer.transport import Mailbox, TransportConfig
+from potluck.protocol.dht import SwarmNode
+from potluck.protocol.errors import ProtocolError
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.keys import JOB, PLAN, PROGRESS
+from potluck.protocol.training import Progress, StepTiming, TrainPlan
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    device: str = "cpu"  # resolved torch device string
+    plan_poll_s: float = 1.0  # how often the plan key is read
+    progress_interval_s: float = 1.0  # least time between two progress records (the last is always sent)
+    progress_ttl_s: float = 120.0
+    step_timeout_s: float = 120.0  # bound on each pipeline receive and on the step commit
+    allreduce_timeout_s: float = 60.0
+    checkpoint_root: Path | None = None  # overrides the job's checkpoint.dir
+
+
+class PlanWorker:
+    def __init__(self, node: SwarmNode, peer_id: str, swarm_id: str, cfg: WorkerConfig) -> None:
+        self.node, self.peer_id, self.cfg = node, peer_id, cfg
+        self.box = Mailbox(
+            node.p2p, f"potluck/{swarm_id}/train/1", TransportConfig(timeout_s=cfg.step_timeout_s)
+        )
+        self.plan: TrainPlan | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._datasets: dict[str, TokenDataset] = {}
+        self._last_progress = 0.0
+        self._tokens_per_s = 0.0
+        self.steps_done = 0  # steps this worker completed (all plans)
+        self._sending: set[asyncio.Task[None]] = set()  # progress records in flight
+
+    async def run(self) -> None:
+        await self.box.start()
+        try:
+            while True:
+                try:
+                    await self._poll()
+                except Exception as e:  # a failed read is retried at the next poll
+                    logger.warning("reading the plan failed: %s", e)
+                await asyncio.sleep(self.cfg.plan_poll_s)
+        finally:
+            await self._cancel()
+            await self.box.close()
+
+    async def _poll(self) -> None:
+        plans = [v.record for v in await self.node.fetch(PLAN.name) if isinstance(v.record, TrainPlan)]
+        if not plans:
+            return
+        plan = max(plans, key=lambda p: p.epoch)
+        if self.plan is not None and plan.epoch <= self.plan.epoch:
+            return
+        await self._cancel()
+        self.plan = plan
+        await self.box.forget_round(round_base(plan.epoch, 0) - 1)  # stale messages of older epochs
+        logger.info("plan epoch %d (%s) from step %d", plan.epoch, plan.status, plan.start_step)
+        if plan.status == "done":
+            return
+        self._task = asyncio.create_task(self._train(plan), name=f"train-epoch-{plan.epoch}")
+
+    async def _cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    async def _job(self, plan: TrainPlan) -> JobSpec:
+        jobs = [v.record for v in await self.node.fetch(JOB.name) if isinstance(v.record, JobSpec)]
+        if not jobs or jobs[0].name != plan.job:
+            raise PeerError(f"the swarm's job spec for {plan.job!r} is not readable yet")
+        return jobs[0]
+
+    async def _train(self, plan: TrainPlan) -> None:
+        pos = plan.position(self.peer_id)
+        if pos is None:
+            why = next((s.reason for s in plan.spares if s.peer_id == self.peer_id), "not placed by the plan")
+            logger.info("not placed in plan epoch %d: %s", plan.epoch, why)
+            await self._publish(plan, 0, 0, plan.start_step, state="waiting", message=why)
+            return
+        stage, replica = pos
+        trainer: Trainer | None = None
+        try:
+            job = await self._job(plan)
+            if job.name not in self._datasets:
+                self._datasets[job.name], _ = await asyncio.to_thread(
+                    load_dataset, job.data, job.model.seq_len, job.model.vocab_size, job.seed
+                )
+            dataset = self._datasets[job.name]
+            tcfg = TrainerConfig(self.cfg.device, self.cfg.step_timeout_s, self.cfg.allreduce_timeout_s)
+            trainer = Trainer(self.box, job, plan, dataset, tcfg, self.cfg.checkpoint_root)
+            await trainer.run(lambda r: self._on_step(plan, stage, replica, job, r))
+            await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
+            logger.info("finished the job at step %d", trainer.step)
+        except (PeerError, ProtocolError, OSError, ValueError) as e:
+            logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
+            step = trainer.step if trainer is not None else plan.start_step
+            await self._publish(plan, stage, replica, step, state="failed", message=str(e)[:128], force=True)
+
+    def _on_step(self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport) -> None:
+        self.steps_done += 1
+        tps = job.batch.tokens_per_step / max(r.seconds, 1e-9)
+        self._tokens_per_s = tps if self._tokens_per_s == 0 else 0.7 * self._tokens_per_s + 0.3 * tps
+        force = r.checkpoint is not None or r.step + 1 >= job.steps
+        task = asyncio.get_running_loop().create_task(
+            self._publish(plan, stage, replica, r.step + 1, loss=r.loss, timing=r.timing, sent=r.bytes_sent,
+                          checkpoint=(r.step + 1) if r.checkpoint is not None else None, force=force)
+        )  # fmt: skip
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _publish(
+        self, plan: TrainPlan, stage: int, replica: int, step: int, *, state: str = "training",
+        message: str = "", loss: float | None = None, timing: StepTiming | None = None, sent: int = 0,
+        checkpoint: int | None = None, force: bool = False,
+    ) -> None:  # fmt: skip
+        now = time.monotonic()
+        if not force and now - self._last_progress < self.cfg.progress_interval_s:
+            return
+        self._last_progress = now
+        record = Progress(
+            peer_id=self.peer_id, job=plan.job, epoch=plan.epoch, stage=stage, replica=replica, step=step,
+            loss=None if loss is None else max(0.0, min(loss, 1e6)), tokens_per_s=self._tokens_per_s,
+            timing=timing or StepTiming(), bytes_sent_per_step=sent, checkpoint_step=checkpoint,
+            state=state, message=message, issued_at=get_dht_time(),  # type: ignore[arg-type]
+        )  # fmt: skip
+        try:
+            await self.node.publish(PROGRESS.name, record, self.cfg.progress_ttl_s, self.peer_id)
+        except Exception as e:  # progress is best effort; training goes on
+            logger.warning("progress not published: %s", e)

@@ -1,0 +1,75 @@
+"""In-process training swarms: real p2pd daemons on loopback, one Trainer per peer, one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from hivemind.utils import get_dht_time
+
+from potluck.peer.data import ByteTokenizer, TokenDataset, generated_corpus
+from potluck.peer.trainer import StepReport, Trainer, TrainerConfig
+from potluck.peer.transport import Mailbox, TransportConfig
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.training import StageAssignment, TrainPlan
+from tests.helpers.p2p import p2p_group
+
+PROTOCOL = "potluck/test/train/1"
+
+
+def tiny_job(**overrides: object) -> JobSpec:
+    data: dict[str, object] = {
+        "name": "tiny-test",
+        "seed": 3,
+        "steps": 20,
+        "model": {"n_layers": 4, "d_model": 32, "n_heads": 2, "vocab_size": 256, "seq_len": 16},
+        "batch": {"tokens_per_step": 16 * 8, "micro_batch_size": 2},
+        "optimizer": {"lr": 3e-3, "warmup_steps": 3},
+        "compression": {"activations": "none", "gradients": "none", "error_feedback": False},
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}  # type: ignore[dict-item]
+        else:
+            data[key] = value
+    return JobSpec.model_validate(data)
+
+
+def tiny_dataset(job: JobSpec) -> TokenDataset:
+    return TokenDataset(ByteTokenizer().encode(generated_corpus(40_000, job.seed)), job.model.seq_len)
+
+
+def make_plan(job: JobSpec, grid: list[list[str]], splits: list[tuple[int, int]], epoch: int = 1,
+              start_step: int = 0) -> TrainPlan:  # fmt: skip
+    """grid[j][i]: the peer of stage j, replica i."""
+    stages = [
+        StageAssignment(first_layer=a, last_layer=b, peers=row)
+        for (a, b), row in zip(splits, grid, strict=True)
+    ]
+    return TrainPlan(job=job.name, epoch=epoch, start_step=start_step, stages=stages, micro_batches=2,
+                     issued_at=get_dht_time())  # fmt: skip
+
+
+async def train_swarm(
+    job: JobSpec, n_stages: int, n_replicas: int, splits: list[tuple[int, int]], checkpoint_root: Path,
+    start_step: int = 0, stop_after: int | None = None, epoch: int = 1,
+) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:  # fmt: skip
+    """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers."""
+    dataset = tiny_dataset(job)
+    async with p2p_group(n_stages * n_replicas) as nodes:
+        boxes = [Mailbox(node, PROTOCOL, TransportConfig(timeout_s=30)) for node in nodes]
+        for box in boxes:
+            await box.start()
+        ids = [b.peer_id for b in boxes]
+        grid = [[ids[j * n_replicas + i] for i in range(n_replicas)] for j in range(n_stages)]
+        plan = make_plan(job, grid, splits, epoch=epoch, start_step=start_step)
+        trainers = {}
+        reports: dict[tuple[int, int], list[StepReport]] = {}
+        for box in boxes:
+            tr = Trainer(box, job, plan, dataset, TrainerConfig(step_timeout_s=60), checkpoint_root)
+            trainers[(tr.stage, tr.replica)] = tr
+            reports[(tr.stage, tr.replica)] = []
+        await asyncio.gather(*(tr.run(reports[k].append, until=stop_after) for k, tr in trainers.items()))
+        for box in boxes:
+            await box.close()
+    return reports, trainers

@@ -1,0 +1,103 @@
+"""Swarm training on loopback equals the single-process reference; compressed stays close; resume
+continues the loss curve; failures abort the step everywhere."""
+
+import asyncio
+
+import pytest
+import torch
+
+from potluck.peer.reference import parameters_by_global_name, reference_run
+from tests.helpers.training import tiny_dataset, tiny_job, train_swarm
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SPLITS = [(0, 2), (2, 4)]
+
+
+def test_uncompressed_2x2_equals_single_process_reference(tmp_path):
+    job = tiny_job()
+    reports, trainers = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path))
+    swarm_losses = [r.loss for r in reports[(1, 0)]]
+    assert len(swarm_losses) == job.steps
+    for key, rep in reports.items():  # every peer learned the same loss from the commit
+        assert [r.loss for r in rep] == swarm_losses, key
+    ref_losses, ref = reference_run(job, tiny_dataset(job), n_replicas=2)
+    assert swarm_losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
+    assert swarm_losses[-1] < swarm_losses[0] - 0.5  # it learns
+    want = parameters_by_global_name(ref)
+    for (stage, replica), tr in trainers.items():
+        for name, tensor in parameters_by_global_name(tr.runner).items():
+            torch.testing.assert_close(
+                tensor, want[name], rtol=1e-3, atol=2e-5, msg=f"{stage}/{replica} {name}"
+            )
+
+
+def test_compressed_default_codecs_stay_within_2_percent(tmp_path):
+    plain = tiny_job()
+    packed = tiny_job(compression={"activations": "int8:block=64", "gradients": "int8:block=64",
+                                   "error_feedback": True})  # fmt: skip
+    base, _ = asyncio.run(train_swarm(plain, 2, 2, SPLITS, tmp_path / "a"))
+    comp, _ = asyncio.run(train_swarm(packed, 2, 2, SPLITS, tmp_path / "b"))
+    last_plain, last_comp = base[(1, 0)][-1].loss, comp[(1, 0)][-1].loss
+    assert abs(last_comp - last_plain) / last_plain < 0.02, (last_plain, last_comp)
+    assert comp[(0, 0)][-1].bytes_sent < 0.5 * base[(0, 0)][-1].bytes_sent  # int8 vs fp32 on the wire
+
+
+def test_resume_continues_the_loss_curve_even_with_new_stage_boundaries(tmp_path):
+    job = tiny_job(checkpoint={"interval": 5})
+    full, _ = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path / "full"))
+    root = tmp_path / "resumed"
+    first, _ = asyncio.run(train_swarm(job, 2, 2, SPLITS, root, stop_after=10))
+    assert len(first[(1, 0)]) == 10 and first[(0, 0)][-1].checkpoint is not None
+    # Relaunch from the step-10 checkpoint with a different cut: 3 layers, then 1.
+    rest, _ = asyncio.run(train_swarm(job, 2, 2, [(0, 3), (3, 4)], root, start_step=10, epoch=2))
+    want = [r.loss for r in full[(1, 0)][10:]]
+    got = [r.loss for r in rest[(1, 0)]]
+    assert [r.step for r in rest[(1, 0)]] == list(range(10, 20))
+    assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
+    from potluck.peer.errors import StepAborted
+    from potluck.peer.trainer import Trainer, TrainerConfig
+    from potluck.peer.transport import Mailbox, TransportConfig
+    from tests.helpers.p2p import p2p_group
+    from tests.helpers.training import PROTOCOL, make_plan
+
+    job = tiny_job()
+    dataset = tiny_dataset(job)
+
+    async def main():
+        async with p2p_group(4) as nodes:
+            boxes = [Mailbox(n, PROTOCOL, TransportConfig(timeout_s=5)) for n in nodes]
+            for b in boxes:
+                await b.start()
+            ids = [b.peer_id for b in boxes]
+            plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
+            cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0)
+            trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes]
+            victim = trainers[3]  # stage 1, replica 1
+
+            def maybe_die(report):
+                if report.step == 4:
+                    raise SystemExit  # this peer stops right after committing step 4
+
+            async def run(tr):
+                try:
+                    await tr.run(maybe_die if tr is victim else None)
+                except SystemExit:
+                    await nodes[3].shutdown()
+                    return "died"
+                except StepAborted as e:
+                    return e
+                return "finished"
+
+            return await asyncio.gather(*(run(t) for t in trainers)), trainers
+
+    results, trainers = asyncio.run(main())
+    assert results[3] == "died"
+    assert all(isinstance(r, StepAborted) for r in results[:3]), results
+    # Step 5 was applied by nobody: every survivor stands at step 5 with identical stage weights.
+    assert [t.step for t in trainers[:3]] == [5, 5, 5]
+    for a, b in zip(trainers[0].runner.params, trainers[1].runner.params, strict=True):
+        assert torch.equal(a, b)
