@@ -61,6 +61,7 @@ class LocalSwarm:
     swarm_id: str = "local"
     peer_args: tuple[str, ...] = ()
     coordinator_args: tuple[str, ...] = ()
+    verbose: int = 0  # -v flags given to every child (their logs go to <root>/<name>.log)
     procs: dict[str, Proc] = field(default_factory=dict)
     invite: Invite | None = None
 
@@ -70,7 +71,7 @@ class LocalSwarm:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log, "wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "potluck", *args],
+                [sys.executable, "-m", "potluck", *(["-v"] * self.verbose), *args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, start_new_session=True,
             )  # fmt: skip

@@ -54,7 +54,11 @@ def bench_records(n: int = 2000) -> dict[str, float]:
 def bench_swarm(n_peers: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         swarm = LocalSwarm(
-            Path(tmp), ROOT / "examples" / "tiny.toml", swarm_id="bench", peer_args=("--probe-seconds", "0.2")
+            Path(tmp),
+            ROOT / "examples" / "tiny.toml",
+            swarm_id="bench",
+            peer_args=("--probe-seconds", "0.2"),
+            coordinator_args=("--membership-only",),
         )
         with swarm:
             t0 = time.monotonic()

@@ -1,69 +1,115 @@
-"""``potluck demo``: a coordinator and local peers on loopback, all real processes, shut down cleanly."""
+"""``potluck demo``: a coordinator and four local peers train a small model on loopback, end to end.
+
+The coordinator runs in this process (so the demo can draw its progress); every peer is a real
+``potluck peer`` process with its own p2p daemon, found through the invite like any volunteer. The job
+is embedded: a 4-layer byte-level model on the built-in arithmetic corpus, forced to 2 pipeline stages
+x 2 data-parallel replicas so every mechanism runs (activations and gradients cross processes, replicas
+all-reduce, steps commit). Peers are reaped by PID when it ends, however it ends.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import signal
 import tempfile
 import time
 from pathlib import Path
 
 import typer
-from hivemind.utils import get_dht_time
-from rich.console import Console
 
-from potluck.cli.common import err_console, fail, peers_table
-from potluck.localswarm import LocalSwarm
+from potluck.cli.common import err_console, fail
+from potluck.cli.jobview import JobWatcher
+from potluck.coordinator.config import CoordinatorConfig
+from potluck.coordinator.service import CoordinatorService
+from potluck.localswarm import LOOPBACK, LocalSwarm
+from potluck.protocol.dht import NetworkConfig
+from potluck.protocol.errors import ProtocolError
+from potluck.protocol.identity import Identity
+from potluck.protocol.jobfile import parse_job
+from potluck.protocol.jobspec import JobSpec
 
-# The embedded job: small enough for 2 CPU cores.
-DEMO_JOB = """\
-name = "demo"
-seed = 0
-steps = 50
-min_peers = 3
+STAGES, REPLICAS = 2, 2
 
-[model]
-n_layers = 4
-d_model = 128
-n_heads = 4
-vocab_size = 256
-seq_len = 128
 
-[batch]
-tokens_per_step = 8192
-micro_batch_size = 8
-"""
+def demo_job(steps: int, checkpoint_dir: Path) -> JobSpec:
+    """The embedded job: small enough for 2 CPU cores, big enough to learn the corpus visibly."""
+    return parse_job({
+        "name": "demo", "seed": 0, "steps": steps, "min_peers": STAGES * REPLICAS,
+        "model": {"n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 256, "seq_len": 64},
+        "batch": {"tokens_per_step": 64 * 32, "micro_batch_size": 4},
+        "data": {"source": "generated", "generated_chars": 400_000},
+        "optimizer": {"lr": 3e-3, "warmup_steps": 10, "min_lr_ratio": 0.1},
+        "checkpoint": {"dir": str(checkpoint_dir), "interval": max(10, steps // 4), "keep": 2},
+        "limits": {"stages": STAGES, "replicas": REPLICAS},
+    }, source="demo job")  # fmt: skip
 
 
 def demo(
-    peers: int = typer.Option(3, min=1, max=16, help="How many local peers to start."),
-    timeout: float = typer.Option(90.0, min=5.0, help="Seconds to wait for every peer to appear."),
-    as_json: bool = typer.Option(False, "--json", help="End with a one-line JSON summary."),
-    keep: Path = typer.Option(None, "--run-dir", help="Keep keys and logs in this directory."),
+    steps: int = typer.Option(150, min=1, max=100_000, help="Training steps."),
+    as_json: bool = typer.Option(False, "--json", help="End with a one-line JSON summary on stdout."),
+    run_dir: Path = typer.Option(None, "--run-dir", help="Keep keys, logs and checkpoints here."),
+    timeout: float = typer.Option(1800.0, min=10.0, help="Give up after this many seconds."),
+    threads: int = typer.Option(1, min=1, help="CPU threads per peer (4 peers share this machine)."),
 ) -> None:
-    """Start a coordinator and local peers on 127.0.0.1, show the swarm, and shut it all down."""
-    run_dir = keep or Path(tempfile.mkdtemp(prefix="potluck-demo-"))
-    job_file = run_dir / "demo.toml"
+    """Train a small model with a local swarm: 2 pipeline stages x 2 replicas, then print a summary."""
+    run_dir = (run_dir or Path(tempfile.mkdtemp(prefix="potluck-demo-"))).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    job_file.write_text(DEMO_JOB)
-    start = time.monotonic()
-    with LocalSwarm(run_dir, job_file, swarm_id="demo", peer_args=("--probe-seconds", "0.3")) as swarm:
-        err_console.print(f"starting a coordinator and {peers} peers on loopback (logs in {run_dir})")
-        try:
-            swarm.start_coordinator()
-            for i in range(peers):
-                swarm.start_peer(f"peer{i}")
-            seen = swarm.wait_for(lambda ps: len(ps) >= peers, timeout_s=timeout)
-        except (TimeoutError, RuntimeError) as e:
-            tails = "\n".join(f"--- {p.name}\n{p.tail(8)}" for p in swarm.procs.values())
-            raise fail(f"{e}\n{tails}") from None
-        ready_s = time.monotonic() - start
-        Console().print(peers_table(seen, get_dht_time(), f"swarm demo: {len(seen)} live peers"))
-        err_console.print(f"all {peers} peers visible after {ready_s:.1f} s; shutting down")
-    shutdown_s = time.monotonic() - start - ready_s
-    err_console.print(f"shut down cleanly in {shutdown_s:.1f} s")
+    try:
+        job = demo_job(steps, run_dir / "checkpoints")
+    except ProtocolError as e:
+        raise fail(str(e)) from None
+    summary = asyncio.run(_run(job, run_dir, timeout, threads))
+    err_console.print(f"final checkpoint: {summary['checkpoint']}   (logs in {run_dir})")
+    if summary["checkpoint"]:
+        err_console.print(f'try:  potluck generate {summary["checkpoint"]} --prompt "ada adds 12 and 30"')
     if as_json:
-        summary = {"peers": len(seen), "ready_s": round(ready_s, 2), "shutdown_s": round(shutdown_s, 2)}
         typer.echo(json.dumps(summary))
+
+
+async def _run(job: JobSpec, run_dir: Path, timeout: float, threads: int) -> dict[str, object]:
+    net = NetworkConfig(host_maddrs=(LOOPBACK,), bootstrap_timeout_s=30.0)
+    cfg = CoordinatorConfig(swarm_id="demo", identity_path=run_dir / "coordinator.pem", net=net,
+                            poll_interval_s=1.0)  # fmt: skip
+    service = CoordinatorService(cfg, job, Identity.load_or_create(cfg.identity_path))
+    peer_args = ("--probe-seconds", "0.2", "--threads", str(threads), "--link-interval", "30",
+                 "--link-probe-bytes", "262144", "--device", "cpu")  # fmt: skip
+    start = time.monotonic()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # end the peers too, never leave them orphaned
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    verbose = 1 if logging.getLogger().getEffectiveLevel() <= logging.INFO else 0
+    with LocalSwarm(run_dir, run_dir / "unused.toml", "demo", peer_args, verbose=verbose) as swarm:
+        swarm.invite = await service.start()
+        try:
+            err_console.print(
+                f"coordinator up; starting {STAGES * REPLICAS} peers on 127.0.0.1 (logs in {run_dir})"
+            )
+            for i in range(STAGES * REPLICAS):
+                swarm.start_peer(f"peer{i}")
+            with JobWatcher(job, Path(job.checkpoint.dir), bar=True) as watcher:
+                service.on_plan = watcher.on_plan
+                service.on_progress = watcher.on_progress
+                while not service.finished.is_set():
+                    await asyncio.sleep(0.5)
+                    dead = [p.name for p in swarm.procs.values() if not p.alive()]
+                    if dead:
+                        tails = "\n".join(f"--- {n}\n{swarm.procs[n].tail(12)}" for n in dead)
+                        raise fail(f"peer process(es) exited early: {dead}\n{tails}")
+                    if stop.is_set():
+                        raise fail("interrupted; stopping the peers", code=130)
+                    if time.monotonic() - start > timeout:
+                        raise fail(f"the demo did not finish within {timeout:.0f} s ({service.last_reason})")
+                if service.error is not None:
+                    raise fail(service.error, code=1)
+                if service.plan is not None:
+                    watcher.on_progress(service.plan, service.progress)
+            summary = watcher.summary()
+            summary["seconds"] = round(time.monotonic() - start, 1)
+        finally:
+            await asyncio.wait_for(service.stop(), timeout=15.0)
+    return summary
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import signal
 from pathlib import Path
@@ -19,6 +20,7 @@ from potluck.cli.common import (
     peers_table,
     write_private_text,
 )
+from potluck.cli.jobview import JobWatcher
 from potluck.coordinator.config import DEFAULT_HOME, CoordinatorConfig
 from potluck.coordinator.service import CoordinatorService
 from potluck.coordinator.state import SwarmState
@@ -39,8 +41,12 @@ def launch(
     announce_maddrs: list[str] = typer.Option(None, "--announce-maddrs", help=ANNOUNCE_HELP),
     initial_peers: list[str] = typer.Option(None, "--initial-peers", help="Join an existing DHT instead."),
     poll_interval: float = typer.Option(2.0, min=0.2, help="Seconds between reads of the swarm state."),
+    as_json: bool = typer.Option(False, "--json", help="When the job ends, print a one-line JSON summary."),
+    membership_only: bool = typer.Option(
+        False, "--membership-only", help="Track peers but do not plan or train (a swarm to inspect)."
+    ),
 ) -> None:
-    """Start the coordinator of a job: sign the job, print an invite, track the peers that join."""
+    """Coordinate a job: sign it, print an invite, plan the peers that join, train to the last step."""
     try:
         job = load_job(job_file)
         swarm = check_swarm_id(swarm_id or _default_swarm_id(job))
@@ -52,9 +58,10 @@ def launch(
         net=network_config(host_maddrs, announce_maddrs, "/ip4/0.0.0.0/tcp/0", 30.0),
         initial_peers=tuple(initial_peers or ()),
         poll_interval_s=poll_interval,
+        train=not membership_only,
     )
     try:
-        asyncio.run(_run(cfg, job, invite_file))
+        asyncio.run(_run(cfg, job, invite_file, as_json))
     except ProtocolError as e:
         raise fail(str(e)) from None
 
@@ -64,7 +71,7 @@ def _default_swarm_id(job: JobSpec) -> str:
     return f"{base}-{secrets.token_hex(3)}"
 
 
-async def _run(cfg: CoordinatorConfig, job: JobSpec, invite_file: Path | None) -> None:
+async def _run(cfg: CoordinatorConfig, job: JobSpec, invite_file: Path | None, as_json: bool) -> None:
     service = CoordinatorService(cfg, job)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -89,9 +96,22 @@ async def _run(cfg: CoordinatorConfig, job: JobSpec, invite_file: Path | None) -
         )
         print(text, flush=True)  # noqa: T201 - the invite goes to stdout so it can be piped
         err_console.print("peers join with:  potluck peer --join <invite>    (Ctrl-C stops the coordinator)")
-        await stop.wait()
+        with JobWatcher(job, cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()) as watcher:
+            service.on_plan = watcher.on_plan
+            service.on_progress = watcher.on_progress
+            ended = asyncio.create_task(service.finished.wait())
+            interrupted = asyncio.create_task(stop.wait())
+            await asyncio.wait({ended, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+            interrupted.cancel()
     finally:
         await asyncio.wait_for(service.stop(), timeout=10.0)
+    if service.error is not None:
+        raise fail(service.error, code=1)
+    if service.finished.is_set():
+        err_console.print(f"job {job.name} done; final checkpoint: {watcher.checkpoint_path()}")
+        if as_json:
+            print(json.dumps(watcher.summary()), flush=True)  # noqa: T201 - machine-readable summary
 
 
 def register(app: typer.Typer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import typer
@@ -18,6 +19,7 @@ from potluck.cli.common import (
 from potluck.peer.config import DEFAULT_HOME, PeerConfig
 from potluck.peer.daemon import PeerDaemon
 from potluck.peer.links import LinkProbeConfig
+from potluck.peer.worker import WorkerConfig
 from potluck.protocol.errors import BootstrapError, IdentityError
 
 
@@ -39,6 +41,21 @@ def peer(
     link_probe_bytes: int = typer.Option(
         4 << 20, min=1024, help="Bytes sent to measure each link's goodput."
     ),
+    threads: int = typer.Option(None, min=1, help="CPU threads torch may use (default: all cores)."),
+    max_memory: str = typer.Option(
+        None, "--max-memory", help="Memory offered to the swarm, e.g. 6GB or 512MiB (default: all free)."
+    ),
+    train: bool = typer.Option(
+        True, "--train/--no-train", help="Train when the coordinator places this peer."
+    ),
+    checkpoint_dir: Path = typer.Option(
+        None,
+        "--checkpoint-dir",
+        help="Where this peer writes and reads checkpoints (default: the job's dir).",
+    ),
+    step_timeout: float = typer.Option(
+        120.0, min=1.0, help="Seconds to wait for a pipeline neighbour or a step commit."
+    ),
 ) -> None:
     """Join a swarm with this machine: probe the hardware, announce it, keep a heartbeat."""
     cfg = PeerConfig(
@@ -51,11 +68,31 @@ def peer(
         ttl_s=ttl,
         probe_budget_s=probe_seconds,
         links=LinkProbeConfig(interval_s=link_interval, bulk_bytes=link_probe_bytes),
+        threads=threads,
+        max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
+        train=train,
+        worker=WorkerConfig(checkpoint_root=checkpoint_dir, step_timeout_s=step_timeout),
     )
     try:
         asyncio.run(_run(cfg))
     except (BootstrapError, IdentityError) as e:
         raise fail(str(e)) from None
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def _parse_bytes(text: str) -> int:
+    """'6GB', '512MiB', '1.5 GiB' or plain bytes -> bytes; a clear error otherwise."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else ""
+    if m is None or unit not in _UNITS:
+        raise fail(f"--max-memory {text!r}: use a size such as 6GB, 512MiB or 2000000000")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value < 1 << 20:
+        raise fail(f"--max-memory {text!r} is below 1 MiB; no stage fits in that")
+    return value
 
 
 async def _run(cfg: PeerConfig) -> None:

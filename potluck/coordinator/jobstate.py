@@ -2,7 +2,8 @@
 
 Actions: "plan" (no plan yet: plan when enough peers), "replan" (a placed peer left or a step failed:
 restart everyone from the newest complete checkpoint under a new epoch), "done" (every placed peer
-finished the last step), "wait" (training is moving). Progress records are the peers' signed reports;
+finished the last step), "fail" (several plans in a row failed without completing a step: a missing
+dataset or a bad job, not churn), "wait" (training is moving). Progress records are the peers' signed reports;
 only those of the current epoch count, so a late report from an aborted epoch cannot end or fail a job.
 """
 
@@ -23,6 +24,8 @@ class JobProgress:
     checkpoints: dict[int, int] = field(default_factory=dict)  # stage index of the writer -> newest step
     checkpoint_stages: int = 0  # stage count of the plan those checkpoints were written under
     latest: dict[str, Progress] = field(default_factory=dict)  # peer -> newest record of the current epoch
+    failures: int = 0  # re-plans in a row after which no step was completed
+    best_step: int = 0  # most steps ever completed by the whole swarm
 
     def update(self, plan: TrainPlan | None, records: Iterable[Progress]) -> None:
         if plan is None:
@@ -38,8 +41,16 @@ class JobProgress:
                     self.checkpoints, self.checkpoint_stages = {}, len(plan.stages)
                 self.checkpoints[rec.stage] = max(self.checkpoints.get(rec.stage, 0), rec.checkpoint_step)
 
-    def new_epoch(self) -> None:
+    def new_epoch(self, failed: bool) -> None:
+        """A new plan replaces the current one; ``failed``: because the current one failed."""
+        self.failures = self.failures + 1 if failed else 0
         self.latest = {}
+
+    def advanced(self, plan: TrainPlan) -> None:
+        """Call after ``update``: a swarm that completes new steps clears the failure count."""
+        step = self.step(plan)
+        if step > self.best_step:
+            self.best_step, self.failures = step, 0
 
     def complete_checkpoint(self) -> int:
         """Newest step every stage reported a checkpoint for (0: none; start from scratch)."""
@@ -54,8 +65,10 @@ class JobProgress:
 
 
 def next_action(
-    state: SwarmState, job: JobSpec, plan: TrainPlan | None, progress: JobProgress
+    state: SwarmState, job: JobSpec, plan: TrainPlan | None, progress: JobProgress, max_failures: int = 3
 ) -> tuple[str, str]:
+    if progress.failures >= max_failures:
+        return "fail", f"{progress.failures} plans in a row failed before completing a step"
     if plan is None:
         return "plan", "no plan yet"
     if plan.status == "done":

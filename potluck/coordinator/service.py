@@ -45,6 +45,7 @@ class CoordinatorService:
         self.progress = JobProgress()
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
+        self.error: str | None = None  # set when the job was given up (finished is set too)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> Invite:
@@ -134,11 +135,17 @@ class CoordinatorService:
             try:
                 records = [v.record for v in await self.node.fetch(PROGRESS.name)]
                 self.progress.update(self.plan, [r for r in records if isinstance(r, Progress)])
+                if self.plan is not None:
+                    self.progress.advanced(self.plan)
                 if self.plan is not None and self.on_progress is not None:
                     self.on_progress(self.plan, self.progress)
                 action, reason = next_action(self.state, self.job, self.plan, self.progress)
                 if action in ("plan", "replan"):
-                    await self._replan(reason)
+                    await self._replan(reason, failed=action == "replan")
+                elif action == "fail":
+                    self.error = f"job {self.job.name} failed: {reason}; last error: {self.last_reason}"
+                    logger.error("%s", self.error)
+                    self.finished.set()
                 elif action == "done" and self.plan is not None:
                     await self._publish_plan(self.plan.model_copy(
                         update={"epoch": self.plan.epoch + 1, "status": "done", "issued_at": get_dht_time()}
@@ -149,7 +156,7 @@ class CoordinatorService:
             except Exception as e:  # one bad round must not end the service
                 logger.warning("job round failed: %s", e)
 
-    async def _replan(self, why: str) -> None:
+    async def _replan(self, why: str, failed: bool = False) -> None:
         epoch = 1 if self.plan is None else self.plan.epoch + 1
         start = self._resume_step()
         plan, placement, reason = await asyncio.to_thread(
@@ -161,7 +168,7 @@ class CoordinatorService:
             self.last_reason = reason
             return
         self.placement = placement
-        self.progress.new_epoch()
+        self.progress.new_epoch(failed)
         await self._publish_plan(plan)
         self.last_reason = f"{why} -> {reason}"
         logger.info("published plan epoch %d from step %d: %s", epoch, start, self.last_reason)

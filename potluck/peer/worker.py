@@ -55,6 +55,8 @@ class PlanWorker:
         self._tokens_per_s = 0.0
         self.steps_done = 0  # steps this worker completed (all plans)
         self._sending: set[asyncio.Task[None]] = set()  # progress records in flight
+        self._last_report: StepReport | None = None  # the newest step under the current plan
+        self._checkpoint: int | None = None  # the newest checkpoint this peer wrote
 
     async def run(self) -> None:
         await self.box.start()
@@ -77,7 +79,7 @@ class PlanWorker:
         if self.plan is not None and plan.epoch <= self.plan.epoch:
             return
         await self._cancel()
-        self.plan = plan
+        self.plan, self._last_report = plan, None
         await self.box.forget_round(round_base(plan.epoch, 0) - 1)  # stale messages of older epochs
         logger.info("plan epoch %d (%s) from step %d", plan.epoch, plan.status, plan.start_step)
         if plan.status == "done":
@@ -116,6 +118,7 @@ class PlanWorker:
             tcfg = TrainerConfig(self.cfg.device, self.cfg.step_timeout_s, self.cfg.allreduce_timeout_s)
             trainer = Trainer(self.box, job, plan, dataset, tcfg, self.cfg.checkpoint_root)
             await trainer.run(lambda r: self._on_step(plan, stage, replica, job, r))
+            await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
             logger.info("finished the job at step %d", trainer.step)
         except (PeerError, ProtocolError, OSError, ValueError) as e:
@@ -128,26 +131,31 @@ class PlanWorker:
         tps = job.batch.tokens_per_step / max(r.seconds, 1e-9)
         self._tokens_per_s = tps if self._tokens_per_s == 0 else 0.7 * self._tokens_per_s + 0.3 * tps
         force = r.checkpoint is not None or r.step + 1 >= job.steps
+        if r.checkpoint is not None:
+            self._checkpoint = r.step + 1
+        self._last_report = r
         task = asyncio.get_running_loop().create_task(
-            self._publish(plan, stage, replica, r.step + 1, loss=r.loss, timing=r.timing, sent=r.bytes_sent,
-                          checkpoint=(r.step + 1) if r.checkpoint is not None else None, force=force)
+            self._publish(plan, stage, replica, r.step + 1, force=force)
         )  # fmt: skip
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
     async def _publish(
         self, plan: TrainPlan, stage: int, replica: int, step: int, *, state: str = "training",
-        message: str = "", loss: float | None = None, timing: StepTiming | None = None, sent: int = 0,
-        checkpoint: int | None = None, force: bool = False,
+        message: str = "", force: bool = False,
     ) -> None:  # fmt: skip
+        """Publish this peer's state; the last step's loss, timing and bytes and the newest checkpoint
+        ride along on every record, so the final "done" record still carries them."""
         now = time.monotonic()
         if not force and now - self._last_progress < self.cfg.progress_interval_s:
             return
         self._last_progress = now
+        last = self._last_report if self._last_report is not None and self.plan is plan else None
         record = Progress(
             peer_id=self.peer_id, job=plan.job, epoch=plan.epoch, stage=stage, replica=replica, step=step,
-            loss=None if loss is None else max(0.0, min(loss, 1e6)), tokens_per_s=self._tokens_per_s,
-            timing=timing or StepTiming(), bytes_sent_per_step=sent, checkpoint_step=checkpoint,
+            loss=None if last is None else max(0.0, min(last.loss, 1e6)), tokens_per_s=self._tokens_per_s,
+            timing=last.timing if last else StepTiming(), bytes_sent_per_step=last.bytes_sent if last else 0,
+            checkpoint_step=self._checkpoint,
             state=state, message=message, issued_at=get_dht_time(),  # type: ignore[arg-type]
         )  # fmt: skip
         try:

@@ -28,7 +28,11 @@ TINY_JOB = ROOT / "examples" / "tiny.toml"
 def local_swarm(tmp: Path, n_peers: int, ttl: float = 30.0, swarm_id: str = "itest") -> Iterator[LocalSwarm]:
     """A coordinator and ``n_peers`` peers (named peer0..), reaped on exit whatever happens."""
     swarm = LocalSwarm(
-        tmp, TINY_JOB, swarm_id=swarm_id, peer_args=("--ttl", str(ttl), "--probe-seconds", "0.1")
+        tmp,
+        TINY_JOB,
+        swarm_id=swarm_id,
+        peer_args=("--ttl", str(ttl), "--probe-seconds", "0.1"),
+        coordinator_args=("--membership-only",),  # these tests are about membership, not training
     )
     try:
         swarm.start_coordinator()

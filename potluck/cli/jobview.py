@@ -1,0 +1,127 @@
+"""What `potluck launch` and `potluck demo` show of a running job: the plan, the steps, the summary.
+
+``JobWatcher`` receives the coordinator service's callbacks (a new plan, fresh progress records) and
+keeps what a person wants to see: the swarm's step, the loss of the last step, tokens per second over
+the observed interval, and where the newest checkpoint is. Rendering is a line per step (launch) or a
+rich progress bar (demo); the one-line JSON summary is the same for both.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from potluck.cli.common import err_console
+from potluck.coordinator.jobstate import JobProgress
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.training import TrainPlan
+
+logger = logging.getLogger(__name__)
+
+
+def plan_table(plan: TrainPlan, reason: str) -> Table:
+    table = Table(title=f"plan epoch {plan.epoch}: {len(plan.stages)} stages x {plan.n_replicas} replicas, "
+                        f"from step {plan.start_step}", caption=reason[:200])  # fmt: skip
+    table.add_column("stage")
+    table.add_column("layers")
+    table.add_column("replicas (peer ids)")
+    table.add_column("trees", justify="right")
+    for j, st in enumerate(plan.stages):
+        peers = ", ".join(p[:12] for p in st.peers)
+        table.add_row(str(j), f"{st.first_layer}-{st.last_layer - 1}", peers, str(len(st.trees) or "1-hop"))
+    for spare in plan.spares:
+        table.add_row("spare", "", spare.peer_id[:12], spare.reason)
+    return table
+
+
+@dataclass
+class JobWatcher:
+    job: JobSpec
+    checkpoint_root: Path
+    bar: bool = False  # a rich progress bar (demo) instead of a line per step (launch)
+    plan: TrainPlan | None = None
+    losses: dict[int, float] = field(default_factory=dict)  # step (1-based: steps done) -> loss
+    first_seen: tuple[int, float] | None = None  # (step, monotonic time) of the first progress seen
+    last_seen: tuple[int, float] | None = None
+    checkpoint_step: int | None = None
+    bytes_per_step: dict[str, int] = field(default_factory=dict)  # peer -> bytes it sent in its last step
+    _progress: Progress | None = None
+    _task: Any = None
+
+    def __enter__(self) -> JobWatcher:
+        if self.bar:
+            self._progress = Progress(
+                TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console, transient=False,
+            )  # fmt: skip
+            self._progress.start()
+            self._task = self._progress.add_task("steps", total=self.job.steps, info="waiting for the plan")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def on_plan(self, plan: TrainPlan, reason: str) -> None:
+        self.plan = plan
+        if self._progress is not None:
+            self._progress.console.print(plan_table(plan, reason))
+        else:
+            err_console.print(plan_table(plan, reason))
+
+    def on_progress(self, plan: TrainPlan, progress: JobProgress) -> None:
+        step = progress.step(plan)
+        last_stage = plan.stages[-1].peers
+        for rec in progress.latest.values():
+            if rec.peer_id in last_stage and rec.loss is not None and rec.step > 0:
+                self.losses.setdefault(rec.step, rec.loss)
+            self.bytes_per_step[rec.peer_id] = rec.bytes_sent_per_step
+        done = progress.complete_checkpoint()
+        if done:
+            self.checkpoint_step = done
+        now = time.monotonic()
+        if step > plan.start_step:
+            if self.first_seen is None:
+                self.first_seen = (step, now)
+            if self.last_seen is None or step > self.last_seen[0]:
+                self.last_seen = (step, now)
+                self._show(step)
+
+    @property
+    def tokens_per_s(self) -> float:
+        if self.first_seen is None or self.last_seen is None or self.last_seen[1] <= self.first_seen[1]:
+            return 0.0
+        steps = self.last_seen[0] - self.first_seen[0]
+        return steps * self.job.batch.tokens_per_step / (self.last_seen[1] - self.first_seen[1])
+
+    def _show(self, step: int) -> None:
+        loss = self.losses.get(max(self.losses)) if self.losses else None
+        info = f"loss {loss:.3f}  {self.tokens_per_s:,.0f} tok/s" if loss is not None else ""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=info)
+        else:
+            err_console.print(f"step {step}/{self.job.steps}  {info}", highlight=False)
+
+    def checkpoint_path(self) -> str | None:
+        if self.checkpoint_step is None:
+            return None
+        return str(self.checkpoint_root / f"step-{self.checkpoint_step:08d}")
+
+    def summary(self) -> dict[str, object]:
+        steps = sorted(self.losses)
+        return {
+            "steps": self.last_seen[0] if self.last_seen else 0,
+            "loss_first": round(self.losses[steps[0]], 4) if steps else None,
+            "loss_last": round(self.losses[steps[-1]], 4) if steps else None,
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "stages": len(self.plan.stages) if self.plan else 0,
+            "replicas": self.plan.n_replicas if self.plan else 0,
+            "checkpoint": self.checkpoint_path(),
+            "bytes_per_step": sum(self.bytes_per_step.values()),
+        }
