@@ -47,7 +47,7 @@ def demo_job(steps: int, checkpoint_dir: Path) -> JobSpec:
 
 
 def demo(
-    steps: int = typer.Option(150, min=1, max=100_000, help="Training steps."),
+    steps: int = typer.Option(300, min=1, max=100_000, help="Training steps."),
     as_json: bool = typer.Option(False, "--json", help="End with a one-line JSON summary on stdout."),
     run_dir: Path = typer.Option(None, "--run-dir", help="Keep keys, logs and checkpoints here."),
     timeout: float = typer.Option(1800.0, min=10.0, help="Give up after this many seconds."),
@@ -60,7 +60,7 @@ def demo(
         job = demo_job(steps, run_dir / "checkpoints")
     except ProtocolError as e:
         raise fail(str(e)) from None
-    summary = asyncio.run(_run(job, run_dir, timeout, threads))
+    summary, _ = asyncio.run(run_local_job(job, run_dir, timeout, threads))
     err_console.print(f"final checkpoint: {summary['checkpoint']}   (logs in {run_dir})")
     if summary["checkpoint"]:
         err_console.print(f'try:  potluck generate {summary["checkpoint"]} --prompt "ada adds 12 and 30"')
@@ -68,7 +68,12 @@ def demo(
         typer.echo(json.dumps(summary))
 
 
-async def _run(job: JobSpec, run_dir: Path, timeout: float, threads: int) -> dict[str, object]:
+async def run_local_job(
+    job: JobSpec, run_dir: Path, timeout: float, threads: int
+) -> tuple[dict[str, object], JobWatcher]:
+    """Coordinator here, ``job.min_peers`` peer processes on loopback; train to the end, then stop all.
+
+    Returns the summary and the watcher (per-peer step timings, the plan) for benchmarks."""
     net = NetworkConfig(host_maddrs=(LOOPBACK,), bootstrap_timeout_s=30.0)
     cfg = CoordinatorConfig(swarm_id="demo", identity_path=run_dir / "coordinator.pem", net=net,
                             poll_interval_s=1.0)  # fmt: skip
@@ -83,10 +88,9 @@ async def _run(job: JobSpec, run_dir: Path, timeout: float, threads: int) -> dic
     with LocalSwarm(run_dir, run_dir / "unused.toml", "demo", peer_args, verbose=verbose) as swarm:
         swarm.invite = await service.start()
         try:
-            err_console.print(
-                f"coordinator up; starting {STAGES * REPLICAS} peers on 127.0.0.1 (logs in {run_dir})"
-            )
-            for i in range(STAGES * REPLICAS):
+            n = job.min_peers
+            err_console.print(f"coordinator up; starting {n} peers on 127.0.0.1 (logs in {run_dir})")
+            for i in range(n):
                 swarm.start_peer(f"peer{i}")
             with JobWatcher(job, Path(job.checkpoint.dir), bar=True) as watcher:
                 service.on_plan = watcher.on_plan
@@ -109,7 +113,7 @@ async def _run(job: JobSpec, run_dir: Path, timeout: float, threads: int) -> dic
             summary["seconds"] = round(time.monotonic() - start, 1)
         finally:
             await asyncio.wait_for(service.stop(), timeout=15.0)
-    return summary
+    return summary, watcher
 
 
 def register(app: typer.Typer) -> None:

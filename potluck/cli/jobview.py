@@ -20,7 +20,7 @@ from rich.table import Table
 from potluck.cli.common import err_console
 from potluck.coordinator.jobstate import JobProgress
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.training import TrainPlan
+from potluck.protocol.training import StepTiming, TrainPlan
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class JobWatcher:
     last_seen: tuple[int, float] | None = None
     checkpoint_step: int | None = None
     bytes_per_step: dict[str, int] = field(default_factory=dict)  # peer -> bytes it sent in its last step
+    timings: dict[str, dict[int, StepTiming]] = field(default_factory=dict)  # peer -> step -> its timing
     _progress: Progress | None = None
     _task: Any = None
 
@@ -82,6 +83,8 @@ class JobWatcher:
             if rec.peer_id in last_stage and rec.loss is not None and rec.step > 0:
                 self.losses.setdefault(rec.step, rec.loss)
             self.bytes_per_step[rec.peer_id] = rec.bytes_sent_per_step
+            if rec.state == "training" and rec.timing.total > 0:
+                self.timings.setdefault(rec.peer_id, {})[rec.step] = rec.timing
         done = progress.complete_checkpoint()
         if done:
             self.checkpoint_step = done

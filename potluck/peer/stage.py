@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -46,6 +47,14 @@ class StageRunner:
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, self.optimizer_spec)
         self._live: dict[int, _InFlight] = {}
+        # Overlap hook: during the backward of micro-batch ``final_micro`` (the step's last), every
+        # parameter whose gradient is final is announced as ``on_grad_ready(index)`` from the compute
+        # thread, so its bucket's all-reduce can start while earlier layers are still in backward.
+        self.final_micro: int | None = None
+        self.on_grad_ready: Callable[[int], None] | None = None
+        self._in_final = False
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_done(i))
         # bf16 autocast on CUDA (the matmuls), fp32 everywhere else; master weights stay fp32.
         self._autocast = self.device.type == "cuda"
 
@@ -83,16 +92,25 @@ class StageRunner:
         self._live[m] = _InFlight(None if self.is_first else x, out)
         return out.detach()
 
+    def _grad_done(self, index: int) -> None:
+        if self._in_final and self.on_grad_ready is not None:
+            self.on_grad_ready(index)
+
     def backward(self, m: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
         """Backward of micro-batch ``m`` (accumulating parameter gradients). Returns the gradient of the
         stage's input to send back, or None on the first stage."""
         live = self._live.pop(m)
-        if self.is_last:
-            live.output.backward()
-        else:
-            if grad_output is None:
-                raise ValueError("a stage before the last needs the gradient of its output")
-            live.output.backward(grad_output.to(self.device, live.output.dtype))
+        if not self.is_last and grad_output is None:
+            raise ValueError("a stage before the last needs the gradient of its output")
+        self._in_final = m == self.final_micro
+        try:
+            if self.is_last:
+                live.output.backward()
+            else:
+                assert grad_output is not None
+                live.output.backward(grad_output.to(self.device, live.output.dtype))
+        finally:
+            self._in_final = False
         if live.inputs is None:
             return None
         assert live.inputs.grad is not None

@@ -2,7 +2,9 @@
 
 Step s on stage j, replica i:
 1. the 1F1B pipeline over this replica's micro-batches of global step s (``pipeline.py``);
-2. the stage's replicas sum their gradients with the tree all-reduce (skipped with DiLoCo local steps);
+2. the stage's replicas sum their gradients with the tree all-reduce, bucket by bucket, each bucket
+   starting while the backward is still producing the earlier layers' gradients (``overlap.py``;
+   skipped with DiLoCo local steps);
 3. the step commit (``commit.py``) agrees on the global gradient norm and the loss, or aborts;
 4. AdamW at the scheduled learning rate, clipped by the global norm; every H steps with DiLoCo, the
    outer sync; every ``checkpoint.interval`` steps replica 0 writes the stage's checkpoint.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from potluck.compression import ErrorFeedback, decode, get_codec
+from potluck.compression import get_codec
 from potluck.peer.checkpoint import CheckpointRef, prune, save_stage
 from potluck.peer.collectives import AllReduceConfig, tree_allreduce
 from potluck.peer.commit import Ready, commit_step
@@ -30,6 +32,7 @@ from potluck.peer.data import TokenDataset
 from potluck.peer.diloco import DiLoCo, DiLoCoConfig
 from potluck.peer.errors import CollectiveError, PipelineError, StepAborted
 from potluck.peer.optim import clip_coefficient, learning_rate
+from potluck.peer.overlap import BucketSync
 from potluck.peer.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
 from potluck.peer.resume import load_layers
 from potluck.peer.stage import StageRunner
@@ -54,6 +57,8 @@ class TrainerConfig:
     step_timeout_s: float = 120.0  # bound on each pipeline receive and on the commit
     allreduce_timeout_s: float = 60.0  # bound on each all-reduce chunk
     chunk_elements: int = 1 << 18  # all-reduce pipelining granularity
+    bucket_elements: int = 1 << 17  # gradient bucket size (elements) for overlap with the backward
+    overlap: bool = True  # start each bucket's all-reduce as soon as the backward finished it
 
 
 @dataclass(frozen=True)
@@ -109,10 +114,15 @@ class Trainer:
         self.act_codec = get_codec(comp.activations)
         self.grad_codec_spec = comp.gradients
         self.schedule = schedule_for(self.assignment)
-        self.feedback = ErrorFeedback() if comp.error_feedback else None
         self.diloco: DiLoCo | None = None
         if comp.sync_every > 1:
             self.diloco = DiLoCo(self.runner.params, DiLoCoConfig(inner_steps=comp.sync_every))
+        self.sync: BucketSync | None = None
+        if self.diloco is None and plan.n_replicas > 1:
+            self.sync = BucketSync(
+                self.runner, box, self.schedule, self._allreduce_cfg(average=False), cfg.bucket_elements,
+                comp.error_feedback, cfg.overlap,
+            )  # fmt: skip
         self.step = plan.start_step  # the next step to run
 
     def restore(self) -> None:
@@ -150,28 +160,21 @@ class Trainer:
             self.grad_codec_spec, self.cfg.chunk_elements, self.cfg.allreduce_timeout_s, average
         )
 
-    async def _sync_gradients(self, base: int, timing: Timing) -> None:
-        if self.diloco is not None or self.plan.n_replicas == 1:
+    async def _sync_gradients(self, timing: Timing) -> None:
+        if self.sync is None:
             return
         t0 = time.perf_counter()
-        flat = self.runner.grad_vector()
-        if self.feedback is not None:
-            # Error feedback at the source: send what the codec keeps, carry the rest to the next step.
-            codec = get_codec(self.grad_codec_spec)
-            flat = decode(codec.encode(flat, key=(base | PHASE_GRADS, 0, 0), state=self.feedback))
-        cfg = AllReduceConfig(
-            self.grad_codec_spec, self.cfg.chunk_elements, self.cfg.allreduce_timeout_s, False
-        )
         sent = self.box.bytes_sent
-        flat = await tree_allreduce(self.box, self.schedule, flat, base | PHASE_GRADS, cfg)
+        await self.sync.finish()  # most buckets are already on their way (overlap)
         timing.bytes_sent += self.box.bytes_sent - sent
-        self.runner.set_grad_vector(flat)
         timing.allreduce += time.perf_counter() - t0
 
     async def train_step(self) -> StepReport:
         step, timing = self.step, Timing()
         base = round_base(self.plan.epoch, step)
         micro = self.micro_batches(step)
+        if self.sync is not None:
+            self.sync.arm(base, len(micro))
         try:
             loss_part = await pipeline_step(
                 self.box,
@@ -183,9 +186,11 @@ class Trainer:
                 self.cfg.step_timeout_s,
                 timing,
             )
-            await self._sync_gradients(base, timing)
+            await self._sync_gradients(timing)
             ready = Ready(self.stage, self.replica, self.runner.grad_sq_norm(), loss_part)
         except (PipelineError, CollectiveError) as e:
+            if self.sync is not None:
+                self.sync.disarm()
             ready = Ready(self.stage, self.replica, 0.0, 0.0, ok=False, reason=str(e)[:200])
         t0 = time.perf_counter()
         try:

@@ -52,7 +52,7 @@ def make_plan(job: JobSpec, grid: list[list[str]], splits: list[tuple[int, int]]
 
 async def train_swarm(
     job: JobSpec, n_stages: int, n_replicas: int, splits: list[tuple[int, int]], checkpoint_root: Path,
-    start_step: int = 0, stop_after: int | None = None, epoch: int = 1,
+    start_step: int = 0, stop_after: int | None = None, epoch: int = 1, cfg: TrainerConfig | None = None,
 ) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:  # fmt: skip
     """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers."""
     dataset = tiny_dataset(job)
@@ -66,7 +66,7 @@ async def train_swarm(
         trainers = {}
         reports: dict[tuple[int, int], list[StepReport]] = {}
         for box in boxes:
-            tr = Trainer(box, job, plan, dataset, TrainerConfig(step_timeout_s=60), checkpoint_root)
+            tr = Trainer(box, job, plan, dataset, cfg or TrainerConfig(step_timeout_s=60), checkpoint_root)
             trainers[(tr.stage, tr.replica)] = tr
             reports[(tr.stage, tr.replica)] = []
         await asyncio.gather(*(tr.run(reports[k].append, until=stop_after) for k, tr in trainers.items()))

@@ -101,3 +101,18 @@ def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
     assert [t.step for t in trainers[:3]] == [5, 5, 5]
     for a, b in zip(trainers[0].runner.params, trainers[1].runner.params, strict=True):
         assert torch.equal(a, b)
+
+
+def test_bucketed_allreduce_overlaps_the_backward_and_keeps_the_result(tmp_path):
+    from potluck.peer.trainer import TrainerConfig
+
+    job = tiny_job(steps=4)
+    cfg = TrainerConfig(step_timeout_s=60, bucket_elements=3000)
+    reports, trainers = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path, cfg=cfg))
+    for tr in trainers.values():
+        assert tr.sync is not None and len(tr.sync.buckets) >= 4
+        assert tr.sync.launched_early == len(tr.sync.buckets)  # every bucket left during the backward
+    ref_losses, _ = reference_run(job, tiny_dataset(job), n_replicas=2)
+    assert [r.loss for r in reports[(1, 0)]] == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
+    a, b = trainers[(0, 0)].runner.params, trainers[(0, 1)].runner.params
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))  # replicas stay bit-identical

@@ -1,0 +1,89 @@
+"""Benchmark the demo swarm: tokens/s, per-peer step-time breakdown vs the planner's prediction, and
+bytes on the wire per step, compressed (the default int8 codecs) vs uncompressed.
+
+Each configuration runs the real thing: the coordinator in this process, 4 `potluck peer` processes
+(2 stages x 2 replicas) on loopback, the embedded demo model. Timings come from the peers' signed
+progress records (each peer measures its own step); the first `--skip` steps (warm-up, plan start) are
+left out of the averages.
+
+    python scripts/bench_training.py --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from potluck.cli.demo_cmd import demo_job, run_local_job
+from potluck.compat import use_fork
+
+PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
+
+
+def run(label: str, steps: int, codecs: str, threads: int, skip: int, timeout: float) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="potluck-bench-train-") as tmp:
+        job = demo_job(steps, Path(tmp) / "checkpoints")
+        comp = job.compression.model_copy(update={"activations": codecs, "gradients": codecs,
+                                                   "error_feedback": codecs != "none"})  # fmt: skip
+        job = job.model_copy(update={"compression": comp})
+        summary, watcher = asyncio.run(run_local_job(job, Path(tmp), timeout, threads))
+    assert watcher.plan is not None
+    per_peer = {}
+    for peer, by_step in watcher.timings.items():
+        pos = watcher.plan.position(peer)
+        kept = [t for s, t in sorted(by_step.items()) if s > skip]
+        if not kept or pos is None:
+            continue
+        per_peer[f"s{pos[0]}r{pos[1]}"] = {
+            part: statistics.mean(getattr(t, part) for t in kept) for part in PARTS
+        } | {"samples": len(kept)}
+    measured = max(p["total"] for p in per_peer.values())
+    predicted = watcher.plan.predicted_step_s
+    return {
+        "label": label, "codecs": codecs, "steps": summary["steps"], "tokens_per_s": summary["tokens_per_s"],
+        "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
+        "bytes_per_step": summary["bytes_per_step"], "step_s": measured, "predicted_step_s": predicted,
+        "prediction_error": (predicted - measured) / measured, "peers": per_peer,
+    }  # fmt: skip
+
+
+def table(results: list[dict[str, object]]) -> str:
+    lines = ["| run | tokens/s | step s (measured) | predicted s | error | bytes/step | loss first -> last |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        lines.append(
+            f"| {r['label']} | {r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['predicted_step_s']:.3f} | "
+            f"{r['prediction_error']:+.0%} | {r['bytes_per_step']:,} | "
+            f"{r['loss_first']} -> {r['loss_last']} |"
+        )
+    lines += ["", "| run | peer | " + " | ".join(PARTS) + " |", "|---|---|" + "---|" * len(PARTS)]
+    for r in results:
+        for peer, t in sorted(r["peers"].items()):  # type: ignore[attr-defined]
+            lines.append(f"| {r['label']} | {peer} | " + " | ".join(f"{t[p]:.3f}" for p in PARTS) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--skip", type=int, default=5, help="leading steps left out of the averages")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per peer process")
+    ap.add_argument("--timeout", type=float, default=1200.0)
+    ap.add_argument("--json", type=Path, help="also write the raw results here")
+    args = ap.parse_args()
+    use_fork()
+    results = [
+        run("compressed (int8 + EF)", args.steps, "int8:block=64", args.threads, args.skip, args.timeout),
+        run("uncompressed (fp32)", args.steps, "none", args.threads, args.skip, args.timeout),
+    ]
+    print(table(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
