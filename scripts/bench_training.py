@@ -20,6 +20,8 @@ from pathlib import Path
 
 from potluck.cli.demo_cmd import demo_job, run_local_job
 from potluck.compat import use_fork
+from potluck.coordinator.costmodel import DeviceSpec
+from potluck.coordinator.jobplan import calibrated_tflops, network, predict_step
 
 PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
 
@@ -43,21 +45,38 @@ def run(label: str, steps: int, codecs: str, threads: int, skip: int, timeout: f
         } | {"samples": len(kept)}
     measured = max(p["total"] for p in per_peer.values())
     predicted = watcher.plan.predicted_step_s
+    # The model on the same plan with each peer's speed calibrated from its measured compute, over the
+    # links the peers measured meanwhile: checks the model's structure apart from the start-up probe.
+    plan, state = watcher.plan, watcher.swarm_state
+    assert state is not None
+    order = sorted(p for st in plan.stages for p in st.peers)
+    compute = {peer: statistics.mean(t.compute for s, t in by_step.items() if s > skip)
+               for peer, by_step in watcher.timings.items() if any(s > skip for s in by_step)}  # fmt: skip
+    tflops = calibrated_tflops(plan, job, compute)
+    devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
+    net, net_note = network(state, order)
+    model = predict_step(plan, job, devices, net, order)
     return {
         "label": label, "codecs": codecs, "steps": summary["steps"], "tokens_per_s": summary["tokens_per_s"],
         "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
         "bytes_per_step": summary["bytes_per_step"], "step_s": measured, "predicted_step_s": predicted,
         "prediction_error": (predicted - measured) / measured, "peers": per_peer,
+        "calibrated_step_s": model.total, "calibrated_error": (model.total - measured) / measured,
+        "links": net_note, "calibrated_tflops": tflops,
     }  # fmt: skip
 
 
 def table(results: list[dict[str, object]]) -> str:
-    lines = ["| run | tokens/s | step s (measured) | predicted s | error | bytes/step | loss first -> last |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| run | tokens/s | step s (measured) | predicted s (probe) | error | predicted s (calibrated) "
+        "| error | bytes/step | loss first -> last |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         lines.append(
             f"| {r['label']} | {r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['predicted_step_s']:.3f} | "
-            f"{r['prediction_error']:+.0%} | {r['bytes_per_step']:,} | "
+            f"{r['prediction_error']:+.0%} | {r['calibrated_step_s']:.3f} | {r['calibrated_error']:+.0%} | "
+            f"{r['bytes_per_step']:,} | "
             f"{r['loss_first']} -> {r['loss_last']} |"
         )
     lines += ["", "| run | peer | " + " | ".join(PARTS) + " |", "|---|---|" + "---|" * len(PARTS)]
@@ -81,6 +100,8 @@ def main() -> None:
         run("uncompressed (fp32)", args.steps, "none", args.threads, args.skip, args.timeout),
     ]
     print(table(results))
+    for r in results:
+        print(f"{r['label']}: links {r['links']}; calibrated TFLOP/s {r['calibrated_tflops']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -109,6 +109,7 @@ async def run_local_job(
                     raise fail(service.error, code=1)
                 if service.plan is not None:
                     watcher.on_progress(service.plan, service.progress)
+            watcher.swarm_state = service.state  # links measured meanwhile (benchmarks use them)
             summary = watcher.summary()
             summary["seconds"] = round(time.monotonic() - start, 1)
         finally:

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from potluck.cli.common import err_console
 from potluck.coordinator.jobstate import JobProgress
+from potluck.coordinator.state import SwarmState
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
 
@@ -52,6 +53,7 @@ class JobWatcher:
     checkpoint_step: int | None = None
     bytes_per_step: dict[str, int] = field(default_factory=dict)  # peer -> bytes it sent in its last step
     timings: dict[str, dict[int, StepTiming]] = field(default_factory=dict)  # peer -> step -> its timing
+    swarm_state: SwarmState | None = None
     _progress: Progress | None = None
     _task: Any = None
 

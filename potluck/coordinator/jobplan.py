@@ -21,11 +21,15 @@ from potluck.coordinator.costmodel import (
     CodecRatios,
     DeviceSpec,
     ModelShape,
+    StepBreakdown,
     StepJob,
     layer_memory,
+    micro_batches,
+    step_time,
 )
 from potluck.coordinator.errors import NetModelError
 from potluck.coordinator.netmodel import NetModel, build_netmodel, from_matrices
+from potluck.coordinator.objectives import StepObjective
 from potluck.coordinator.planner import PlacementPlan, PlannerConfig, PlanningState, plan
 from potluck.coordinator.state import SwarmState
 from potluck.coordinator.trees import PackingError, pack_allreduce
@@ -168,3 +172,39 @@ def make_train_plan(
         predicted_step_s=float(min(placement.cost, 1e9)), issued_at=now,
     )  # fmt: skip
     return train, placement, f"{reason}; {net_note}"
+
+
+def predict_step(plan: TrainPlan, job: JobSpec, devices: dict[str, DeviceSpec], net: NetModel,
+                 order: list[str]) -> StepBreakdown:  # fmt: skip
+    """The step-time model evaluated on a fixed plan (its placement and layer split), for checking the
+    model against measured steps. ``order`` names the peers of ``net``'s rows."""
+    sj = step_job(job)
+    index = {p: i for i, p in enumerate(order)}
+    obj = StepObjective(net, [devices[p] for p in order], sj, len(plan.stages), plan.n_replicas)
+    stats = [obj.group_stat(np.array([index[p] for p in st.peers], dtype=np.int64)) for st in plan.stages]
+    pairs = [
+        zip(plan.stages[j].peers, plan.stages[j + 1].peers, strict=True) for j in range(len(plan.stages) - 1)
+    ]
+    edges = np.array([max(obj.link[index[a], index[b]] for a, b in pair) for pair in pairs])
+    speed = np.array([s[0] for s in stats])
+    memory = np.array([s[1] for s in stats])
+    layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
+    lat, per_byte = np.stack([s[2] for s in stats]), np.stack([s[3] for s in stats])
+    return step_time(speed, memory, edges, lat, per_byte, sj, plan.n_replicas, layers)
+
+
+def calibrated_tflops(plan: TrainPlan, job: JobSpec, compute_s: dict[str, float]) -> dict[str, float]:
+    """Each peer's effective TFLOP/s on this job: the model's FLOPs of its stage per step divided by the
+    compute seconds it measured per step (what a re-plan should use instead of the start-up probe)."""
+    sj = step_job(job)
+    m = sj.model
+    mb = micro_batches(sj, plan.n_replicas)
+    work = 3.0 * m.flops_per_token_layer * sj.batch.micro_batch * m.seq_len
+    head = 3.0 * 2.0 * m.embed_params * sj.batch.micro_batch * m.seq_len
+    out = {}
+    for j, st in enumerate(plan.stages):
+        flops = (work * (st.last_layer - st.first_layer) + (head if j == len(plan.stages) - 1 else 0.0)) * mb
+        for p in st.peers:
+            if compute_s.get(p, 0.0) > 0:
+                out[p] = flops / compute_s[p] / 1e12
+    return out

@@ -164,13 +164,12 @@ class Trainer:
         if self.sync is None:
             return
         t0 = time.perf_counter()
-        sent = self.box.bytes_sent
         await self.sync.finish()  # most buckets are already on their way (overlap)
-        timing.bytes_sent += self.box.bytes_sent - sent
         timing.allreduce += time.perf_counter() - t0
 
     async def train_step(self) -> StepReport:
         step, timing = self.step, Timing()
+        sent_before = self.box.bytes_sent
         base = round_base(self.plan.epoch, step)
         micro = self.micro_batches(step)
         if self.sync is not None:
@@ -209,6 +208,7 @@ class Trainer:
         self.step = step + 1
         checkpoint = await self._maybe_checkpoint()
         await self.box.forget_round(base | 0xF)
+        timing.bytes_sent = self.box.bytes_sent - sent_before  # activations, gradients, buckets, commit
         total = time.perf_counter() - timing.started
         busy = timing.compute + timing.send + timing.recv + timing.allreduce
         st = StepTiming(
