@@ -10,6 +10,7 @@ from hivemind.utils import get_dht_time
 from rich.console import Console
 
 from potluck.cli.common import fail, network_config, parse_invite, peers_table
+from potluck.cli.jobview import plan_table
 from potluck.protocol.client import read_swarm
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.membership import links_summary
@@ -20,11 +21,11 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     timeout: float = typer.Option(15.0, min=1.0, help="Seconds allowed for joining and reading."),
 ) -> None:
-    """Print the swarm's live peers: id, device, memory, TFLOP/s, age of the last heartbeat."""
+    """Print the swarm's live peers (device, memory, TFLOP/s, heartbeat age), the plan and progress."""
     invite = parse_invite(join)
     net = network_config(None, None, "/ip4/127.0.0.1/tcp/0", bootstrap_timeout_s=timeout)
     try:
-        peers, links = asyncio.run(read_swarm(invite, net, timeout_s=timeout))
+        peers, links, plan, progress = asyncio.run(read_swarm(invite, net, timeout_s=timeout))
     except (ProtocolError, TimeoutError) as e:
         raise fail(f"could not read swarm {invite.swarm_id}: {e or 'timed out'}") from None
     now = get_dht_time()
@@ -33,6 +34,8 @@ def status(
             "swarm_id": invite.swarm_id,
             "peers": [p.summary(now) for p in peers],
             "links": links_summary(links),
+            "plan": plan.model_dump(mode="json") if plan is not None else None,
+            "progress": [r.model_dump(mode="json") for r in progress],
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
@@ -40,6 +43,13 @@ def status(
         console.print(peers_table(peers, now, f"swarm {invite.swarm_id}: {len(peers)} live peers"))
         n_links = sum(len(r.links) for r in links.values())
         console.print(f"{n_links} measured links from {len(links)} peers (details: --json)")
+        if plan is not None:
+            console.print(plan_table(plan, f"job {plan.job}: {plan.status}"))
+            for r in progress:
+                loss = f"loss {r.loss:.3f}" if r.loss is not None else ""
+                where = f"stage {r.stage} replica {r.replica} {r.peer_id[:12]}"
+                line = f"  {where}: {r.state} at step {r.step} {loss} {r.tokens_per_s:,.0f} tok/s {r.message}"
+                console.print(line, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
