@@ -116,3 +116,14 @@ def test_bucketed_allreduce_overlaps_the_backward_and_keeps_the_result(tmp_path)
     assert [r.loss for r in reports[(1, 0)]] == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
     a, b = trainers[(0, 0)].runner.params, trainers[(0, 1)].runner.params
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))  # replicas stay bit-identical
+
+
+def test_diloco_local_steps_resync_replicas_every_h_steps(tmp_path):
+    job = tiny_job(steps=6, compression={"sync_every": 3, "gradients": "int8:block=64"})
+    reports, trainers = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path))
+    losses = [r.loss for r in reports[(1, 0)]]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    for stage in (0, 1):  # after the outer sync at step 6 both replicas hold the same weights
+        a, b = trainers[(stage, 0)].runner.params, trainers[(stage, 1)].runner.params
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        assert trainers[(stage, 0)].diloco is not None and trainers[(stage, 0)].diloco.syncs == 2
