@@ -13,6 +13,18 @@ total weight. chunk_bytes is the data one pipeline step moves across *all* trees
 share_T * chunk_bytes, so every tree has the same number of chunks and a light tree is not slower to
 fill. Each tree then adds its pipeline fill, (2 * depth - 1) steps of chunk_bytes / R_eff, plus one
 latency per hop.
+
+Per-message costs (``message_s``, ``message_byte_s``): every chunk message is handled twice, once by its
+sender (encode, frame, write) and once by its receiver (read, deliver, decode), and each handling costs
+``message_s + message_byte_s * bytes`` seconds of the handling peer's event loop. Two effects follow:
+
+- pipeline: a peer's stage of a tree handles (children + 1) message ends per chunk and phase (reduce:
+  its children's partial sums in, one sum out; broadcast: one in, one per child out), serially with the
+  transfer, so every pipeline step of that tree grows by (max children + 1) handlings;
+- loop throughput: all trees share the peer's loop (or, with ``shared_loop``, every peer shares one loop,
+  as in the in-process benchmark), so the run takes at least the loop's total handling time.
+
+With both costs 0 (the default) the model is the pure bandwidth + fill + latency model above.
 """
 
 from __future__ import annotations
@@ -183,6 +195,11 @@ def effective_rate(
     return 0.0 if not math.isfinite(worst) or worst <= 0 else 1.0 / worst
 
 
+def _handling_s(message_s: float, message_byte_s: float, nbytes: float) -> float:
+    """Seconds of one event loop to handle one end (send or receive) of an nbytes message."""
+    return message_s + message_byte_s * nbytes
+
+
 def predict_allreduce_time(
     plan: TreePlan | RingPlan,
     nbytes: float,
@@ -191,25 +208,64 @@ def predict_allreduce_time(
     chunk_bytes: float,
     node_capacity: NodeCapacityInput | None = None,
     latency_s: float = 0.0,
+    message_s: float = 0.0,
+    message_byte_s: float = 0.0,
+    shared_loop: bool = False,
 ) -> float:
     """Model time (s) of an all-reduce of nbytes over the plan (see the module docstring).
 
-    Trees: max over trees of nbytes / R + (2 depth - 1) * c / R + 2 depth * latency, where
-    c = min(chunk, nbytes) (tree T streams chunks of share_T * c at share_T * R). Rings: the 2(N-1) steps move
-    2(N-1)/N * nbytes across each link at R, plus one chunk of fill and 2(N-1) latencies.
-    Returns inf when a used link has no capacity.
+    Trees: nbytes / R + max over trees of [(2 depth_T - 1) * c / R + (n + 2 depth_T - 1) * h_T * m_T]
+    + 2 depth * latency, where c = min(chunk, nbytes), n = ceil(nbytes / chunk) chunks (the executor's
+    count), m_T = message_s + message_byte_s * (share_T * nbytes / n) the handling of one message end of
+    tree T and h_T = 1 + the most children a peer has in T. Tree T streams chunks of share_T * c at
+    share_T * R. Rings: the 2(N-1) steps move 2(N-1)/N * nbytes across each link at R, plus one chunk of
+    fill, 2(N-1) latencies and 2(N-1) steps of 2 handlings (one segment out, one in).
+
+    The result is at least the busiest event loop's handling time: per chunk, a peer handles
+    2 * deg_T(u) message ends of every tree T (a ring peer 2 per step); with ``shared_loop`` all peers'
+    handlings add up on one loop. Returns inf when a used link has no capacity.
     """
+    if not (message_s >= 0 and message_byte_s >= 0):  # also rejects NaN
+        raise ValueError(f"per-message costs must be >= 0, got {message_s}, {message_byte_s}")
     rate = effective_rate(plan, capacity, node_capacity)
     if rate <= 0:
         return math.inf
+    costed = message_s > 0 or message_byte_s > 0
+    if costed and chunk_bytes <= 0:
+        raise ValueError("per-message costs need a positive chunk_bytes (messages = nbytes / chunk)")
+    n = len(plan.nodes)
     if isinstance(plan, RingPlan):
-        n = len(plan.nodes)
         steps = 2 * (n - 1)
         chunk = min(chunk_bytes, nbytes / n)
-        return steps / n * nbytes / rate + chunk / rate + steps * latency_s
+        base = steps / n * nbytes / rate + chunk / rate + steps * latency_s
+        if not costed:
+            return base
+        # Each step a ring peer sends one segment and receives one: 2 handlings, serial with the step.
+        ends = [_handling_s(message_s, message_byte_s, r.share * nbytes / n) for r in plan.rings]
+        pipeline = steps * 2 * max(ends)
+        per_peer = steps * 2 * sum(ends)  # every peer of every ring runs all its steps on its loop
+        loop = per_peer * (n if shared_loop else 1)
+        return max(base + pipeline, loop)
     chunk = min(chunk_bytes, nbytes)
+    if not costed:
+        depth = max(t.depth for t in plan.trees)
+        return nbytes / rate + (2 * depth - 1) * chunk / rate + 2 * depth * latency_s
+    n_chunks = max(1, math.ceil(nbytes / chunk_bytes))
+    index = {u: i for i, u in enumerate(plan.nodes)}
+    loop_per_chunk = np.zeros(n)  # seconds of handling per pipeline step, per peer's loop
+    per_tree = []
+    for t in plan.trees:
+        m = _handling_s(message_s, message_byte_s, t.share * nbytes / n_chunks)
+        h = 1 + max(len(c) for c in t.children.values())
+        steps = n_chunks + 2 * t.depth - 1  # pipeline steps of this tree, each one h handlings longer
+        per_tree.append((2 * t.depth - 1) * chunk / rate + steps * h * m)
+        for p, c in t.edges():  # each edge: one message per chunk up and one down, 2 ends at either peer
+            loop_per_chunk[index[p]] += 2 * m
+            loop_per_chunk[index[c]] += 2 * m
     depth = max(t.depth for t in plan.trees)
-    return nbytes / rate + (2 * depth - 1) * chunk / rate + 2 * depth * latency_s
+    pipeline = nbytes / rate + max(per_tree) + 2 * depth * latency_s
+    loop = n_chunks * float(loop_per_chunk.sum() if shared_loop else loop_per_chunk.max())
+    return max(pipeline, loop)
 
 
 def to_schedule(plan: TreePlan) -> AllReduceSchedule:

@@ -21,3 +21,4 @@ class CoordinatorConfig:
     plan_ttl_s: float = 300.0  # the signed TrainPlan's lifetime; refreshed every third of it
     checkpoint_root: Path | None = None  # where the coordinator looks for checkpoints (job's dir if None)
     train: bool = True  # plan and run the job (False: membership only, as before issue 6)
+    link_wait_s: float = 15.0  # the first plan waits this long for link reports once enough peers are live

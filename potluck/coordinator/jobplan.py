@@ -128,8 +128,18 @@ def stage_trees(
 def make_train_plan(
     state: SwarmState, job: JobSpec, now: float, epoch: int, start_step: int,
     previous: PlacementPlan | None = None, cfg: JobPlanConfig | None = None,
+    measured_tflops: dict[str, float] | None = None,
 ) -> tuple[TrainPlan | None, PlacementPlan | None, str]:  # fmt: skip
-    """(plan, the planner's placement, reason). None when the swarm cannot run the job yet."""
+    """(plan, the planner's placement, reason). None when the swarm cannot run the job yet.
+
+    ``measured_tflops``: peers' effective speed on this job from earlier steps (``calibrated_tflops``);
+    it replaces their start-up probe, which a busy machine or a cold device can get badly wrong."""
+    speeds = measured_tflops or {}
+
+    def device(pid: str) -> DeviceSpec:
+        dev = device_of(state.peers[pid].record)
+        return DeviceSpec(speeds[pid], dev.memory_gb) if speeds.get(pid, 0.0) > 0 else dev
+
     cfg = cfg or JobPlanConfig()
     sj = step_job(job)
     state_bytes, act_bytes = layer_memory(sj)
@@ -146,7 +156,7 @@ def make_train_plan(
     if len(usable) < job.min_peers:
         return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
     net, net_note = network(state, usable)
-    pstate = PlanningState(tuple(usable), tuple(device_of(state.peers[p].record) for p in usable), net)
+    pstate = PlanningState(tuple(usable), tuple(device(p) for p in usable), net)
     lim = job.limits
     pcfg = PlannerConfig(**{**cfg.planner.__dict__, "seed": job.seed, "stages": lim.stages,
                             "replicas": lim.replicas, "max_stages": lim.max_stages,

@@ -24,6 +24,7 @@ class JobProgress:
     checkpoints: dict[int, int] = field(default_factory=dict)  # stage index of the writer -> newest step
     checkpoint_stages: int = 0  # stage count of the plan those checkpoints were written under
     latest: dict[str, Progress] = field(default_factory=dict)  # peer -> newest record of the current epoch
+    compute_s: dict[str, float] = field(default_factory=dict)  # peer -> compute seconds of its last step
     failures: int = 0  # re-plans in a row after which no step was completed
     best_step: int = 0  # most steps ever completed by the whole swarm
 
@@ -33,6 +34,8 @@ class JobProgress:
         for rec in records:
             if rec.epoch != plan.epoch or rec.job != plan.job:
                 continue
+            if rec.state == "training" and rec.timing.compute > 0:
+                self.compute_s[rec.peer_id] = rec.timing.compute
             old = self.latest.get(rec.peer_id)
             if old is None or (rec.step, rec.issued_at) >= (old.step, old.issued_at):
                 self.latest[rec.peer_id] = rec

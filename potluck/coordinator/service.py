@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from hivemind.utils import get_dht_time
 
 from potluck.coordinator.config import CoordinatorConfig
-from potluck.coordinator.jobplan import make_train_plan
+from potluck.coordinator.jobplan import calibrated_tflops, make_train_plan
 from potluck.coordinator.jobstate import JobProgress, next_action
 from potluck.coordinator.planner import PlacementPlan
 from potluck.coordinator.state import SwarmState
@@ -46,6 +47,7 @@ class CoordinatorService:
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
         self.error: str | None = None  # set when the job was given up (finished is set too)
+        self._enough_since: float | None = None  # when min_peers were first live (monotonic s)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> Invite:
@@ -156,11 +158,25 @@ class CoordinatorService:
             except Exception as e:  # one bad round must not end the service
                 logger.warning("job round failed: %s", e)
 
+    def _links_pending(self) -> bool:
+        """Before the first plan: give the peers' first link reports up to ``link_wait_s`` to arrive."""
+        if self.plan is not None or len(self.state.peers) < self.job.min_peers:
+            self._enough_since = None
+            return False
+        now = time.monotonic()
+        self._enough_since = self._enough_since or now
+        reported = sum(1 for p in self.state.peers if p in self.state.links)
+        return reported < len(self.state.peers) and now - self._enough_since < self.cfg.link_wait_s
+
     async def _replan(self, why: str, failed: bool = False) -> None:
+        if self._links_pending():
+            self.last_reason = "enough peers; waiting briefly for their link measurements"
+            return
         epoch = 1 if self.plan is None else self.plan.epoch + 1
         start = self._resume_step()
+        speeds = calibrated_tflops(self.plan, self.job, self.progress.compute_s) if self.plan else {}
         plan, placement, reason = await asyncio.to_thread(
-            make_train_plan, self.state, self.job, get_dht_time(), epoch, start, self.placement
+            make_train_plan, self.state, self.job, get_dht_time(), epoch, start, self.placement, None, speeds
         )
         if plan is None:
             if reason != self.last_reason:
