@@ -24,7 +24,10 @@ sender (encode, frame, write) and once by its receiver (read, deliver, decode), 
 - loop throughput: all trees share the peer's loop (or, with ``shared_loop``, every peer shares one loop,
   as in the in-process benchmark), so the run takes at least the loop's total handling time.
 
-With both costs 0 (the default) the model is the pure bandwidth + fill + latency model above.
+The prediction is the larger of the two: handling overlaps other trees' transfers. Where the loop is about
+as busy as the links, the overlap is only partial and the measured time lies above this estimate
+(docs/benchmarks.md). The costs depend on the machine and its load (tens of microseconds per message end
+on loopback p2pd), so both default to 0, the pure bandwidth + fill + latency model above.
 """
 
 from __future__ import annotations

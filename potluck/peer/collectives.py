@@ -108,8 +108,11 @@ async def _run_tree(
                 data = await finished.get()
             else:
                 data = await box.recv(parent, Tag(round_no, t_idx, c, BROADCAST), cfg.timeout_s)
-            for child in children:
-                await box.send(child, Tag(round_no, t_idx, c, BROADCAST), data)
+            # Children sit on different links: send to all at once, not one paced transfer after
+            # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
+            await asyncio.gather(
+                *(box.send(child, Tag(round_no, t_idx, c, BROADCAST), data) for child in children)
+            )
             codec.decode_into(data, chunk, accumulate=False)
 
     await asyncio.gather(reduce(), broadcast())
