@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +41,10 @@ class AllReduceConfig:
     chunk_elements: int = 1 << 18  # elements moved per pipeline step, summed over all trees
     timeout_s: float = 30.0  # bound on each wait for a chunk
     average: bool = True  # mean over the group (else the sum)
+    # Reduce chunks a peer may have sent up per tree before the broadcast of the chunk ``window`` back
+    # has reached it (0: no limit). Unbounded, a peer hands its whole share to the transport at once and
+    # the broadcast chunks everyone waits on queue behind that backlog on a capped uplink.
+    window: int = 4
 
 
 async def tree_allreduce(
@@ -87,9 +92,17 @@ async def _run_tree(
     parent = tree.parent[me]
     children = tree.children(me, schedule.peers)
     finished: asyncio.Queue[bytes] = asyncio.Queue()  # root only: encoded results, in chunk order
+    landed = 0  # chunks whose broadcast has reached this peer
+    progress = asyncio.Condition()
+
+    def reached(n: int) -> Callable[[], bool]:
+        return lambda: landed >= n
 
     async def reduce() -> None:
         for c, chunk in enumerate(chunks):
+            if cfg.window > 0:  # cannot deadlock: it waits only on chunks whose reduce already left
+                async with progress:
+                    await progress.wait_for(reached(c - cfg.window))
             acc = chunk.clone()
             for child in children:
                 data = await box.recv(child, Tag(round_no, t_idx, c, REDUCE), cfg.timeout_s)
@@ -103,6 +116,7 @@ async def _run_tree(
                 await box.send(parent, Tag(round_no, t_idx, c, REDUCE), codec.encode(acc, key=key))
 
     async def broadcast() -> None:
+        nonlocal landed
         for c, chunk in enumerate(chunks):
             if parent is None:
                 data = await finished.get()
@@ -114,6 +128,9 @@ async def _run_tree(
                 *(box.send(child, Tag(round_no, t_idx, c, BROADCAST), data) for child in children)
             )
             codec.decode_into(data, chunk, accumulate=False)
+            async with progress:
+                landed = c + 1
+                progress.notify_all()
 
     await asyncio.gather(reduce(), broadcast())
 
