@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from potluck.coordinator.trees import pack_allreduce
 from potluck.coordinator.trees.graph import CapacityInput, NodeCapacityInput, PackingError, make_network
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec
 
@@ -283,3 +284,32 @@ def to_schedule(plan: TreePlan) -> AllReduceSchedule:
         for t in plan.trees
     )
     return AllReduceSchedule(peers, trees)
+
+
+def choose_tree_plan(
+    nodes: Sequence[Hashable], capacity: CapacityInput, nbytes: float, *, chunk_bytes: float,
+    node_capacity: NodeCapacityInput | None = None, max_trees: int | None = None,
+) -> TreePlan:  # fmt: skip
+    """The faster, by the time model, of the packed trees and the one-hop (butterfly) stars.
+
+    Packing maximises the rate; on small groups or small buffers a plan of deeper trees can lose more
+    to pipeline fill than it gains in rate, and where every peer is linked to every other the stars
+    often reach the same rate with depth 1. Scoring both keeps potluck never slower than butterfly by
+    its own model. Ties go to the stars (fewer hops, fewer messages).
+    """
+    candidates = []
+    for one_hop in (True, False):
+        try:
+            packing = pack_allreduce(
+                capacity, node_capacity=node_capacity, max_trees=max_trees, one_hop=one_hop
+            )
+        except PackingError:
+            continue  # no star spans the group (a missing link): only trees remain
+        plan = tree_plan(nodes, packing.trees)
+        t = predict_allreduce_time(
+            plan, nbytes, capacity, chunk_bytes=chunk_bytes, node_capacity=node_capacity
+        )
+        candidates.append((t * (1 + 1e-9) if not one_hop else t, plan))
+    if not candidates:
+        raise PackingError("no spanning tree over the group's two-way links")
+    return min(candidates, key=lambda c: c[0])[1]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from potluck.coordinator.collective_plan import to_schedule, tree_plan
+from potluck.coordinator.collective_plan import choose_tree_plan, to_schedule
 from potluck.coordinator.costmodel import (
     BatchSpec,
     CodecRatios,
@@ -32,7 +32,7 @@ from potluck.coordinator.netmodel import NetModel, build_netmodel, from_matrices
 from potluck.coordinator.objectives import StepObjective
 from potluck.coordinator.planner import PlacementPlan, PlannerConfig, PlanningState, plan
 from potluck.coordinator.state import SwarmState
-from potluck.coordinator.trees import PackingError, pack_allreduce
+from potluck.coordinator.trees import PackingError
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.records import PeerRecord
 from potluck.protocol.training import Spare, StageAssignment, TrainPlan, TreeRecord
@@ -104,7 +104,12 @@ def network(state: SwarmState, peers: list[str]) -> tuple[NetModel, str]:
 
 
 def stage_trees(
-    net: NetModel, index: dict[str, int], peers: tuple[str, ...], max_trees: int
+    net: NetModel,
+    index: dict[str, int],
+    peers: tuple[str, ...],
+    max_trees: int,
+    nbytes: float,
+    chunk_bytes: float = 1 << 20,
 ) -> list[TreeRecord]:
     """All-reduce trees for one stage's replicas, packed over their measured bandwidths."""
     if len(peers) < 2:
@@ -113,8 +118,13 @@ def stage_trees(
     cap = net.bandwidth_gbps[np.ix_(ix, ix)].copy()
     np.fill_diagonal(cap, 0.0)
     try:
-        packing = pack_allreduce(cap.tolist(), max_trees=max_trees)
-        sched = to_schedule(tree_plan(list(range(len(peers))), packing.trees))  # peers named "0", "1", ...
+        # bytes/s from Gbit/s; the buffer is the stage's gradients at the job's codec ratio (about 1 MB
+        # per 250k fp32 parameters): only the ratio of fill to transfer matters for the choice.
+        rates = (cap * 1e9 / 8).tolist()
+        chosen = choose_tree_plan(
+            list(range(len(peers))), rates, nbytes, chunk_bytes=chunk_bytes, max_trees=max_trees
+        )
+        sched = to_schedule(chosen)  # peers named "0", "1", ...
     except PackingError as e:
         logger.warning("tree packing failed (%s); the stage uses one-hop trees", e)
         return []
@@ -170,7 +180,11 @@ def make_train_plan(
     stages, first = [], 0
     for row, n_layers in zip(placement.stages, placement.layers, strict=True):
         peers = tuple(str(p) for p in row)
-        trees = stage_trees(net, index, peers, cfg.max_trees_per_stage)
+        params = sj.model.params_per_layer * n_layers + sj.model.embed_params * (
+            (first == 0) + (row is placement.stages[-1])
+        )
+        nbytes = 2.0 * params * sj.codecs.gradient_wan  # fp16 bytes x the codec's ratio to fp16
+        trees = stage_trees(net, index, peers, cfg.max_trees_per_stage, nbytes)
         stages.append(
             StageAssignment(first_layer=first, last_layer=first + n_layers, peers=list(peers), trees=trees)
         )

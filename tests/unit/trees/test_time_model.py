@@ -126,3 +126,22 @@ def test_bad_costs_are_rejected() -> None:
             predict_allreduce_time(plan, 8.0, cap, chunk_bytes=2.0, message_s=a, message_byte_s=b)
     with pytest.raises(ValueError, match="chunk_bytes"):
         predict_allreduce_time(plan, 8.0, cap, chunk_bytes=0.0, message_s=1e-3)
+
+
+def test_chooser_prefers_stars_when_equal_and_trees_when_faster():
+    from potluck.coordinator.collective_plan import choose_tree_plan, predict_allreduce_time
+
+    n = 6
+    uniform = [[0.0 if i == j else 1e6 for j in range(n)] for i in range(n)]
+    plan = choose_tree_plan(list(range(n)), uniform, 8e6, chunk_bytes=1e6, node_capacity=[1e6] * n)
+    assert max(t.depth for t in plan.trees) == 1  # butterfly: same rate, least fill
+    # Two sites joined by slow pairs: trees route inside the sites and beat every star.
+    fast, slow = 8e6, 1e6
+    sites = [[0.0 if i == j else (fast if (i < 3) == (j < 3) else slow) for j in range(n)] for i in range(n)]
+    best = choose_tree_plan(list(range(n)), sites, 8e6, chunk_bytes=1e6)
+    from potluck.coordinator.collective_plan import tree_plan
+    from potluck.coordinator.trees import pack_allreduce
+
+    stars = tree_plan(list(range(n)), pack_allreduce(sites, one_hop=True).trees)
+    t_best = predict_allreduce_time(best, 8e6, sites, chunk_bytes=1e6)
+    assert t_best < 0.8 * predict_allreduce_time(stars, 8e6, sites, chunk_bytes=1e6)
