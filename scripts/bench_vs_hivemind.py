@@ -10,7 +10,7 @@ namespace's address) and uses it for both systems:
   known cap, so its butterfly load balancing knows what the tree planner knows). Matchmaking runs
   first (``require_trigger``); the all-reduce is timed from the trigger to the last peer's result;
 - potluck tree: ``tree_allreduce`` over a ``Mailbox`` on the same daemon, with the plan
-  ``pack_allreduce(capacity, node_capacity=caps)`` on the known caps;
+  ``choose_tree_plan`` on the known caps (packed trees or one-hop stars, by the time model);
 - potluck ring: ``ring_allreduce`` over the same mailbox, on the heaviest ring of ``pack_rings``.
 
 Topologies per group size N (default 4 and 8): unshaped (the CPU floor: 2 cores shared by every
@@ -138,13 +138,19 @@ class Plans:
 def make_plans(topo: Topology, n: int, nbytes: int, chunk_elements: int) -> Plans:
     from hivemind.averaging.load_balancing import load_balance_peers
 
-    from potluck.coordinator.collective_plan import predict_allreduce_time, ring_plan, tree_plan
+    from potluck.coordinator.collective_plan import (
+        choose_tree_plan,
+        predict_allreduce_time,
+        ring_plan,
+        tree_plan,
+    )
     from potluck.coordinator.trees import pack_allreduce, pack_rings
 
     cap, node = capacities(topo, n)
     nodes = list(range(n))
-    packing = pack_allreduce(cap, node_capacity=node)
-    tplan = tree_plan(nodes, packing.trees)
+    packing = pack_allreduce(cap, node_capacity=node)  # for its rate and certified bound
+    # What potluck runs: the packed trees or the one-hop stars, whichever the time model says is faster.
+    tplan = choose_tree_plan(nodes, cap, nbytes, chunk_bytes=chunk_elements * 4, node_capacity=node)
     rings = pack_rings(cap, node_capacity=node)
     weight, order = max(rings.rings, key=lambda r: r[0])
     rplan = ring_plan(nodes, [(weight, order)])
