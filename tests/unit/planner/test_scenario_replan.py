@@ -23,9 +23,8 @@ def _write(tmp_path: Path, n: int = 4, **job: object) -> Path:
     np.fill_diagonal(lat, 0.0)
     doc = {
         "name": "tiny",
-        "devices": [
-            {"id": f"d{i}", "gpu": "RTX-4090-24GB", "tflops": 80 + i, "upload_gbps": 1.0} for i in range(n)
-        ],
+        "devices": [{"id": f"d{i}", "gpu": "RTX-4090-24GB", "tflops": 80 + i, "upload_gbps": 1.0}
+                    for i in range(n)],
         "links": {"latency_ms": lat.tolist(), "bandwidth_gbps": np.ones((n, n)).tolist()},
         "job": {"D_PP": 2, "D_DP": 2, "c_dp_GB": 0.1, "c_pp_GB": 0.05, **job},
     }
@@ -35,21 +34,8 @@ def _write(tmp_path: Path, n: int = 4, **job: object) -> Path:
 
 
 def test_scenario_file_with_optional_fields(tmp_path: Path) -> None:
-    sc = load_scenario(
-        str(
-            _write(
-                tmp_path,
-                step={
-                    "layers": 6,
-                    "d_model": 256,
-                    "heads": 4,
-                    "vocab": 1000,
-                    "seq_len": 128,
-                    "sequences_per_step": 8,
-                },
-            )
-        )
-    )
+    sc = load_scenario(str(_write(tmp_path, step={"layers": 6, "d_model": 256, "heads": 4, "vocab": 1000,
+                                                  "seq_len": 128, "sequences_per_step": 8})))
     assert sc.state.peers == ("d0", "d1", "d2", "d3")
     assert sc.state.devices[2] == DeviceSpec(82.0, 24.0)  # memory read from the GPU name
     assert sc.state.net.upload_gbps[0] == 1.0 and np.isinf(sc.state.net.download_gbps[0])
@@ -122,9 +108,8 @@ def test_uniform_links_make_any_layout_optimal() -> None:
     n = 8
     lat = np.full((n, n), 10.0)
     np.fill_diagonal(lat, 0.0)
-    state = PlanningState(
-        tuple(range(n)), tuple(DeviceSpec(50.0, 24.0) for _ in range(n)), from_matrices(lat, np.ones((n, n)))
-    )
+    state = PlanningState(tuple(range(n)), tuple(DeviceSpec(50.0, 24.0) for _ in range(n)),
+                          from_matrices(lat, np.ones((n, n))))
     result, _ = plan(state, DtfmJob(2, 4, 1.0, 0.5), 0.0, None, PlannerConfig(time_limit_s=1.0))
     assert result is not None
     dp = 3 * 2 * (0.010 + 8.0 / 4)
