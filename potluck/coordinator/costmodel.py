@@ -147,6 +147,14 @@ class StepBreakdown:
     feasible: bool
 
 
+def micro_batch_flops(job: StepJob) -> tuple[float, float]:
+    """(FLOPs of one layer, FLOPs of the LM head) for one micro-batch, forward + backward (+ recompute)."""
+    m = job.model
+    tokens = job.batch.micro_batch * m.seq_len
+    work = (4.0 if job.recompute else 3.0) * m.flops_per_token_layer * tokens
+    return work, 3.0 * 2.0 * m.embed_params * tokens
+
+
 def micro_batches(job: StepJob, n_replicas: int) -> int:
     return max(1, math.ceil(job.batch.sequences_per_step / (n_replicas * job.batch.micro_batch)))
 
@@ -199,9 +207,8 @@ def split_layers(
     """
     m = job.model
     s = len(speed_tflops)
-    work = (4.0 if job.recompute else 3.0) * m.flops_per_token_layer * job.batch.micro_batch * m.seq_len
+    work, head = micro_batch_flops(job)
     extra = np.zeros(s)  # embedding on the first stage, LM head on the last (FLOPs per micro-batch)
-    head = 3.0 * 2.0 * m.embed_params * job.batch.micro_batch * m.seq_len
     extra[-1] += head
     state, act = layer_memory(job)
     mem_extra = np.zeros(s)
@@ -259,9 +266,9 @@ def step_time(
         empty = tuple(0.0 for _ in range(s))
         return StepBreakdown(INFEASIBLE, INFEASIBLE, 0.0, empty, tuple(links), empty, (), mb, False)
     m = job.model
-    work = (4.0 if job.recompute else 3.0) * m.flops_per_token_layer * job.batch.micro_batch * m.seq_len
+    work, head = micro_batch_flops(job)
     extra = np.zeros(s)
-    extra[-1] += 3.0 * 2.0 * m.embed_params * job.batch.micro_batch * m.seq_len
+    extra[-1] += head
     compute = (extra + work * layers) / (order_speed * 1e12)
     slot = max(float(compute.max()), float(links.max()) if len(links) else 0.0)
     pipeline = float(compute.sum() + 2.0 * links.sum() + (mb - 1) * slot)

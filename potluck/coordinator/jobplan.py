@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from potluck.compression import get_codec
 from potluck.coordinator.collective_plan import choose_tree_plan, to_schedule
 from potluck.coordinator.costmodel import (
     BatchSpec,
@@ -24,6 +25,7 @@ from potluck.coordinator.costmodel import (
     StepBreakdown,
     StepJob,
     layer_memory,
+    micro_batch_flops,
     micro_batches,
     step_time,
 )
@@ -59,17 +61,10 @@ def step_job(job: JobSpec) -> StepJob:
     shape = ModelShape(
         m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.seq_len, ffn_mult=1.5 * hidden / m.d_model
     )
-    # int8 codecs move ~1/2 the bytes of fp16 (plus scales); "none" ships fp32 (2x fp16).
-    act = (
-        0.53
-        if "int8" in job.compression.activations
-        else 2.0
-        if job.compression.activations == "none"
-        else 1.0
-    )
-    grad = (
-        0.53 if "int8" in job.compression.gradients else 2.0 if job.compression.gradients == "none" else 1.0
-    )
+    # Bytes on the wire per byte of fp16 payload, as the codec library itself estimates them.
+    probe = (1 << 16,)
+    act, grad = (get_codec(spec).estimate_bytes(probe) / (2.0 * probe[0])
+                 for spec in (job.compression.activations, job.compression.gradients))  # fmt: skip
     ratios = CodecRatios(act, act, grad, grad)
     return StepJob(
         shape, BatchSpec(job.sequences_per_step, job.batch.micro_batch_size), ratios, recompute=False
@@ -221,10 +216,8 @@ def calibrated_tflops(plan: TrainPlan, job: JobSpec, compute_s: dict[str, float]
     """Each peer's effective TFLOP/s on this job: the model's FLOPs of its stage per step divided by the
     compute seconds it measured per step (what a re-plan should use instead of the start-up probe)."""
     sj = step_job(job)
-    m = sj.model
     mb = micro_batches(sj, plan.n_replicas)
-    work = 3.0 * m.flops_per_token_layer * sj.batch.micro_batch * m.seq_len
-    head = 3.0 * 2.0 * m.embed_params * sj.batch.micro_batch * m.seq_len
+    work, head = micro_batch_flops(sj)
     out = {}
     for j, st in enumerate(plan.stages):
         flops = (work * (st.last_layer - st.first_layer) + (head if j == len(plan.stages) - 1 else 0.0)) * mb

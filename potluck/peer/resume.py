@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import torch
 
-from potluck.peer.checkpoint import CheckpointRef, check_step, load_stage, step_dir
+from potluck.peer.checkpoint import check_step, load_stage, step_dir
 from potluck.peer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -21,10 +22,10 @@ logger = logging.getLogger(__name__)
 _LAYER = re.compile(r"^(model|optim)\.layers\.(\d+)\.(.+)$")
 
 
-def load_layers(ref: CheckpointRef, first: int, last: int, n_layers: int) -> dict[str, torch.Tensor]:
+def load_layers(root: Path, step: int, first: int, last: int, n_layers: int) -> dict[str, torch.Tensor]:
     """The tensors of layers [first, last) (plus embedding/head where this stage holds them), named as
     ``StageRunner.state_tensors`` names them for a stage starting at ``first``."""
-    full = check_step(step_dir(ref.root, ref.step))  # every stage present and intact, or CheckpointError
+    full = check_step(step_dir(root, step))  # every stage present and intact, or CheckpointError
     n_stages = full.n_stages
     out: dict[str, torch.Tensor] = {}
     covered: set[int] = set()

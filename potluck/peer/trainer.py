@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from potluck.compression import get_codec
-from potluck.peer.checkpoint import CheckpointRef, prune, save_stage
+from potluck.peer.checkpoint import prune, save_stage, step_dir
 from potluck.peer.collectives import AllReduceConfig, tree_allreduce
 from potluck.peer.commit import Ready, commit_step
 from potluck.peer.data import TokenDataset
@@ -43,7 +43,9 @@ from potluck.protocol.training import StageAssignment, StepTiming, TrainPlan
 
 logger = logging.getLogger(__name__)
 
-PHASE_PIPELINE, PHASE_GRADS, PHASE_OUTER = 0, 1, 2
+# Tag phases (low 4 bits of the round): 0 pipeline and commit, 2 DiLoCo outer sync, 4-15 the gradient
+# buckets of overlap.py.
+PHASE_OUTER = 2
 
 
 def round_base(epoch: int, step: int) -> int:
@@ -129,14 +131,13 @@ class Trainer:
         """Load the plan's starting checkpoint (if it starts after step 0): weights and AdamW state."""
         if self.plan.start_step == 0:
             return
-        ref = CheckpointRef(self.checkpoint_root, self.plan.start_step, -1)
-        tensors = load_layers(
-            ref, self.assignment.first_layer, self.assignment.last_layer, self.job.model.n_layers
-        )
+        root, step = self.checkpoint_root, self.plan.start_step
+        first, last = self.assignment.first_layer, self.assignment.last_layer
+        tensors = load_layers(root, step, first, last, self.job.model.n_layers)
         self.runner.load_state_tensors(tensors)
         if self.diloco is not None:
             self.diloco = DiLoCo(self.runner.params, self.diloco.cfg)  # the snapshot is the loaded weights
-        logger.info("stage %d resumed from %s", self.stage, ref.path)
+        logger.info("stage %d resumed from %s", self.stage, step_dir(root, step))
 
     # ---- one step ----------------------------------------------------------------------------------------
 
