@@ -30,8 +30,10 @@ from typing import Any
 import numpy as np
 from hivemind.averaging.load_balancing import optimize_parts_lp
 
-from potluck.coordinator.collective_plan import effective_rate, tree_plan
-from potluck.coordinator.topologies import (
+from potluck.coordinator.trees import PackingError, exact_strength, pack_allreduce, pack_rings
+from potluck.coordinator.trees.graph import make_network
+from potluck.coordinator.trees.plan import effective_rate, tree_plan
+from potluck.testbed.topologies import (
     PCIE_GBPS,
     connected_subsets,
     dgx1p,
@@ -39,8 +41,6 @@ from potluck.coordinator.topologies import (
     home_uplinks,
     lognormal_graph,
 )
-from potluck.coordinator.trees import PackingError, exact_strength, pack_allreduce, pack_rings
-from potluck.coordinator.trees.graph import make_network
 
 
 def bench_dgx(quick: bool) -> list[dict[str, Any]]:

@@ -2,8 +2,8 @@
 """All-reduce executor on shaped links: measured time vs the planner's model, and tree vs ring.
 
 Peers are real p2pd daemons on 127.0.0.1 in one process; an in-process shaper paces every send to the
-link and per-peer rates of the topology (potluck.peer.shaping), so measured times can be compared with
-potluck.coordinator.collective_plan.predict_allreduce_time on the same capacities.
+link and per-peer rates of the topology (potluck.testbed.shaping), so measured times can be compared with
+potluck.coordinator.trees.plan.predict_allreduce_time on the same capacities.
 
 All peers share this process's event loop, so every message's handling (encode, framing, the mailbox,
 decode) queues on one loop: each case first measures that cost on its own daemons (two message sizes
@@ -34,20 +34,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from potluck.compression import get_codec  # noqa: E402
-from potluck.coordinator.collective_plan import (  # noqa: E402
+from potluck.coordinator.trees import pack_allreduce  # noqa: E402
+from potluck.coordinator.trees.plan import (  # noqa: E402
     RingPlan,
     TreePlan,
     predict_allreduce_time,
     ring_plan,
     tree_plan,
 )
-from potluck.coordinator.topologies import lognormal_graph  # noqa: E402
-from potluck.coordinator.trees import pack_allreduce  # noqa: E402
 from potluck.coordinator.trees.rings import pack_rings  # noqa: E402
-from potluck.peer.collectives import AllReduceConfig, ring_allreduce, tree_allreduce  # noqa: E402
-from potluck.peer.shaping import LinkShaper  # noqa: E402
-from potluck.peer.transport import Mailbox, Tag, TransportConfig  # noqa: E402
+from potluck.net.mailbox import Mailbox, Tag, TransportConfig  # noqa: E402
+from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce  # noqa: E402
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec  # noqa: E402
+from potluck.testbed.shaping import LinkShaper  # noqa: E402
+from potluck.testbed.topologies import lognormal_graph  # noqa: E402
 from tests.helpers.p2p import p2p_group  # noqa: E402
 
 MB = 1 << 20

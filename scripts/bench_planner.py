@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from potluck.coordinator.bounds import dtfm_lower_bound
-from potluck.coordinator.costmodel import (
+from potluck.coordinator.placement import PlannerConfig, PlanningState, plan
+from potluck.coordinator.placement.bounds import dtfm_lower_bound
+from potluck.coordinator.placement.costmodel import (
     BatchSpec,
     CodecRatios,
     DeviceSpec,
@@ -32,13 +33,17 @@ from potluck.coordinator.costmodel import (
     StepJob,
     dtfm_cost,
 )
-from potluck.coordinator.exhaustive import step_optimum
-from potluck.coordinator.netmodel import AccessCapacity, LinkMeasurement, from_matrices, holdout_error
-from potluck.coordinator.objectives import DtfmObjective, StepObjective
-from potluck.coordinator.planner import PlannerConfig, PlanningState, plan
-from potluck.coordinator.scenario import load_scenario
-from potluck.coordinator.search import evaluate
-from potluck.coordinator.templates import template_partitions
+from potluck.coordinator.placement.exhaustive import step_optimum
+from potluck.coordinator.placement.netmodel import (
+    AccessCapacity,
+    LinkMeasurement,
+    from_matrices,
+    holdout_error,
+)
+from potluck.coordinator.placement.objectives import DtfmObjective, StepObjective
+from potluck.coordinator.placement.scenario import load_scenario
+from potluck.coordinator.placement.search import evaluate
+from potluck.coordinator.placement.templates import template_partitions
 
 # Their GA's COMM-COST on these files, measured with their code and default budget (research note §5.3).
 DTFM_GA = {1: 3.440, 2: 43.547, 3: 16.087, 4: 34.802, 5: 49.218}

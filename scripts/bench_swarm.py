@@ -17,10 +17,10 @@ from pathlib import Path
 
 from hivemind.utils.serializer import MSGPackSerializer
 
-from potluck.localswarm import LocalSwarm
 from potluck.protocol.envelope import TrustPolicy, key_id_bytes, seal, subkey_bytes, verify
 from potluck.protocol.identity import Identity
 from potluck.protocol.records import Hardware, PeerRecord
+from potluck.testbed.localswarm import LocalSwarm
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from potluck.cli.demo_cmd import demo_job, run_local_job
 from potluck.compat import use_fork
-from potluck.coordinator.costmodel import DeviceSpec
-from potluck.coordinator.jobplan import calibrated_tflops, network, predict_step
+from potluck.coordinator.job.plan import calibrated_tflops, network, predict_step
+from potluck.coordinator.placement.costmodel import DeviceSpec
 
 PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
 

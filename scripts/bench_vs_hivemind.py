@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """potluck's tree all-reduce vs hivemind's DecentralizedAverager (butterfly) on the same shaped links.
 
-Every peer is a process in its own network namespace (scripts/_netns.py), joined to the others by a
+Every peer is a process in its own network namespace (potluck/testbed/netem.py), joined to the others by a
 veth pair and a bridge; tc tbf qdiscs cap each peer's upload (and optionally its download), htb
 classes optionally cap single pairs. Each peer runs one hivemind DHT (one p2pd daemon, listening on the
 namespace's address) and uses it for both systems:
@@ -21,7 +21,7 @@ random node-capacitated caps (lognormal, clipped, one or two fast peers; ``--see
 Times are wall clock at the driver, from the "go" sent to every peer to the last peer's reply (medians
 of ``--reps``, interleaved hivemind/tree/ring). Every peer checks its result against the true mean (max
 abs diff); a wrong result is reported and left out of the medians. The "model" columns are
-potluck.coordinator.collective_plan.predict_allreduce_time on the shaped rates times the TCP/IP goodput
+potluck.coordinator.trees.plan.predict_allreduce_time on the shaped rates times the TCP/IP goodput
 factor 1448/1514 (hivemind: its own butterfly shares, scored as stars). JSON with every run:
 bench-out/bench_vs_hivemind.json.
 
@@ -138,13 +138,13 @@ class Plans:
 def make_plans(topo: Topology, n: int, nbytes: int, chunk_elements: int) -> Plans:
     from hivemind.averaging.load_balancing import load_balance_peers
 
-    from potluck.coordinator.collective_plan import (
+    from potluck.coordinator.trees import pack_allreduce, pack_rings
+    from potluck.coordinator.trees.plan import (
         choose_tree_plan,
         predict_allreduce_time,
         ring_plan,
         tree_plan,
     )
-    from potluck.coordinator.trees import pack_allreduce, pack_rings
 
     cap, node = capacities(topo, n)
     nodes = list(range(n))
@@ -216,8 +216,8 @@ def worker_main(args: argparse.Namespace) -> None:
     from hivemind.p2p import PeerID
     from hivemind.utils.multiaddr import Multiaddr
 
-    from potluck.peer.collectives import AllReduceConfig, ring_allreduce, tree_allreduce
-    from potluck.peer.transport import Mailbox, TransportConfig
+    from potluck.net.mailbox import Mailbox, TransportConfig
+    from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce
     from potluck.protocol.collective import AllReduceSchedule, TreeSpec
 
     n, me = args.n, args.index
@@ -757,7 +757,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker_main(args)
         return
-    from _netns import Netlab, require_root
+    from potluck.testbed.netem import Netlab, require_root
 
     require_root("bench_vs_hivemind.py")
 

@@ -23,12 +23,12 @@ from potluck.cli.common import err_console, fail
 from potluck.cli.jobview import JobWatcher
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.service import CoordinatorService
-from potluck.localswarm import LOOPBACK, LocalSwarm
-from potluck.protocol.dht import NetworkConfig
+from potluck.net.node import NetworkConfig
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobfile import parse_job
 from potluck.protocol.jobspec import JobSpec
+from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
 
 STAGES, REPLICAS = 2, 2
 

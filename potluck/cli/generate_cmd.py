@@ -9,9 +9,9 @@ from pathlib import Path
 import typer
 
 from potluck.cli.common import fail
-from potluck.peer.checkpoint import CheckpointRef, check_step, latest_complete
-from potluck.peer.errors import CheckpointError, PeerError
-from potluck.peer.sampling import generate, load_checkpoint_tokenizer, load_model
+from potluck.errors import PotluckError
+from potluck.model.checkpoint import CheckpointRef, check_step, latest_complete
+from potluck.model.sampling import generate, load_checkpoint_tokenizer, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def _generate(
         prompt_ids = tokenizer.encode(prompt)
         start = time.monotonic()
         new_ids = generate(stages, prompt_ids, max_tokens, temperature, top_k or None, seed)
-    except (PeerError, CheckpointError, ValueError) as e:  # damage, tokenizer (DataError), a bad prompt
+    except (PotluckError, ValueError) as e:  # damage, tokenizer (DataError), a bad prompt
         raise fail(str(e)) from None
     logger.info("step %d: %d tokens in %.2f s", ref.step, len(new_ids), time.monotonic() - start)
     typer.echo(tokenizer.decode(prompt_ids + new_ids))

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from potluck.cli.common import err_console
-from potluck.coordinator.jobstate import JobProgress
+from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan

@@ -16,9 +16,9 @@ from potluck.cli.common import (
     network_config,
     parse_invite,
 )
+from potluck.net.links import LinkProbeConfig
 from potluck.peer.config import DEFAULT_HOME, PeerConfig
 from potluck.peer.daemon import PeerDaemon
-from potluck.peer.links import LinkProbeConfig
 from potluck.peer.worker import WorkerConfig
 from potluck.protocol.errors import BootstrapError, IdentityError
 

@@ -9,8 +9,8 @@ import time
 import typer
 
 from potluck.coordinator.errors import CoordinatorError
-from potluck.coordinator.planner import PlannerConfig, plan
-from potluck.coordinator.scenario import load_scenario
+from potluck.coordinator.placement import PlannerConfig, plan
+from potluck.coordinator.placement.scenario import load_scenario
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from potluck.cli.common import fail, network_config, parse_invite, peers_table
 from potluck.cli.jobview import plan_table
-from potluck.protocol.client import read_swarm
+from potluck.net.client import read_swarm
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.membership import links_summary
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from potluck.errors import PotluckError
 
-class CompressionError(Exception):
+
+class CompressionError(PotluckError):
     """Base class for everything the compression package rejects."""
 
 

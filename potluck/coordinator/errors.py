@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from potluck.errors import PotluckError
 
-class CoordinatorError(Exception):
+
+class CoordinatorError(PotluckError):
     """Base class for everything the coordinator rejects."""
 
 
@@ -17,3 +19,7 @@ class NetModelError(CoordinatorError):
 
 class PlanningError(CoordinatorError):
     """The planner was asked something it cannot answer (no feasible shape, bad configuration)."""
+
+
+class PackingError(CoordinatorError):
+    """The packer cannot plan for this group: bad capacities, fewer than 2 peers, or no spanning tree."""

@@ -15,12 +15,12 @@ from pathlib import Path
 from hivemind.utils import get_dht_time
 
 from potluck.coordinator.config import CoordinatorConfig
-from potluck.coordinator.jobplan import calibrated_tflops, make_train_plan
-from potluck.coordinator.jobstate import JobProgress, next_action
-from potluck.coordinator.planner import PlacementPlan
+from potluck.coordinator.job.plan import calibrated_tflops, make_train_plan
+from potluck.coordinator.job.progress import JobProgress, next_action
+from potluck.coordinator.placement import PlacementPlan
 from potluck.coordinator.state import SwarmState
+from potluck.net.node import SwarmNode
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
-from potluck.protocol.dht import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from potluck.peer.links import LinkProbeConfig
+from potluck.net.links import LinkProbeConfig
+from potluck.net.node import NetworkConfig
 from potluck.peer.worker import WorkerConfig
-from potluck.protocol.dht import NetworkConfig
 from potluck.protocol.identity import DEFAULT_HOME
 from potluck.protocol.invite import Invite
 

@@ -17,11 +17,11 @@ import time
 import torch
 from hivemind.utils import get_dht_time
 
+from potluck.net.links import LinkProber, choose_targets
+from potluck.net.node import SwarmNode
 from potluck.peer.config import PeerConfig
-from potluck.peer.links import LinkProber, choose_targets
 from potluck.peer.probe import pick_device, probe
 from potluck.peer.worker import PlanWorker
-from potluck.protocol.dht import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity

@@ -1,9 +1,11 @@
-"""Errors of the peer package."""
+"""Errors of the peer package: failures of the networked step and of the daemon."""
 
-from potluck.protocol.errors import CheckpointError as CheckpointError  # raised by checkpoint code here too
+from __future__ import annotations
+
+from potluck.errors import PotluckError
 
 
-class PeerError(Exception):
+class PeerError(PotluckError):
     """Base class for failures inside the peer daemon."""
 
 
@@ -11,8 +13,8 @@ class CollectiveError(PeerError):
     """An all-reduce could not complete: a peer was missing, slow past its deadline, or sent bad data."""
 
 
-class DataError(PeerError, ValueError):
-    """The dataset is missing, empty, or malformed; the message names the file."""
+class LateError(CollectiveError):
+    """This peer's contribution missed the deadline: it was left out of the round."""
 
 
 class PipelineError(PeerError):

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from hivemind.utils import get_dht_time
 
-from potluck.peer.data import TokenDataset, load_dataset
+from potluck.model.data import TokenDataset, load_dataset
+from potluck.net.mailbox import Mailbox, TransportConfig
+from potluck.net.node import SwarmNode
 from potluck.peer.errors import PeerError
-from potluck.peer.trainer import StepReport, Trainer, TrainerConfig, round_base
-from potluck.peer.transport import Mailbox, TransportConfig
-from potluck.protocol.dht import SwarmNode
+from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig, round_base
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, PLAN, PROGRESS

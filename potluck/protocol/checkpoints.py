@@ -8,7 +8,7 @@ Layout under a root directory::
 
 A stage counts only when its manifest exists and the weights file matches it (size and SHA-256); a step
 counts only when every stage does. Readers skip damaged or incomplete steps and fall back to the previous
-complete one. Writing (which needs torch) lives in ``potluck.peer.checkpoint``; everything here is
+complete one. Writing (which needs torch) lives in ``potluck.model.checkpoint``; everything here is
 plain files and hashes, so the coordinator can find the resume point without loading a tensor.
 """
 

@@ -1,7 +1,11 @@
 """Errors of the protocol package. Each carries a message a user can act on."""
 
+from __future__ import annotations
 
-class ProtocolError(Exception):
+from potluck.errors import PotluckError
+
+
+class ProtocolError(PotluckError):
     """Base class for everything the protocol package rejects."""
 
 

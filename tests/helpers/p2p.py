@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from hivemind.p2p import P2P
 
-from potluck.localswarm import LOOPBACK
+from potluck.testbed.localswarm import LOOPBACK
 
 
 @asynccontextmanager

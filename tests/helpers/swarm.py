@@ -16,9 +16,9 @@ from typing import Any
 from hivemind.dht.node import DHTNode
 from hivemind.utils import get_dht_time
 
-from potluck.localswarm import LOOPBACK, LocalSwarm
 from potluck.protocol.invite import Invite
 from potluck.protocol.keys import dht_key
+from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_JOB = ROOT / "examples" / "tiny.toml"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from hivemind.utils import get_dht_time
 
-from potluck.peer.data import ByteTokenizer, TokenDataset, generated_corpus
-from potluck.peer.trainer import StepReport, Trainer, TrainerConfig
-from potluck.peer.transport import Mailbox, TransportConfig
+from potluck.model.data import ByteTokenizer, TokenDataset, generated_corpus
+from potluck.net.mailbox import Mailbox, TransportConfig
+from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StageAssignment, TrainPlan
 from tests.helpers.p2p import p2p_group

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from potluck.compression import get_codec
-from potluck.peer.collectives import AllReduceConfig, ring_allreduce, tree_allreduce
-from potluck.peer.transport import Mailbox, TransportConfig
+from potluck.net.mailbox import Mailbox, TransportConfig
+from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from tests.helpers.gloo import gloo_mean
 from tests.helpers.p2p import p2p_group

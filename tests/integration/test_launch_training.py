@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from potluck.localswarm import LocalSwarm
+from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.swarm import status_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

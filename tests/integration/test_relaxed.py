@@ -7,9 +7,9 @@ import random
 import pytest
 import torch
 
-from potluck.peer.collectives import AllReduceConfig
-from potluck.peer.relaxed import LateError, RelaxedConfig, relaxed_allreduce
-from potluck.peer.transport import Mailbox, TransportConfig
+from potluck.net.mailbox import Mailbox, TransportConfig
+from potluck.peer.collectives.relaxed import LateError, RelaxedConfig, relaxed_allreduce
+from potluck.peer.collectives.tree import AllReduceConfig
 from tests.helpers.p2p import p2p_group
 from tests.integration.test_collectives import random_schedule
 

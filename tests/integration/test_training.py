@@ -6,7 +6,7 @@ import asyncio
 import pytest
 import torch
 
-from potluck.peer.reference import parameters_by_global_name, reference_run
+from potluck.model.reference import parameters_by_global_name, reference_run
 from tests.helpers.training import tiny_dataset, tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -58,9 +58,9 @@ def test_resume_continues_the_loss_curve_even_with_new_stage_boundaries(tmp_path
 
 
 def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
+    from potluck.net.mailbox import Mailbox, TransportConfig
     from potluck.peer.errors import StepAborted
-    from potluck.peer.trainer import Trainer, TrainerConfig
-    from potluck.peer.transport import Mailbox, TransportConfig
+    from potluck.peer.train.trainer import Trainer, TrainerConfig
     from tests.helpers.p2p import p2p_group
     from tests.helpers.training import PROTOCOL, make_plan
 
@@ -104,7 +104,7 @@ def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
 
 
 def test_bucketed_allreduce_overlaps_the_backward_and_keeps_the_result(tmp_path):
-    from potluck.peer.trainer import TrainerConfig
+    from potluck.peer.train.trainer import TrainerConfig
 
     job = tiny_job(steps=4)
     cfg = TrainerConfig(step_timeout_s=60, bucket_elements=3000)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from potluck.peer.transport import Mailbox, Tag, TransportConfig
+from potluck.net.mailbox import Mailbox, Tag, TransportConfig
 from potluck.protocol.errors import WireError
 from tests.helpers.p2p import p2p_group
 

@@ -2,13 +2,13 @@
 
 ``pack_allreduce`` is the entry point the planner and benchmarks call; ``pack_broadcast`` packs rooted
 arborescences; ``pack_rings`` packs directed Hamiltonian rings (the NCCL-style baseline). Plans for the
-executor and the time model are in ``potluck.coordinator.collective_plan``. Guide: docs/collectives.md.
+executor and the time model are in ``potluck.coordinator.trees.plan``. Guide: docs/collectives.md.
 """
 
 from __future__ import annotations
 
+from potluck.coordinator.errors import PackingError
 from potluck.coordinator.trees.bounds import exact_strength
-from potluck.coordinator.trees.graph import PackingError
 from potluck.coordinator.trees.packer import (
     Certificate,
     Packing,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from scipy.sparse.csgraph import connected_components
 
-from potluck.coordinator.errors import CoordinatorError
+from potluck.coordinator.errors import PackingError
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +25,6 @@ CapacityInput = Mapping[Hashable, Mapping[Hashable, float]] | Sequence[Sequence[
 # A per-peer cap is one rate (shared by upload and download) or an (upload, download) pair.
 NodeCap = float | tuple[float, float]
 NodeCapacityInput = Mapping[Hashable, NodeCap] | Sequence[NodeCap] | np.ndarray
-
-
-class PackingError(CoordinatorError):
-    """The packer cannot plan for this group: bad capacities, fewer than 2 peers, or no spanning tree."""
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from potluck.coordinator.errors import PackingError
 from potluck.coordinator.trees.core import Column, solve_lp
-from potluck.coordinator.trees.graph import CapacityInput, NodeCapacityInput, PackingError, make_network
+from potluck.coordinator.trees.graph import CapacityInput, NodeCapacityInput, make_network
 
 logger = logging.getLogger(__name__)
 

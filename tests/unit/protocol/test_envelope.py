@@ -9,13 +9,13 @@ from hivemind.utils.serializer import MSGPackSerializer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from potluck.net.validator import PotluckValidator
 from potluck.protocol import envelope
 from potluck.protocol.envelope import TrustPolicy, key_id_bytes, seal, subkey_bytes, verify
 from potluck.protocol.errors import RecordError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.records import PeerRecord, canonical_json
-from potluck.protocol.validators import PotluckValidator
 from tests.unit.protocol.conftest import NOW, make_job, make_peer_record
 
 # Hypothesis tests take a module-level policy: function fixtures are not reset between examples.

@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from potluck.peer.commit import Ready, _decide, _parse_ready
+from potluck.peer.train.commit import Ready, _decide, _parse_ready
 from potluck.protocol.envelope import seal
 from potluck.protocol.errors import RecordError, WireError
 from potluck.protocol.identity import Identity

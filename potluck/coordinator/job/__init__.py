@@ -1,0 +1,2 @@
+"""One job's lifecycle, pure: records -> placement -> TrainPlan, and what to do next from peers' progress.
+"""

@@ -1,0 +1,224 @@
+"""From the live swarm and the job to a signed-ready ``TrainPlan``. Pure: records in, a plan out.
+
+Peers' measured TFLOP/s (bf16 on CUDA, fp32 elsewhere) and free memory become the planner's devices;
+their link reports become the network model (uniform defaults when no link was measured yet, which
+the reason says). Peers that cannot hold even one layer are set aside first, each told why. The
+planner picks the shape, the placement and the layer split; each stage's replicas get all-reduce trees
+packed over their measured links.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from potluck.compression import get_codec
+from potluck.coordinator.errors import NetModelError, PackingError
+from potluck.coordinator.placement import PlacementPlan, PlannerConfig, PlanningState, plan
+from potluck.coordinator.placement.costmodel import (
+    BatchSpec,
+    CodecRatios,
+    DeviceSpec,
+    ModelShape,
+    StepBreakdown,
+    StepJob,
+    layer_memory,
+    micro_batch_flops,
+    micro_batches,
+    step_time,
+)
+from potluck.coordinator.placement.netmodel import NetModel, build_netmodel, from_matrices
+from potluck.coordinator.placement.objectives import StepObjective
+from potluck.coordinator.state import SwarmState
+from potluck.coordinator.trees.plan import choose_tree_plan, to_schedule
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.records import PeerRecord
+from potluck.protocol.training import Spare, StageAssignment, TrainPlan, TreeRecord
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_RTT_MS, DEFAULT_GBPS = 2.0, 1.0  # assumed for pairs when no link has been measured at all
+
+
+def _planner_defaults() -> PlannerConfig:
+    return PlannerConfig(time_limit_s=2.0, bound_time_limit_s=0.5)
+
+
+@dataclass(frozen=True)
+class JobPlanConfig:
+    planner: PlannerConfig = field(default_factory=_planner_defaults)
+    max_trees_per_stage: int = 8
+
+
+def step_job(job: JobSpec) -> StepJob:
+    """The planner's view of the job: fp32 weights + grads + AdamW moments (16 B/param), no recompute."""
+    m = job.model
+    hidden = 64 * math.ceil(8 * m.d_model / 3 / 64)  # SwiGLU width, as potluck.model.transformer builds it
+    shape = ModelShape(
+        m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.seq_len, ffn_mult=1.5 * hidden / m.d_model
+    )
+    # Bytes on the wire per byte of fp16 payload, as the codec library itself estimates them.
+    probe = (1 << 16,)
+    act, grad = (get_codec(spec).estimate_bytes(probe) / (2.0 * probe[0])
+                 for spec in (job.compression.activations, job.compression.gradients))  # fmt: skip
+    ratios = CodecRatios(act, act, grad, grad)
+    return StepJob(
+        shape, BatchSpec(job.sequences_per_step, job.batch.micro_batch_size), ratios, recompute=False
+    )
+
+
+def device_of(record: PeerRecord) -> DeviceSpec:
+    hw = record.hardware
+    tflops = hw.tflops_bf16 if hw.device_kind == "cuda" else hw.tflops_fp32
+    return DeviceSpec(tflops=max(tflops, 1e-6), memory_gb=hw.memory_free_bytes / 1e9)
+
+
+def network(state: SwarmState, peers: list[str]) -> tuple[NetModel, str]:
+    inside = set(peers)
+    measured = [
+        (rep.peer_id, s.dst, max(s.rtt_ms, 1e-3), s.bandwidth_gbps)
+        for rep in state.links.values() if rep.peer_id in inside
+        for s in rep.links if s.dst in inside and s.bandwidth_gbps > 0
+    ]  # fmt: skip
+    if measured:
+        try:
+            return build_netmodel(peers, measured), f"{len(measured)} measured links"
+        except NetModelError as e:
+            logger.warning("link reports unusable (%s); assuming uniform links", e)
+    n = len(peers)
+    lat = np.full((n, n), DEFAULT_RTT_MS / 2)
+    bw = np.full((n, n), DEFAULT_GBPS)
+    np.fill_diagonal(lat, 0.0)
+    return from_matrices(
+        lat, bw
+    ), f"no measured links yet: assumed {DEFAULT_GBPS} Gbit/s, {DEFAULT_RTT_MS} ms"
+
+
+def stage_trees(
+    net: NetModel,
+    index: dict[str, int],
+    peers: tuple[str, ...],
+    max_trees: int,
+    nbytes: float,
+    chunk_bytes: float = 1 << 20,
+) -> list[TreeRecord]:
+    """All-reduce trees for one stage's replicas, packed over their measured bandwidths."""
+    if len(peers) < 2:
+        return []
+    ix = [index[p] for p in peers]
+    cap = net.bandwidth_gbps[np.ix_(ix, ix)].copy()
+    np.fill_diagonal(cap, 0.0)
+    try:
+        # bytes/s from Gbit/s; the buffer is the stage's gradients at the job's codec ratio (about 1 MB
+        # per 250k fp32 parameters): only the ratio of fill to transfer matters for the choice.
+        rates = (cap * 1e9 / 8).tolist()
+        chosen = choose_tree_plan(
+            list(range(len(peers))), rates, nbytes, chunk_bytes=chunk_bytes, max_trees=max_trees
+        )
+        sched = to_schedule(chosen)  # peers named "0", "1", ...
+    except PackingError as e:
+        logger.warning("tree packing failed (%s); the stage uses one-hop trees", e)
+        return []
+    out = []
+    for t in sched.trees:
+        parents = [-1 if (par := t.parent[str(i)]) is None else int(par) for i in range(len(peers))]
+        out.append(TreeRecord(share=min(1.0, max(t.share, 1e-9)), parents=parents))
+    return out
+
+
+def make_train_plan(
+    state: SwarmState, job: JobSpec, now: float, epoch: int, start_step: int,
+    previous: PlacementPlan | None = None, cfg: JobPlanConfig | None = None,
+    measured_tflops: dict[str, float] | None = None,
+) -> tuple[TrainPlan | None, PlacementPlan | None, str]:  # fmt: skip
+    """(plan, the planner's placement, reason). None when the swarm cannot run the job yet.
+
+    ``measured_tflops``: peers' effective speed on this job from earlier steps (``calibrated_tflops``);
+    it replaces their start-up probe, which a busy machine or a cold device can get badly wrong."""
+    speeds = measured_tflops or {}
+
+    def device(pid: str) -> DeviceSpec:
+        dev = device_of(state.peers[pid].record)
+        return DeviceSpec(speeds[pid], dev.memory_gb) if speeds.get(pid, 0.0) > 0 else dev
+
+    cfg = cfg or JobPlanConfig()
+    sj = step_job(job)
+    state_bytes, act_bytes = layer_memory(sj)
+    one_layer_gb = (state_bytes + act_bytes) / 1e9
+    spares: list[Spare] = []
+    usable: list[str] = []
+    for pid in sorted(state.peers):
+        dev = device_of(state.peers[pid].record)
+        if dev.memory_gb * sj.memory_headroom < one_layer_gb:
+            why = f"too little memory: {dev.memory_gb:.2f} GB free, one layer needs {one_layer_gb:.2f} GB"
+            spares.append(Spare(peer_id=pid, reason=why[:128]))
+        else:
+            usable.append(pid)
+    if len(usable) < job.min_peers:
+        return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
+    net, net_note = network(state, usable)
+    pstate = PlanningState(tuple(usable), tuple(device(p) for p in usable), net)
+    lim = job.limits
+    pcfg = PlannerConfig(**{**cfg.planner.__dict__, "seed": job.seed, "stages": lim.stages,
+                            "replicas": lim.replicas, "max_stages": lim.max_stages,
+                            "max_replicas": lim.max_replicas})  # fmt: skip
+    placement, reason = plan(pstate, sj, now, previous, pcfg)  # falls back to a fresh plan itself
+    if placement is None:
+        return None, None, reason
+    index = {p: i for i, p in enumerate(usable)}
+    stages, first = [], 0
+    for row, n_layers in zip(placement.stages, placement.layers, strict=True):
+        peers = tuple(str(p) for p in row)
+        params = sj.model.params_per_layer * n_layers + sj.model.embed_params * (
+            (first == 0) + (row is placement.stages[-1])
+        )
+        nbytes = 2.0 * params * sj.codecs.gradient_wan  # fp16 bytes x the codec's ratio to fp16
+        trees = stage_trees(net, index, peers, cfg.max_trees_per_stage, nbytes)
+        stages.append(
+            StageAssignment(first_layer=first, last_layer=first + n_layers, peers=list(peers), trees=trees)
+        )
+        first += n_layers
+    spares += [Spare(peer_id=str(p), reason="spare: the plan is faster without it") for p in placement.spares]
+    train = TrainPlan(
+        job=job.name, epoch=epoch, start_step=start_step, stages=stages,
+        micro_batches=max(1, placement.micro_batches), spares=spares,
+        predicted_step_s=float(min(placement.cost, 1e9)), issued_at=now,
+    )  # fmt: skip
+    return train, placement, f"{reason}; {net_note}"
+
+
+def predict_step(plan: TrainPlan, job: JobSpec, devices: dict[str, DeviceSpec], net: NetModel,
+                 order: list[str]) -> StepBreakdown:  # fmt: skip
+    """The step-time model evaluated on a fixed plan (its placement and layer split), for checking the
+    model against measured steps. ``order`` names the peers of ``net``'s rows."""
+    sj = step_job(job)
+    index = {p: i for i, p in enumerate(order)}
+    obj = StepObjective(net, [devices[p] for p in order], sj, len(plan.stages), plan.n_replicas)
+    stats = [obj.group_stat(np.array([index[p] for p in st.peers], dtype=np.int64)) for st in plan.stages]
+    pairs = [
+        zip(plan.stages[j].peers, plan.stages[j + 1].peers, strict=True) for j in range(len(plan.stages) - 1)
+    ]
+    edges = np.array([max(obj.link[index[a], index[b]] for a, b in pair) for pair in pairs])
+    speed = np.array([s[0] for s in stats])
+    memory = np.array([s[1] for s in stats])
+    layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
+    lat, per_byte = np.stack([s[2] for s in stats]), np.stack([s[3] for s in stats])
+    return step_time(speed, memory, edges, lat, per_byte, sj, plan.n_replicas, layers)
+
+
+def calibrated_tflops(plan: TrainPlan, job: JobSpec, compute_s: dict[str, float]) -> dict[str, float]:
+    """Each peer's effective TFLOP/s on this job: the model's FLOPs of its stage per step divided by the
+    compute seconds it measured per step (what a re-plan should use instead of the start-up probe)."""
+    sj = step_job(job)
+    mb = micro_batches(sj, plan.n_replicas)
+    work, head = micro_batch_flops(sj)
+    out = {}
+    for j, st in enumerate(plan.stages):
+        flops = (work * (st.last_layer - st.first_layer) + (head if j == len(plan.stages) - 1 else 0.0)) * mb
+        for p in st.peers:
+            if compute_s.get(p, 0.0) > 0:
+                out[p] = flops / compute_s[p] / 1e12
+    return out

@@ -1,0 +1,286 @@
+"""Cost models of a placement: DT-FM's COMM-COST and our step time.
+
+A placement is `stages[j][i]`: the device running stage j of pipeline i, rows in pipeline order.
+
+`objective="dtfm"` reproduces the communication cost of Yuan et al. (NeurIPS 2022) exactly, so results
+compare with their scheduler on their cases. `objective="step"` is our model of one training step:
+1F1B pipeline time from per-stage compute (the slowest replica of a stage sets its pace) and activation
+transfers over the matched links, plus the data-parallel gradient sync that does not overlap the
+backward pass, with memory feasibility and uneven layer splits. All times in seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from potluck.coordinator.placement.netmodel import NetModel
+
+logger = logging.getLogger(__name__)
+
+GB = 1e9  # DT-FM's sizes are in 1e9 bytes; so are ours
+INFEASIBLE = math.inf
+
+
+@dataclass(frozen=True)
+class DtfmJob:
+    """DT-FM's job constants: fixed shape and the two transfer volumes (1e9 bytes)."""
+
+    n_stages: int
+    n_replicas: int
+    c_dp_gb: float  # one stage's gradients
+    c_pp_gb: float  # one macro-batch's activations at a stage boundary
+
+
+def symmetrized(net: NetModel) -> tuple[np.ndarray, np.ndarray]:
+    """DT-FM's undirected graph: latency (s) and bandwidth (Gbit/s) averaged over both directions."""
+    lat = (net.latency_ms + net.latency_ms.T) / 2.0 / 1e3
+    bw = (net.bandwidth_gbps + net.bandwidth_gbps.T) / 2.0
+    return lat, bw
+
+
+def dtfm_weights(net: NetModel, job: DtfmJob) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pair DP weight (both shard transfers of one peer pair) and pipeline link weight, seconds."""
+    lat, bw = symmetrized(net)
+    w_dp = 2.0 * (lat + job.c_dp_gb * 8.0 / (bw * job.n_replicas))
+    np.fill_diagonal(w_dp, 0.0)
+    w_pp = lat + job.c_pp_gb * 8.0 / bw
+    return w_dp, w_pp
+
+
+@dataclass(frozen=True)
+class DtfmBreakdown:
+    dp: float  # max over stage groups of the slowest member's serial shard exchanges
+    pp: float  # sum over stage boundaries of the slowest matched link (one direction)
+    total: float  # dp + 2 * pp: forward activations and backward gradients
+
+
+def dtfm_cost(stages: np.ndarray, net: NetModel, job: DtfmJob) -> DtfmBreakdown:
+    """COMM-COST of a fixed layout, with its own matching and order (no optimisation)."""
+    grid = np.asarray(stages, dtype=np.int64)
+    w_dp, w_pp = dtfm_weights(net, job)
+    dp = max(float(w_dp[np.ix_(row, row)].sum(axis=1).max()) for row in grid)
+    pp = sum(float(w_pp[grid[j], grid[j + 1]].max()) for j in range(grid.shape[0] - 1))
+    return DtfmBreakdown(dp, pp, dp + 2.0 * pp)
+
+
+# --------------------------------------------------------------------------------------------------
+# Step-time model
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer."""
+
+    layers: int
+    d_model: int
+    heads: int
+    vocab: int
+    seq_len: int
+    ffn_mult: float = 4.0
+
+    @property
+    def params_per_layer(self) -> float:
+        # attention q,k,v,o (4 d^2) + MLP (2 * ffn_mult * d^2); norms and biases are negligible.
+        return (4.0 + 2.0 * self.ffn_mult) * self.d_model**2
+
+    @property
+    def flops_per_token_layer(self) -> float:
+        """Forward FLOPs per token of one layer: 2 per weight, plus attention scores and mixing."""
+        return 2.0 * self.params_per_layer + 4.0 * self.seq_len * self.d_model
+
+    @property
+    def embed_params(self) -> float:
+        return float(self.vocab * self.d_model)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    sequences_per_step: int  # global batch
+    micro_batch: int  # sequences per micro-batch
+
+
+@dataclass(frozen=True)
+class CodecRatios:
+    """Bytes on the wire per byte of fp16 payload, by link kind (LAN: bandwidth >= lan_gbps)."""
+
+    activation_lan: float = 1.0
+    activation_wan: float = 1.0
+    gradient_lan: float = 1.0
+    gradient_wan: float = 1.0
+    lan_gbps: float = 10.0
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A peer's measured effective compute (TFLOP/s on our kernels) and its memory."""
+
+    tflops: float
+    memory_gb: float
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """Everything the step-time model needs about the job."""
+
+    model: ModelShape
+    batch: BatchSpec
+    codecs: CodecRatios = field(default_factory=CodecRatios)
+    bytes_per_param: float = 16.0  # fp16 weights + grads, fp32 master + Adam moments
+    recompute: bool = True  # activation checkpointing: keep layer inputs, recompute the rest
+    memory_headroom: float = 0.9  # fraction of device memory the planner may fill
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    total: float
+    pipeline: float  # 1F1B fill + steady state + drain
+    dp_exposed: float  # gradient sync not hidden under the backward pass
+    stage_compute: tuple[float, ...]  # per stage (pipeline order), slowest replica, per micro-batch
+    link: tuple[float, ...]  # per boundary, slowest matched link, one direction, per micro-batch
+    dp_sync: tuple[float, ...]  # per stage
+    layers: tuple[int, ...]  # layer split in pipeline order
+    micro_batches: int
+    feasible: bool
+
+
+def micro_batch_flops(job: StepJob) -> tuple[float, float]:
+    """(FLOPs of one layer, FLOPs of the LM head) for one micro-batch, forward + backward (+ recompute)."""
+    m = job.model
+    tokens = job.batch.micro_batch * m.seq_len
+    work = (4.0 if job.recompute else 3.0) * m.flops_per_token_layer * tokens
+    return work, 3.0 * 2.0 * m.embed_params * tokens
+
+
+def micro_batches(job: StepJob, n_replicas: int) -> int:
+    return max(1, math.ceil(job.batch.sequences_per_step / (n_replicas * job.batch.micro_batch)))
+
+
+def activation_bytes(job: StepJob) -> float:
+    """fp16 activations of one micro-batch crossing a stage boundary (bytes)."""
+    return 2.0 * job.batch.micro_batch * job.model.seq_len * job.model.d_model
+
+
+def link_weight(net: NetModel, job: StepJob) -> np.ndarray:
+    """One-direction transfer time of one micro-batch's activations per pair (s), worse direction."""
+    lat = np.maximum(net.latency_ms, net.latency_ms.T) / 1e3
+    bw = np.minimum(net.bandwidth_gbps, net.bandwidth_gbps.T)
+    c = job.codecs
+    ratio = np.where(bw >= c.lan_gbps, c.activation_lan, c.activation_wan)
+    return lat + activation_bytes(job) * ratio * 8.0 / (bw * GB)
+
+
+def sync_weights(net: NetModel, job: StepJob) -> tuple[np.ndarray, np.ndarray]:
+    """Per pair: latency part (s) and seconds per byte of gradient shard, both shard directions."""
+    lat = (net.latency_ms + net.latency_ms.T) / 1e3
+    bw = np.minimum(net.bandwidth_gbps, net.bandwidth_gbps.T)
+    c = job.codecs
+    ratio = np.where(bw >= c.lan_gbps, c.gradient_lan, c.gradient_wan)
+    per_byte = 2.0 * ratio * 8.0 / (bw * GB)
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(per_byte, 0.0)
+    return lat, per_byte
+
+
+def layer_memory(job: StepJob) -> tuple[float, float]:
+    """(bytes of state per layer, bytes of activations per layer per in-flight micro-batch)."""
+    m, b = job.model, job.batch.micro_batch
+    state = m.params_per_layer * job.bytes_per_param
+    if job.recompute:
+        act = 2.0 * b * m.seq_len * m.d_model  # only the layer input is kept
+    else:
+        # Korthikanti et al. (2022) estimate for a transformer layer without recomputation.
+        act = b * m.seq_len * m.d_model * (34.0 + 5.0 * m.heads * m.seq_len / m.d_model)
+    return state, act
+
+
+def split_layers(
+    job: StepJob, speed_tflops: np.ndarray, memory_gb: np.ndarray, in_flight: np.ndarray
+) -> np.ndarray | None:
+    """Layers per stage (pipeline order) minimising the slowest stage; None if memory cannot fit.
+
+    Binary search on the stage time T: each stage takes as many layers as it computes within T and
+    holds in memory; the smallest T whose capacities cover all layers wins.
+    """
+    m = job.model
+    s = len(speed_tflops)
+    work, head = micro_batch_flops(job)
+    extra = np.zeros(s)  # embedding on the first stage, LM head on the last (FLOPs per micro-batch)
+    extra[-1] += head
+    state, act = layer_memory(job)
+    mem_extra = np.zeros(s)
+    mem_extra[0] += m.embed_params * job.bytes_per_param
+    mem_extra[-1] += m.embed_params * job.bytes_per_param
+    budget = memory_gb * GB * job.memory_headroom - mem_extra
+    mem_cap = np.floor(budget / (state + act * in_flight)).astype(np.int64)
+    if (mem_cap < 1).any() or mem_cap.sum() < m.layers:
+        return None
+    rate = speed_tflops * 1e12
+
+    def capacity(t: np.ndarray) -> np.ndarray:
+        # The 1e-9 absorbs rounding: a stage that fits k layers in exactly t must get k, not k - 1.
+        return np.minimum(np.floor((t[..., None] * rate - extra) / work + 1e-9), mem_cap).astype(np.int64)
+
+    # The best stage time is the time some stage needs for some whole number of layers: try them all
+    # at once and keep the smallest whose capacities cover the model.
+    counts = np.arange(1, m.layers + 1)
+    times = np.unique(((extra[:, None] + work * counts[None, :]) / rate[:, None]).ravel())
+    caps = capacity(times)
+    ok = (caps >= 1).all(axis=1) & (caps.sum(axis=1) >= m.layers)
+    hi = float(times[int(np.argmax(ok))]) if ok.any() else float(times[-1])
+    cap = np.maximum(capacity(np.array(hi)), 1)
+    # Give back surplus layers from the stages with the most time slack.
+    while cap.sum() > m.layers:
+        slack = hi - (extra + work * cap) / rate
+        slack[cap <= 1] = -np.inf
+        cap[int(np.argmax(slack))] -= 1
+    return cap
+
+
+def step_time(
+    order_speed: np.ndarray,
+    order_memory: np.ndarray,
+    links: np.ndarray,
+    sync_lat: np.ndarray,
+    sync_per_byte: np.ndarray,
+    job: StepJob,
+    n_replicas: int,
+    layers: np.ndarray | None = None,
+) -> StepBreakdown:
+    """Step time from per-stage summaries in pipeline order.
+
+    order_speed/order_memory: slowest replica's TFLOP/s and smallest memory per stage; links: bottleneck
+    matched link per boundary (s per micro-batch, one direction); sync_lat/sync_per_byte: per stage and
+    member, the member's summed latency and seconds-per-byte to the rest of its group (sharded all-reduce
+    where each member owns 1/R of the gradients and exchanges shards with every other member in turn).
+    """
+    s = len(order_speed)
+    mb = micro_batches(job, n_replicas)
+    in_flight = np.minimum(mb, s - np.arange(s))
+    if layers is None:
+        layers = split_layers(job, order_speed, order_memory, in_flight)
+    if layers is None:
+        empty = tuple(0.0 for _ in range(s))
+        return StepBreakdown(INFEASIBLE, INFEASIBLE, 0.0, empty, tuple(links), empty, (), mb, False)
+    m = job.model
+    work, head = micro_batch_flops(job)
+    extra = np.zeros(s)
+    extra[-1] += head
+    compute = (extra + work * layers) / (order_speed * 1e12)
+    slot = max(float(compute.max()), float(links.max()) if len(links) else 0.0)
+    pipeline = float(compute.sum() + 2.0 * links.sum() + (mb - 1) * slot)
+    # Stage j's gradients are final once its last backward ends; stages before it still have their
+    # backward (2/3 of compute) and the gradient transfers back to do, which hides part of the sync.
+    grad_bytes = 2.0 * (m.params_per_layer * layers + np.where(np.arange(s) == 0, m.embed_params, 0.0))
+    grad_bytes[-1] += m.embed_params if s > 1 else 0.0
+    shard = grad_bytes / n_replicas
+    sync = (sync_lat + shard[:, None] * sync_per_byte).max(axis=1)
+    hidden = np.concatenate([[0.0], np.cumsum(compute * 2.0 / 3.0 + np.append(links, 0.0))[:-1]])
+    exposed = float(np.maximum(sync - hidden, 0.0).max())
+    return StepBreakdown(
+        pipeline + exposed, pipeline, exposed, tuple(compute.tolist()), tuple(links.tolist()),
+        tuple(sync.tolist()), tuple(int(x) for x in layers), mb, True,
+    )

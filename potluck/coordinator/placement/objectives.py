@@ -1,0 +1,132 @@
+"""Objectives the search optimises, in the form it needs.
+
+The search sees a placement as S stage groups of R devices (plus unused spares). An objective provides
+the pipeline link weight of every device pair (used for bottleneck matching between stage groups and for
+the stage order), a summary of one stage group (`group_stat`), and `combine`, which turns the summaries
+and the matched link times, both in pipeline order, into the objective value in seconds. A swap of two
+devices then changes two summaries and at most four matched links, which is what makes local search
+cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from potluck.coordinator.placement.costmodel import (
+    DeviceSpec,
+    DtfmJob,
+    StepBreakdown,
+    StepJob,
+    dtfm_weights,
+    link_weight,
+    micro_batches,
+    split_layers,
+    step_time,
+    sync_weights,
+)
+from potluck.coordinator.placement.netmodel import NetModel
+
+logger = logging.getLogger(__name__)
+
+
+class Objective(ABC):
+    """What the search minimises; `link` is the N x N pipeline link weight (seconds, symmetric)."""
+
+    name: str
+    n_stages: int
+    n_replicas: int
+    link: np.ndarray
+    monotone_in_links = False  # True if a longer link can never lower the objective (enables pruning)
+
+    @abstractmethod
+    def group_stat(self, members: np.ndarray) -> Any:
+        """Summary of one stage group (device ids in any order)."""
+
+    @abstractmethod
+    def combine(self, stats: Sequence[Any], edges: np.ndarray) -> float:
+        """Objective value from group summaries and matched link times, both in pipeline order."""
+
+    @abstractmethod
+    def badness(self, stat: Any) -> float:
+        """A scalar saying how much this group hurts (to aim moves at the worst groups)."""
+
+
+class DtfmObjective(Objective):
+    """DT-FM's COMM-COST: slowest group's shard exchange plus twice the matched path (seconds)."""
+
+    name = "dtfm"
+    monotone_in_links = True
+
+    def __init__(self, net: NetModel, job: DtfmJob) -> None:
+        self.n_stages, self.n_replicas = job.n_stages, job.n_replicas
+        self.w_dp, w_pp = dtfm_weights(net, job)
+        self.link = w_pp
+
+    def group_stat(self, members: np.ndarray) -> float:
+        return float(self.w_dp[np.ix_(members, members)].sum(axis=1).max())
+
+    def combine(self, stats: Sequence[Any], edges: np.ndarray) -> float:
+        return float(max(stats)) + 2.0 * float(edges.sum())
+
+    def badness(self, stat: Any) -> float:
+        return float(stat)
+
+
+class StepObjective(Objective):
+    """Our step time (costmodel.step_time) for a fixed shape S x R."""
+
+    name = "step"
+
+    def __init__(
+        self, net: NetModel, devices: Sequence[DeviceSpec], job: StepJob, n_stages: int, n_replicas: int
+    ) -> None:
+        self.n_stages, self.n_replicas, self.job = n_stages, n_replicas, job
+        self._splits: dict[bytes, np.ndarray | None] = {}
+        self.link = link_weight(net, job)
+        self.sync_lat, self.sync_per_byte = sync_weights(net, job)
+        self.speed = np.array([d.tflops for d in devices], dtype=np.float64)
+        self.memory = np.array([d.memory_gb for d in devices], dtype=np.float64)
+        # A member's access link caps how fast it pushes its shards: (R-1) shards out in each of the two
+        # phases, compressed as on a WAN link (access capacities describe the path to the internet).
+        up = np.minimum(net.upload_gbps, net.download_gbps)
+        ratio = job.codecs.gradient_wan
+        self.upload_per_byte = np.where(
+            np.isfinite(up), 2.0 * (n_replicas - 1) * ratio * 8.0 / (up * 1e9), 0.0
+        )
+
+    def group_stat(self, members: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray]:
+        grid = np.ix_(members, members)
+        per_byte = np.maximum(self.sync_per_byte[grid].sum(axis=1), self.upload_per_byte[members])
+        return (
+            float(self.speed[members].min()),
+            float(self.memory[members].min()),
+            self.sync_lat[grid].sum(axis=1),
+            per_byte,
+        )
+
+    def breakdown(self, stats: Sequence[Any], edges: np.ndarray) -> StepBreakdown:
+        speed = np.array([s[0] for s in stats])
+        memory = np.array([s[1] for s in stats])
+        lat = np.stack([s[2] for s in stats])
+        per_byte = np.stack([s[3] for s in stats])
+        # The layer split depends only on the stages' slowest speed and smallest memory, which most
+        # moves leave unchanged: remember it.
+        key = speed.tobytes() + memory.tobytes()
+        if key not in self._splits:
+            if len(self._splits) > 50_000:
+                self._splits.clear()
+            s = len(stats)
+            in_flight = np.minimum(micro_batches(self.job, self.n_replicas), s - np.arange(s))
+            self._splits[key] = split_layers(self.job, speed, memory, in_flight)
+        return step_time(speed, memory, edges, lat, per_byte, self.job, self.n_replicas, self._splits[key])
+
+    def combine(self, stats: Sequence[Any], edges: np.ndarray) -> float:
+        return self.breakdown(stats, edges).total
+
+    def badness(self, stat: Any) -> float:
+        return 1.0 / float(stat[0])  # slow stages first

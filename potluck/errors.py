@@ -1,0 +1,29 @@
+"""The root of every error potluck raises on purpose, and the map of the whole tree.
+
+Each package keeps its own errors in its own ``errors.py``; every one of them descends from
+``PotluckError``, so an entry point can catch one type and print the message, which always says what
+went wrong and what to try::
+
+    PotluckError
+    ├── ProtocolError            potluck.protocol.errors: records, invites, job files, frames, checkpoints
+    │   ├── IdentityError, RecordError, InviteError, JobSpecError
+    │   ├── BootstrapError, WireError
+    │   └── CheckpointError
+    ├── CompressionError         potluck.compression.errors: specs, encode, decode
+    │   ├── SpecError, EncodeError (NonFiniteError), DecodeError
+    ├── ModelError               potluck.model.errors: what is trained on one machine
+    │   └── DataError
+    ├── CoordinatorError         potluck.coordinator.errors: scenarios, link models, planning, packing
+    │   ├── ScenarioError, NetModelError, PlanningError, PackingError
+    └── PeerError                potluck.peer.errors: the networked step
+        ├── CollectiveError (LateError), PipelineError, StepAborted
+        └── TrainingFailed
+
+Errors that are also ``ValueError`` (bad specs, bad data) stay catchable as such by generic callers.
+"""
+
+from __future__ import annotations
+
+
+class PotluckError(Exception):
+    """Base class of every error potluck raises deliberately; the message is meant for a user."""

@@ -1,0 +1,13 @@
+"""Errors of the model package: what is trained, on one machine."""
+
+from __future__ import annotations
+
+from potluck.errors import PotluckError
+
+
+class ModelError(PotluckError):
+    """Base class for failures of the single-machine recipe (model, data, optimizer, checkpoints)."""
+
+
+class DataError(ModelError, ValueError):
+    """The dataset is missing, empty, or malformed; the message names the file."""

@@ -1,0 +1,162 @@
+"""Text from a trained checkpoint: rebuild every pipeline stage in one process and sample from the chain.
+
+This is for looking at what a job has learned (``potluck generate``), not for serving: there is no KV
+cache, so each new token reruns the whole (cropped) context through every stage, which costs
+O(new tokens x seq_len) forward positions; that is fine for the model sizes a swarm trains here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import ValidationError
+
+from potluck.model.checkpoint import CheckpointRef, load_stage
+from potluck.model.data import ByteTokenizer
+from potluck.model.transformer import StageModel
+from potluck.protocol.errors import CheckpointError
+from potluck.protocol.jobspec import ModelSpec
+
+if TYPE_CHECKING:
+    from potluck.model.data import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+MODEL_PREFIX = "model."  # stage tensors under other prefixes (optimizer state, ...) are not the model's
+_SHARED_META = ("job", "step", "model", "seed", "tokenizer")  # must be equal on every stage
+
+
+def _stage_meta(ref: CheckpointRef, stage: int, meta: dict[str, Any]) -> tuple[int, int]:
+    """Check the fields the trainer writes; returns the stage's layer range [first, last)."""
+    where = f"{ref.path} stage {stage}"
+    missing = [k for k in (*_SHARED_META, "stage", "n_stages", "first_layer", "last_layer") if k not in meta]
+    if missing:
+        raise CheckpointError(f"{where}: meta lacks {missing}")
+    if meta["stage"] != stage or meta["n_stages"] != ref.n_stages:
+        raise CheckpointError(
+            f"{where}: meta says stage {meta['stage']!r} of {meta['n_stages']!r}, "
+            f"expected {stage} of {ref.n_stages}"
+        )
+    first, last = meta["first_layer"], meta["last_layer"]
+    if not isinstance(first, int) or not isinstance(last, int) or not isinstance(meta["seed"], int):
+        raise CheckpointError(f"{where}: first_layer, last_layer and seed must be integers")
+    if meta["tokenizer"] is not None and not isinstance(meta["tokenizer"], str):
+        raise CheckpointError(f"{where}: tokenizer must be a path or null, got {meta['tokenizer']!r}")
+    return first, last
+
+
+def load_model(ref: CheckpointRef) -> tuple[list[StageModel], ModelSpec, dict[str, Any]]:
+    """Every stage of ``ref`` with its ``model.*`` weights loaded (strict), in eval mode, on the CPU.
+
+    Returns (stages in pipeline order, the model spec, stage 0's meta). Raises CheckpointError when a
+    stage is damaged, the stages disagree (model, seed, job, step, tokenizer), or their layers do not
+    tile the model.
+    """
+    stages: list[StageModel] = []
+    spec: ModelSpec | None = None
+    first_meta: dict[str, Any] = {}
+    for j in range(ref.n_stages):
+        tensors, meta = load_stage(ref, j)
+        first, last = _stage_meta(ref, j, meta)
+        if j == 0:
+            first_meta = meta
+            try:
+                spec = ModelSpec.model_validate(meta["model"])
+            except ValidationError as e:
+                raise CheckpointError(f"{ref.path} stage 0: bad model spec in meta: {e}") from None
+        else:
+            differ = [k for k in _SHARED_META if meta[k] != first_meta[k]]
+            if differ:
+                raise CheckpointError(f"{ref.path} stage {j}: meta disagrees with stage 0 on {differ}")
+        assert spec is not None
+        expected_first = stages[-1].last if stages else 0
+        if first != expected_first or not first < last <= spec.n_layers:
+            raise CheckpointError(
+                f"{ref.path} stage {j}: layers [{first}, {last}) do not follow [..., {expected_first}) "
+                f"within {spec.n_layers} layers"
+            )
+        model = StageModel(spec, first, last, seed=int(meta["seed"]))
+        weights = {k[len(MODEL_PREFIX) :]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
+        try:
+            model.load_state_dict(weights, strict=True)
+        except RuntimeError as e:
+            raise CheckpointError(f"{ref.path} stage {j}: weights do not fit the model: {e}") from None
+        stages.append(model.eval())
+    if spec is None or stages[-1].last != spec.n_layers:
+        raise CheckpointError(
+            f"{ref.path}: stages end at layer {stages[-1].last if stages else 0}, not the last"
+        )
+    logger.info("loaded %d stages of %s step %d", len(stages), first_meta["job"], ref.step)
+    return stages, spec, first_meta
+
+
+def load_checkpoint_tokenizer(meta: dict[str, Any]) -> Tokenizer:
+    """The tokenizer the job trained with: bytes when ``meta["tokenizer"]`` is None, else that file."""
+    path = meta.get("tokenizer")
+    if path is None:
+        return ByteTokenizer()
+    from potluck.model.data import load_tokenizer  # optional dependency (tokenizers) loads only when used
+
+    return load_tokenizer(str(path))
+
+
+def _check_chain(stages: list[StageModel]) -> ModelSpec:
+    if not stages:
+        raise ValueError("no stages to generate with")
+    spec = stages[0].spec
+    if not stages[0].is_first or not stages[-1].is_last:
+        raise ValueError("stages must run from the embedding (layer 0) to the output head")
+    for a, b in pairwise(stages):
+        if a.last != b.first or b.spec != spec:
+            raise ValueError(f"stage [{a.first}, {a.last}) is not followed by [{b.first}, {b.last})")
+    return spec
+
+
+@torch.inference_mode()
+def generate(
+    stages: list[StageModel],
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    seed: int,
+) -> list[int]:
+    """Sample ``max_new_tokens`` tokens after ``prompt_ids``; returns the new tokens only.
+
+    The context is cropped to the last ``spec.seq_len`` tokens (the rotary tables end there).
+    ``temperature`` 0 is greedy argmax; otherwise logits are divided by it, cut to the ``top_k`` most
+    likely (None: all), and sampled from a generator seeded with ``seed``: same inputs, same tokens.
+    """
+    spec = _check_chain(stages)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty; give at least one token")
+    if any(not 0 <= t < spec.vocab_size for t in prompt_ids):
+        raise ValueError(f"prompt token ids must be in [0, {spec.vocab_size})")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+    device = next(stages[0].parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        h: torch.Tensor = torch.tensor([ids[-spec.seq_len :]], dtype=torch.long, device=device)
+        for stage in stages:
+            h = stage(h)
+        logits = h[0, -1].float()  # (vocab,): the next-token scores after the last context position
+        if temperature == 0:
+            token = int(logits.argmax())
+        else:
+            logits = logits / temperature
+            if top_k is not None and top_k < logits.numel():
+                kth = torch.topk(logits, top_k).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            token = int(torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen))
+        ids.append(token)
+    return ids[len(prompt_ids) :]

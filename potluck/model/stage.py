@@ -1,0 +1,185 @@
+"""One pipeline stage's compute: forward and backward of micro-batches, gradients, the optimizer step.
+
+No networking and no event loop here: the pipeline executor calls these methods from a worker thread
+and moves tensors between peers itself. The same class runs the single-process reference (one stage
+holding every layer), which is what makes "the swarm equals one big machine" a testable claim.
+
+Loss scaling: micro-batch m's loss is its mean token cross-entropy times ``weight`` (its share of the
+sequences the gradient should average over). Summing weighted gradients over micro-batches, and over
+replicas with a SUM all-reduce, gives exactly the gradient of the global batch's mean loss, even when
+replicas or micro-batches hold different numbers of sequences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from potluck.model.optim import build_optimizer
+from potluck.model.transformer import StageModel
+from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _InFlight:
+    inputs: torch.Tensor | None  # received hidden states (requires grad); None on the first stage
+    output: torch.Tensor  # this stage's output, or the weighted loss on the last stage
+
+
+@dataclass
+class StageRunner:
+    spec: ModelSpec
+    first: int
+    last: int
+    seed: int
+    optimizer_spec: OptimizerSpec
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        self.model = StageModel(self.spec, self.first, self.last, self.seed).to(self.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, self.optimizer_spec)
+        self._live: dict[int, _InFlight] = {}
+        # Overlap hook: during the backward of micro-batch ``final_micro`` (the step's last), every
+        # parameter whose gradient is final is announced as ``on_grad_ready(index)`` from the compute
+        # thread, so its bucket's all-reduce can start while earlier layers are still in backward.
+        self.final_micro: int | None = None
+        self.on_grad_ready: Callable[[int], None] | None = None
+        self._in_final = False
+        for i, p in enumerate(self.params):
+            p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_done(i))
+        # bf16 autocast on CUDA (the matmuls), fp32 everywhere else; master weights stay fp32.
+        self._autocast = self.device.type == "cuda"
+
+    @property
+    def is_first(self) -> bool:
+        return self.model.is_first
+
+    @property
+    def is_last(self) -> bool:
+        return self.model.is_last
+
+    def _cast(self) -> contextlib.AbstractContextManager[object]:
+        if self._autocast:
+            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ---- micro-batches -------------------------------------------------------------------------------
+
+    def forward(
+        self, m: int, inputs: torch.Tensor, targets: torch.Tensor | None = None, weight: float = 1.0
+    ) -> torch.Tensor:
+        """Run micro-batch ``m``. Returns the activations to send on, or (last stage) the unweighted
+        mean loss as a 0-d tensor. Keeps what the backward needs until ``backward(m)``."""
+        x = inputs.to(self.device)
+        if not self.is_first:
+            x = x.detach().requires_grad_(True)
+        with self._cast():
+            out = self.model(x)
+        if self.is_last:
+            if targets is None:
+                raise ValueError("the last stage needs targets")
+            loss = StageModel.loss(out, targets.to(self.device))
+            self._live[m] = _InFlight(None if self.is_first else x, loss * weight)
+            return loss.detach()
+        self._live[m] = _InFlight(None if self.is_first else x, out)
+        return out.detach()
+
+    def _grad_done(self, index: int) -> None:
+        if self._in_final and self.on_grad_ready is not None:
+            self.on_grad_ready(index)
+
+    def backward(self, m: int, grad_output: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Backward of micro-batch ``m`` (accumulating parameter gradients). Returns the gradient of the
+        stage's input to send back, or None on the first stage."""
+        live = self._live.pop(m)
+        if not self.is_last and grad_output is None:
+            raise ValueError("a stage before the last needs the gradient of its output")
+        self._in_final = m == self.final_micro
+        try:
+            if self.is_last:
+                live.output.backward()
+            else:
+                assert grad_output is not None
+                live.output.backward(grad_output.to(self.device, live.output.dtype))
+        finally:
+            self._in_final = False
+        if live.inputs is None:
+            return None
+        assert live.inputs.grad is not None
+        return live.inputs.grad
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    # ---- gradients and the step --------------------------------------------------------------------------
+
+    def grad_vector(self) -> torch.Tensor:
+        """All parameter gradients as one flat fp32 vector (zeros where a parameter got none)."""
+        return torch.cat([
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in self.params
+        ])  # fmt: skip
+
+    def set_grad_vector(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).to(p.device, p.dtype).clone()
+            offset += n
+        if offset != flat.numel():
+            raise ValueError(f"gradient vector has {flat.numel()} elements, the stage {offset}")
+
+    def grad_sq_norm(self) -> float:
+        """Squared L2 norm of this stage's gradients (the global norm is the root of the sum over stages)."""
+        return float(sum(float(p.grad.float().pow(2).sum()) for p in self.params if p.grad is not None))
+
+    def step(self, lr: float, clip_coef: float = 1.0) -> None:
+        """Scale gradients by ``clip_coef``, take one AdamW step at ``lr``, clear gradients."""
+        with torch.no_grad():
+            if clip_coef != 1.0:
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(clip_coef)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._live.clear()
+
+    # ---- checkpoint state ----------------------------------------------------------------------------
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Weights under "model.", AdamW moments and step counts under "optim.<param name>."."""
+        out = {f"model.{k}": v.detach().cpu() for k, v in self.model.state_dict().items()}
+        for name, p in zip(self.names, self.params, strict=True):
+            st = self.optimizer.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                if key in st:
+                    out[f"optim.{name}.{key}"] = torch.as_tensor(st[key]).detach().cpu().reshape(-1)
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Restore what ``state_tensors`` saved; strict about missing and unexpected weights."""
+        weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+        self.model.load_state_dict(weights, strict=True)
+        for name, p in zip(self.names, self.params, strict=True):
+            keys = {key: tensors.get(f"optim.{name}.{key}") for key in ("exp_avg", "exp_avg_sq", "step")}
+            if any(v is None for v in keys.values()):
+                continue  # saved before the first step: no moments yet
+            assert keys["exp_avg"] is not None and keys["exp_avg_sq"] is not None and keys["step"] is not None
+            self.optimizer.state[p] = {
+                "step": keys["step"].reshape(()).clone().float(),
+                "exp_avg": keys["exp_avg"].view_as(p).to(p.device).clone(),
+                "exp_avg_sq": keys["exp_avg_sq"].view_as(p).to(p.device).clone(),
+            }

@@ -1,0 +1,78 @@
+"""Read-only access to a swarm for tools (``potluck status``, the demo, monitors): join as a DHT client
+with a throwaway identity, read, leave."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from hivemind.utils import get_dht_time
+
+from potluck.net.node import NetworkConfig, SwarmNode
+from potluck.protocol.envelope import TrustPolicy
+from potluck.protocol.identity import Identity
+from potluck.protocol.invite import Invite
+from potluck.protocol.keys import LINKS, PEERS, PLAN, PROGRESS
+from potluck.protocol.membership import PeerView, link_reports, live_peers
+from potluck.protocol.records import LinkReport
+from potluck.protocol.training import Progress, TrainPlan
+
+
+class SwarmClient:
+    def __init__(self, node: SwarmNode) -> None:
+        self.node = node
+
+    @classmethod
+    async def connect(cls, invite: Invite, net: NetworkConfig) -> SwarmClient:
+        # A client listens on loopback only: it serves nothing and must not be dialled from outside.
+        net = replace(net, host_maddrs=("/ip4/127.0.0.1/tcp/0",), announce_maddrs=())
+        policy = TrustPolicy(invite.swarm_id, invite.coordinator_key)
+        node = await SwarmNode.start(Identity.generate(), policy, net, invite.bootstrap, client_mode=True)
+        return cls(node)
+
+    async def live_peers(self, timeout_s: float) -> list[PeerView]:
+        records = await asyncio.wait_for(self.node.fetch(PEERS.name), timeout=timeout_s)
+        return live_peers(records, get_dht_time())
+
+    async def links(self, live_ids: list[str], timeout_s: float) -> dict[str, LinkReport]:
+        records = await asyncio.wait_for(self.node.fetch(LINKS.name), timeout=timeout_s)
+        return link_reports(records, live_ids, get_dht_time())
+
+    async def job(self, timeout_s: float) -> tuple[TrainPlan | None, list[Progress]]:
+        """The newest verified plan and the progress records of its epoch (training state)."""
+        plans, progress = await asyncio.wait_for(
+            asyncio.gather(self.node.fetch(PLAN.name), self.node.fetch(PROGRESS.name)), timeout=timeout_s
+        )
+        plan = max(
+            (v.record for v in plans if isinstance(v.record, TrainPlan)), key=lambda p: p.epoch, default=None
+        )
+        recs = [v.record for v in progress if isinstance(v.record, Progress)]
+        if plan is not None:
+            # a "done" plan re-publishes the last training epoch's layout under epoch + 1
+            recs = [r for r in recs if r.epoch in (plan.epoch, plan.epoch - 1) and r.job == plan.job]
+        return plan, sorted(recs, key=lambda r: (r.stage, r.replica, r.peer_id))
+
+    async def close(self) -> None:
+        await self.node.shutdown()
+
+
+async def read_live_peers(invite: Invite, net: NetworkConfig, timeout_s: float) -> list[PeerView]:
+    client = await SwarmClient.connect(invite, net)
+    try:
+        return await client.live_peers(timeout_s)
+    finally:
+        await client.close()
+
+
+async def read_swarm(
+    invite: Invite, net: NetworkConfig, timeout_s: float
+) -> tuple[list[PeerView], dict[str, LinkReport], TrainPlan | None, list[Progress]]:
+    """Live peers, their latest link reports, the plan and its progress, in one client session."""
+    client = await SwarmClient.connect(invite, net)
+    try:
+        peers = await client.live_peers(timeout_s)
+        links = await client.links([p.peer_id for p in peers], timeout_s)
+        plan, progress = await client.job(timeout_s)
+        return peers, links, plan, progress
+    finally:
+        await client.close()

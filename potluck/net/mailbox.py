@@ -1,0 +1,198 @@
+"""A mailbox over libp2p streams: tagged binary messages between authenticated peers.
+
+Pipeline exchanges and collectives both need "send these bytes to peer X under tag T" and "wait for
+the bytes peer Y sends under tag T, for at most S seconds". The sender identity is the libp2p peer id of
+the stream, which is the potluck peer id (same key), so a message cannot claim another sender.
+
+Bounds: a message is at most the wire layer's TENSOR limit; messages that arrive before anyone waits
+for them are buffered up to ``max_pending_bytes`` in total, beyond which the handler stops reading (TCP
+backpressure on the sender) until space frees or ``timeout_s`` passes, and then drops the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from dataclasses import dataclass
+
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+
+from potluck.protocol.errors import WireError
+from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
+from potluck.testbed.shaping import LinkShaper
+
+logger = logging.getLogger(__name__)
+
+_TAG = struct.Struct("<QIIB")  # round, stream (tree/ring/stage), chunk, phase
+
+
+@dataclass(frozen=True, order=True)
+class Tag:
+    round: int
+    stream: int = 0
+    chunk: int = 0
+    phase: int = 0
+
+    def pack(self) -> bytes:
+        return _TAG.pack(self.round, self.stream, self.chunk, self.phase)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> Tag:
+        return cls(*_TAG.unpack_from(data))
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    timeout_s: float = 30.0  # bound on every send and receive
+    max_pending_bytes: int = 256 << 20  # buffered, not-yet-claimed message bytes per mailbox
+
+
+class Mailbox:
+    def __init__(
+        self, p2p: P2P, protocol: str, cfg: TransportConfig, shaper: LinkShaper | None = None
+    ) -> None:
+        self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
+        self.shaper = shaper  # paces sends to configured link rates (benchmarks, upload caps)
+        self.peer_id = p2p.peer_id.to_base58()
+        self._pending: dict[tuple[str, Tag], bytes] = {}
+        self._waiters: dict[tuple[str, Tag], asyncio.Future[bytes]] = {}
+        self._pending_bytes = 0
+        self._space = asyncio.Condition()
+        self._out: dict[str, tuple[asyncio.StreamWriter, asyncio.Lock]] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    async def start(self) -> None:
+        await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
+
+    async def close(self) -> None:
+        for writer, _ in self._out.values():
+            writer.close()
+        self._out.clear()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.set_exception(WireError("mailbox closed"))
+        with contextlib.suppress(Exception):
+            await self.p2p.remove_binary_stream_handler(self.protocol)
+
+    # ---- sending -----------------------------------------------------------------------------------
+
+    async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
+        """Deliver ``payload`` to ``peer`` under ``tag``; raises ``WireError`` on failure or timeout."""
+        if peer == self.peer_id:  # loopback to ourselves: no stream needed
+            await self._deliver(peer, tag, payload)
+            return
+        writer, lock = await self._stream_to(peer)
+        if self.shaper is not None:
+            await self.shaper.pace(self.peer_id, peer, len(payload))
+        async with lock:
+            try:
+                await write_frame(writer, Frame(MsgType.TENSOR, tag.pack() + payload), self.cfg.timeout_s)
+            except (WireError, ConnectionError, OSError) as e:
+                self._out.pop(peer, None)
+                writer.close()
+                raise WireError(f"send to {peer} failed: {e}") from None
+        self.bytes_sent += len(payload)
+
+    async def _stream_to(self, peer: str) -> tuple[asyncio.StreamWriter, asyncio.Lock]:
+        # One outgoing stream per peer: concurrent first sends must not race to open several.
+        async with self._opening.setdefault(peer, asyncio.Lock()):
+            cached = self._out.get(peer)
+            if cached is not None and not cached[0].is_closing():
+                return cached
+            return await self._open(peer)
+
+    async def _open(self, peer: str) -> tuple[asyncio.StreamWriter, asyncio.Lock]:
+        try:
+            _, _, writer = await asyncio.wait_for(
+                self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.protocol),
+                self.cfg.timeout_s,
+            )
+        except Exception as e:  # unreachable peers surface as several exception types
+            raise WireError(f"cannot open a stream to {peer}: {e or type(e).__name__}") from None
+        entry = (writer, asyncio.Lock())
+        self._out[peer] = entry
+        return entry
+
+    # ---- receiving ---------------------------------------------------------------------------------
+
+    async def recv(self, peer: str, tag: Tag, timeout_s: float | None = None) -> bytes:
+        """The payload ``peer`` sent under ``tag``; raises ``WireError`` if it does not come in time."""
+        key = (peer, tag)
+        if key in self._pending:
+            return await self._claim(key)
+        fut = self._waiters.get(key)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters[key] = fut
+        timeout = self.cfg.timeout_s if timeout_s is None else timeout_s
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise WireError(f"no message {tag} from {peer} within {timeout:.1f} s") from None
+        finally:
+            self._waiters.pop(key, None)
+        return await self._claim(key)
+
+    async def _claim(self, key: tuple[str, Tag]) -> bytes:
+        payload = self._pending.pop(key)
+        async with self._space:
+            self._pending_bytes -= len(payload)
+            self._space.notify_all()
+        return payload
+
+    async def forget_round(self, round_no: int) -> int:
+        """Drop buffered messages of rounds <= ``round_no`` (late arrivals of a finished round)."""
+        async with self._space:
+            stale = [k for k in self._pending if k[1].round <= round_no]
+            for k in stale:
+                self._pending_bytes -= len(self._pending.pop(k))
+            self._space.notify_all()
+        return len(stale)
+
+    async def _deliver(self, sender: str, tag: Tag, payload: bytes) -> None:
+        async with self._space:
+            deadline = time.monotonic() + self.cfg.timeout_s
+            while self._pending_bytes + len(payload) > self.cfg.max_pending_bytes:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WireError(f"mailbox full ({self._pending_bytes} bytes pending); dropping {sender}")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._space.wait(), remaining)
+            key = (sender, tag)
+            if key in self._pending:
+                logger.warning("duplicate message %s from %s ignored", tag, sender)
+                return
+            self._pending[key] = payload
+            self._pending_bytes += len(payload)
+        fut = self._waiters.get(key)
+        if fut is not None and not fut.done():
+            fut.set_result(b"")
+
+    async def _handle(
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        sender = info.peer_id.to_base58()
+        try:
+            while True:
+                try:
+                    # Idle streams are normal between rounds: wait long, but never forever.
+                    frame = await read_frame(reader, 10 * self.cfg.timeout_s, expect={MsgType.TENSOR})
+                except WireError as e:
+                    if "closed" not in str(e):
+                        logger.info("stream from %s ended: %s", sender, e)
+                    return
+                if len(frame.payload) < _TAG.size:
+                    logger.warning("message without a tag from %s; closing its stream", sender)
+                    return
+                self.bytes_received += len(frame.payload) - _TAG.size
+                await self._deliver(sender, Tag.unpack(frame.payload), frame.payload[_TAG.size :])
+        except WireError as e:
+            logger.warning("%s", e)
+        finally:
+            writer.close()

@@ -1,0 +1,201 @@
+"""A node of a potluck swarm on hivemind's DHT: start, publish signed records, fetch verified ones.
+
+Peers, the coordinator and read-only clients all use this one class, so every record that enters or
+leaves potluck code goes through ``envelope.seal`` / ``envelope.verify``. The node runs in the caller's
+asyncio loop (hivemind's ``DHTNode`` directly, no extra process) and its p2pd daemon uses the potluck
+identity as its libp2p key, so the DHT peer id equals the potluck peer id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hivemind.dht.node import DHTNode
+from hivemind.p2p import P2P
+from hivemind.utils import get_dht_time
+from hivemind.utils.multiaddr import Multiaddr
+from hivemind.utils.serializer import MSGPackSerializer
+
+from potluck.net.validator import PotluckValidator
+from potluck.protocol import envelope
+from potluck.protocol.errors import BootstrapError, RecordError
+from potluck.protocol.identity import Identity
+from potluck.protocol.keys import dht_key
+from potluck.protocol.records import Record
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """How a node listens and how long it waits. Every network wait has one of these bounds."""
+
+    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
+    announce_maddrs: tuple[str, ...] = ()
+    bootstrap_timeout_s: float = 30.0  # keep retrying the bootstrap peers this long before giving up
+    request_timeout_s: float = 5.0  # one DHT RPC
+    startup_timeout_s: float = 15.0  # p2pd start-up
+    use_relay: bool = True  # reach NATed peers through libp2p circuit relays
+    use_auto_relay: bool = False  # look for a relay to become reachable ourselves (behind NAT)
+    nat_traversal: bool | None = None  # AutoNAT + UPnP; None: on unless every listen address is loopback
+
+    @property
+    def loopback_only(self) -> bool:
+        return all(a.startswith(("/ip4/127.", "/ip6/::1/")) for a in self.host_maddrs)
+
+
+class SwarmNode:
+    """One DHT node with potluck's validator, owned by one asyncio loop."""
+
+    def __init__(
+        self, p2p: P2P, node: DHTNode, identity: Identity, policy: envelope.TrustPolicy, tmp_dir: Path | None
+    ) -> None:
+        self.p2p, self.node, self.identity, self.policy = p2p, node, identity, policy
+        self._tmp_dir = tmp_dir  # holds the derived p2pd key when the caller gave no key_dir
+        self.validator: PotluckValidator = node.protocol.record_validator
+
+    @classmethod
+    async def start(
+        cls,
+        identity: Identity,
+        policy: envelope.TrustPolicy,
+        net: NetworkConfig,
+        initial_peers: Sequence[str] = (),
+        *,
+        client_mode: bool = False,
+        key_dir: Path | None = None,
+    ) -> SwarmNode:
+        """Start p2pd and a DHT node; join through ``initial_peers`` or raise ``BootstrapError``."""
+        tmp_dir = Path(tempfile.mkdtemp(prefix="potluck-p2p-")) if key_dir is None else None  # mode 0700
+        key_file = identity.write_libp2p_key((key_dir or tmp_dir or Path(".")) / f"{identity.peer_id}.p2pkey")
+        nat = (not net.loopback_only) if net.nat_traversal is None else net.nat_traversal
+        p2p_kwargs: dict[str, Any] = dict(
+            host_maddrs=list(net.host_maddrs),
+            announce_maddrs=list(net.announce_maddrs) or None,
+            identity_path=str(key_file),
+            check_if_identity_free=False,  # hivemind's check assumes RSA keys; ours are Ed25519
+            startup_timeout=net.startup_timeout_s,
+            use_relay=net.use_relay,
+            use_auto_relay=net.use_auto_relay,
+            auto_nat=nat,
+            nat_port_map=nat,
+            dht_mode="client" if client_mode else "server",
+        )
+        try:
+            p2p = await _start_p2p(list(initial_peers), p2p_kwargs, net.bootstrap_timeout_s)
+        except BaseException:
+            _remove_tree(tmp_dir)
+            raise
+        try:
+            node = await asyncio.wait_for(
+                DHTNode.create(
+                    p2p=p2p,
+                    initial_peers=list(initial_peers) or None,
+                    client_mode=client_mode,
+                    record_validator=PotluckValidator(policy),
+                    wait_timeout=net.request_timeout_s,
+                    bootstrap_timeout=net.request_timeout_s,
+                    cache_locally=False,  # a cached copy would outlive a withdrawn heartbeat
+                ),
+                timeout=net.bootstrap_timeout_s + net.request_timeout_s,
+            )
+        except BaseException:
+            await p2p.shutdown()
+            _remove_tree(tmp_dir)
+            raise
+        return cls(p2p, node, identity, policy, tmp_dir)
+
+    async def visible_maddrs(self) -> list[str]:
+        """Addresses others can dial, each ending in /p2p/<our peer id>."""
+        return [str(m) for m in await self.p2p.get_visible_maddrs()]
+
+    async def publish(self, name: str, record: Record, ttl_s: float, subkey: Any = None) -> bool:
+        """Sign and store ``record`` under this swarm's ``name`` key for ``ttl_s`` seconds."""
+        expiration = get_dht_time() + ttl_s
+        value = envelope.seal(self.identity, self.policy.swarm_id, name, record, expiration, subkey)
+        return bool(
+            await self.node.store(dht_key(self.policy.swarm_id, name), value, expiration, subkey=subkey)
+        )
+
+    async def fetch(self, name: str) -> list[envelope.Verified]:
+        """All live, verified records under ``name`` (one per subkey; regular keys give at most one)."""
+        found = await self.node.get(dht_key(self.policy.swarm_id, name), latest=True)
+        if found is None:
+            return []
+        key_id = envelope.key_id_bytes(self.policy.swarm_id, name)
+        now = get_dht_time()
+        items: list[tuple[Any, Any]] = (
+            [(sk, v) for sk, v in found.value.items()] if isinstance(found.value, dict) else [(None, found)]
+        )
+        out: list[envelope.Verified] = []
+        for subkey, item in items:
+            # hivemind hands us the value it deserialized; re-serialize to verify the exact signed bytes.
+            raw = MSGPackSerializer.dumps(item.value)
+            try:
+                out.append(
+                    envelope.verify(
+                        self.policy, key_id, envelope.subkey_bytes(subkey), raw, item.expiration_time, now
+                    )
+                )
+            except RecordError as e:
+                logger.warning("dropping %s record %r: %s", name, subkey, e)
+        return out
+
+    def kill(self) -> None:
+        """Last resort when a bounded shutdown ran out: end our p2pd child by its PID."""
+        child = getattr(self.p2p, "_child", None)
+        if child is not None and child.returncode is None:
+            child.kill()
+        _remove_tree(self._tmp_dir)
+
+    async def shutdown(self) -> None:
+        """Stop the DHT node and its p2pd daemon (hivemind reaps the daemon by PID)."""
+        try:
+            await asyncio.wait_for(self.node.shutdown(), timeout=5.0)
+        except (TimeoutError, Exception) as e:  # shutdown must stay bounded whatever the node's state
+            logger.warning("DHT node shutdown: %s", e)
+        await self.p2p.shutdown()
+        _remove_tree(self._tmp_dir)
+
+
+async def _start_p2p(initial_peers: list[str], kwargs: dict[str, Any], timeout_s: float) -> P2P:
+    """p2pd refuses to start when no bootstrap peer answers; retry until ``timeout_s``, then explain."""
+    for addr in initial_peers:
+        try:
+            Multiaddr(addr)
+        except Exception:
+            raise BootstrapError(f"bootstrap address {addr!r} is not a valid multiaddr") from None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    delay, last_error = 0.5, ""
+    while True:
+        try:
+            return await P2P.create(initial_peers=initial_peers or None, **kwargs)
+        except Exception as e:
+            last_error = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            if not initial_peers or "bootstrap" not in last_error or loop.time() + delay > deadline:
+                break
+            logger.info("bootstrap peers not reachable yet (%s); retrying in %.1f s", last_error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 4.0)
+    if initial_peers and "bootstrap" in last_error:
+        raise BootstrapError(
+            f"could not reach any bootstrap peer within {timeout_s:.0f} s: {', '.join(initial_peers)}.\n"
+            "Check that the coordinator is running and that this machine can reach those addresses "
+            "(firewall, VPN). If the coordinator is behind NAT it must announce a public address "
+            "(`potluck launch --announce-maddrs /ip4/PUBLIC_IP/tcp/PORT`); if you are behind NAT, "
+            "`--use-auto-relay` makes you reachable through a relay."
+        )
+    raise BootstrapError(f"the p2p daemon failed to start: {last_error}")
+
+
+def _remove_tree(path: Path | None) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,115 @@
+"""Gradient all-reduce in buckets that start while the backward pass is still running.
+
+The step's last backward (micro-batch M - 1 of the 1F1B schedule) finishes gradients from the last
+layer to the first. Parameters are grouped into buckets in that order; the moment a bucket's last
+gradient is accumulated (a post-accumulate hook, fired in the compute thread), its all-reduce is handed
+to the event loop and runs over the network while the thread goes on with earlier layers. Only the
+buckets still in flight when the backward ends cost step time (``Timing.allreduce`` counts exactly that).
+
+Effect on the update: none. Each bucket is reduced by the same tree executor over the same replicas, so
+every replica still ends with identical gradients; only float summation order differs from one
+whole-buffer all-reduce. Error feedback is kept per bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import math
+
+import torch
+
+from potluck.compression import ErrorFeedback, decode, get_codec
+from potluck.model.stage import StageRunner
+from potluck.net.mailbox import Mailbox
+from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
+from potluck.protocol.collective import AllReduceSchedule
+
+logger = logging.getLogger(__name__)
+
+FIRST_PHASE, MAX_BUCKETS = 4, 12  # bucket b uses tag phase 4 + b (phases 0-3 are taken)
+
+
+class BucketSync:
+    def __init__(
+        self, runner: StageRunner, box: Mailbox, schedule: AllReduceSchedule, cfg: AllReduceConfig,
+        bucket_elements: int, error_feedback: bool, overlap: bool = True,
+    ) -> None:  # fmt: skip
+        self.runner, self.box, self.schedule, self.cfg, self.overlap = runner, box, schedule, cfg, overlap
+        sizes = [p.numel() for p in runner.params]
+        cap = max(bucket_elements, math.ceil(sum(sizes) / MAX_BUCKETS))
+        self.buckets: list[list[int]] = []
+        for i in reversed(range(len(sizes))):  # backward order: the last layers' gradients come first
+            if not self.buckets or sum(sizes[j] for j in self.buckets[-1]) + sizes[i] > cap:
+                self.buckets.append([])
+            self.buckets[-1].append(i)
+        self.bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
+        self.feedback = [ErrorFeedback() if error_feedback else None for _ in self.buckets]
+        self._codec = get_codec(cfg.codec)
+        self._pending: list[int] = []
+        self._futures: list[concurrent.futures.Future[torch.Tensor] | None] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._base = 0
+        self.launched_early = 0  # buckets started from the backward's hook in the last step (overlap)
+
+    def arm(self, base_round: int, n_micro: int) -> None:
+        """Before the step's pipeline: watch for final gradients during micro-batch ``n_micro - 1``."""
+        self._loop = asyncio.get_running_loop()
+        self._base = base_round
+        self._pending = [len(b) for b in self.buckets]
+        self._futures = [None] * len(self.buckets)
+        self.launched_early = 0
+        if self.overlap:
+            self.runner.final_micro = n_micro - 1
+            self.runner.on_grad_ready = self._ready
+
+    def _ready(self, index: int) -> None:  # compute thread
+        b = self.bucket_of[index]
+        self._pending[b] -= 1
+        if self._pending[b] == 0:
+            self.launched_early += 1
+            self._launch(b)
+
+    def _launch(self, b: int) -> None:
+        flat = torch.cat([self._grad(i).reshape(-1).float() for i in self.buckets[b]])
+        assert self._loop is not None
+        self._futures[b] = asyncio.run_coroutine_threadsafe(self._reduce(b, flat), self._loop)
+
+    def _grad(self, i: int) -> torch.Tensor:
+        p = self.runner.params[i]
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+
+    async def _reduce(self, b: int, flat: torch.Tensor) -> torch.Tensor:
+        round_no = self._base | (FIRST_PHASE + b)
+        ef = self.feedback[b]
+        if ef is not None:  # error feedback at the source: send what the codec keeps, carry the rest
+            flat = decode(self._codec.encode(flat, key=(round_no, 0, 0), state=ef))
+        return await tree_allreduce(self.box, self.schedule, flat, round_no, self.cfg)
+
+    async def finish(self) -> None:
+        """After the pipeline: start buckets not started yet, wait for all, write the sums back."""
+        self.runner.final_micro, self.runner.on_grad_ready = None, None
+        for b, fut in enumerate(self._futures):
+            if fut is None:
+                self._launch(b)
+        futures = [asyncio.wrap_future(f) for f in self._futures if f is not None]
+        try:
+            results = await asyncio.gather(*futures)
+        finally:
+            for f in futures:
+                f.cancel()
+        for members, flat in zip(self.buckets, results, strict=True):
+            offset = 0
+            for i in members:
+                p = self.runner.params[i]
+                n = p.numel()
+                p.grad = flat[offset : offset + n].view_as(p).to(p.device, p.dtype).clone()
+                offset += n
+
+    def disarm(self) -> None:
+        """Drop in-flight buckets (an aborted step)."""
+        self.runner.final_micro, self.runner.on_grad_ready = None, None
+        for f in self._futures:
+            if f is not None:
+                f.cancel()

@@ -1,0 +1,143 @@
+"""Deadline-based partial participation with all-or-nothing agreement.
+
+Policy (its effect on the update): contributions that are not ready by the deadline are dropped for this
+round, and every member receives the SAME mean over the contributors (weights renormalised to 1/|members|
+each). A dropped peer learns so and skips the update (``LateError``).
+
+Protocol, per attempt, with the group's first peer as the round's leader:
+
+1. READY: every peer tells the leader it has its contribution.
+2. DECISION: at the deadline (or once all are ready) the leader sends the member list to the members.
+3. the members run the tree all-reduce over the schedule restricted to them (``restrict``);
+4. DONE / VERDICT: each member reports success to the leader; the leader answers COMMIT only if every
+   member succeeded, else RETRY, and the members that are still alive run a new attempt.
+
+Nobody returns a result before COMMIT, so a peer that dies mid-collective leaves every survivor either
+with the identical renormalised mean of a later attempt or, when the leader itself is lost or the
+attempts run out, with the same ``CollectiveError``. Never a mix of old and new values.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import msgpack
+import torch
+
+from potluck.net.mailbox import Mailbox, Tag
+from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
+from potluck.peer.errors import CollectiveError, LateError
+from potluck.protocol.collective import AllReduceSchedule, restrict
+from potluck.protocol.errors import WireError
+
+logger = logging.getLogger(__name__)
+
+CONTROL = 0xFFFFFFFF  # tag stream for round control messages
+READY, DECISION, DONE, VERDICT = 2, 3, 4, 5
+MAX_ATTEMPTS_PER_ROUND = 16  # attempts are numbered inside a round's tag space
+
+
+@dataclass(frozen=True)
+class RelaxedConfig:
+    deadline_s: float = 10.0  # contributions not ready this long after the leader starts are dropped
+    max_attempts: int = 3  # re-runs after a member fails mid-collective
+    min_members: int = 1  # fewer contributors than this: the round fails for everyone
+
+
+async def relaxed_allreduce(
+    box: Mailbox,
+    schedule: AllReduceSchedule,
+    tensor: torch.Tensor,
+    round_no: int,
+    cfg: AllReduceConfig,
+    relax: RelaxedConfig,
+) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """Mean of ``tensor`` over this round's contributors, identical on each; returns (mean, members)."""
+    me, leader = box.peer_id, schedule.peers[0]
+    if relax.max_attempts > MAX_ATTEMPTS_PER_ROUND:
+        raise ValueError(f"max_attempts is limited to {MAX_ATTEMPTS_PER_ROUND}")
+    alive = list(schedule.peers)
+    try:
+        for attempt in range(relax.max_attempts):
+            tag_round = round_no * MAX_ATTEMPTS_PER_ROUND + attempt
+            if me == leader:
+                members = await _collect_ready(box, alive, tag_round, relax.deadline_s)
+                if len(members) < relax.min_members:
+                    members = []  # tell everyone the round is off
+                for p in alive:
+                    if p != me:
+                        await _send_quietly(
+                            box, p, Tag(tag_round, CONTROL, 0, DECISION), msgpack.packb(members)
+                        )
+                if not members:
+                    raise CollectiveError(f"round {round_no}: only {len(members)} contributors")
+            else:
+                await box.send(leader, Tag(tag_round, CONTROL, 0, READY), b"")
+                data = await box.recv(
+                    leader, Tag(tag_round, CONTROL, 0, DECISION), relax.deadline_s + cfg.timeout_s
+                )
+                members = list(msgpack.unpackb(data))
+                if not members:
+                    raise CollectiveError(f"round {round_no}: too few contributors")
+                if me not in members:
+                    raise LateError(
+                        f"round {round_no}: contribution missed the {relax.deadline_s:.1f} s deadline"
+                    )
+            result: torch.Tensor | None = None
+            try:
+                result = await tree_allreduce(box, restrict(schedule, members), tensor, tag_round, cfg)
+            except CollectiveError as e:
+                logger.info("round %d attempt %d failed at %s: %s", round_no, attempt, me, e)
+            if me == leader:
+                failed, silent = await _collect_done(box, members, tag_round, 2 * cfg.timeout_s)
+                verdict = b"commit" if result is not None and not failed else b"retry"
+                for p in members:
+                    if p != me and p not in silent:
+                        await _send_quietly(box, p, Tag(tag_round, CONTROL, 0, VERDICT), verdict)
+                # Peers that reported a failure are alive (hit by someone else's); the silent are gone.
+                alive = [p for p in members if p not in silent]
+            else:
+                await box.send(
+                    leader, Tag(tag_round, CONTROL, 0, DONE), b"ok" if result is not None else b"fail"
+                )
+                verdict = await box.recv(leader, Tag(tag_round, CONTROL, 0, VERDICT), 3 * cfg.timeout_s)
+            if verdict == b"commit":
+                assert result is not None  # the leader commits only when every member succeeded
+                return result, tuple(members)
+        raise CollectiveError(f"round {round_no}: no attempt of {relax.max_attempts} completed")
+    except WireError as e:  # the leader is unreachable: the same failure for everyone who depends on it
+        raise CollectiveError(f"round {round_no}: lost the round's leader {leader}: {e}") from None
+    finally:
+        await box.forget_round((round_no + 1) * MAX_ATTEMPTS_PER_ROUND - 1)
+
+
+async def _collect_ready(box: Mailbox, peers: list[str], tag_round: int, deadline_s: float) -> list[str]:
+    """Members of this attempt: the leader plus every peer whose READY arrives before the deadline."""
+    others = [p for p in peers if p != box.peer_id]
+    waits = {
+        p: asyncio.create_task(box.recv(p, Tag(tag_round, CONTROL, 0, READY), deadline_s)) for p in others
+    }
+    await asyncio.gather(*waits.values(), return_exceptions=True)
+    ready = {p for p, t in waits.items() if t.exception() is None}
+    return [p for p in peers if p == box.peer_id or p in ready]
+
+
+async def _collect_done(
+    box: Mailbox, members: list[str], tag_round: int, timeout_s: float
+) -> tuple[set[str], set[str]]:
+    """(members that failed or went silent, members that went silent) in this attempt, leader excluded."""
+    others = [p for p in members if p != box.peer_id]
+    waits = {p: asyncio.create_task(box.recv(p, Tag(tag_round, CONTROL, 0, DONE), timeout_s)) for p in others}
+    await asyncio.gather(*waits.values(), return_exceptions=True)
+    silent = {p for p, t in waits.items() if t.exception() is not None}
+    return silent | {p for p, t in waits.items() if p not in silent and t.result() != b"ok"}, silent
+
+
+async def _send_quietly(box: Mailbox, peer: str, tag: Tag, payload: bytes) -> None:
+    """Control messages to a peer that may be gone: failure to deliver is that peer's loss."""
+    try:
+        await box.send(peer, tag, payload)
+    except WireError as e:
+        logger.info("could not reach %s: %s", peer, e)

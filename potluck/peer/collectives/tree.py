@@ -1,0 +1,178 @@
+"""Tree all-reduce over the peer mailbox: the executor of an ``AllReduceSchedule``.
+
+The flat buffer is cut into one slice per tree (by share), and every slice into the same number of
+chunks, so light and heavy trees fill their pipelines equally fast. Per tree and chunk:
+
+- reduce: a peer waits for its children's partial sums (in the group's fixed order, so the float sums
+  are reproducible), adds them to its own chunk and sends the result to its parent;
+- broadcast: the root encodes the finished chunk (the mean when ``average``) ONCE, and those exact bytes
+  travel down the tree, each peer forwarding them unchanged. Every peer, the root included, decodes the
+  same bytes, so all replicas hold bit-identical results whatever the codec.
+
+Reduce and broadcast run as separate coroutines per tree, so chunk c+1 climbs while chunk c descends.
+Every receive has the schedule's timeout; any failure raises ``CollectiveError`` naming the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from potluck.compression import Codec, get_codec
+from potluck.compression.errors import CompressionError
+from potluck.net.mailbox import Mailbox, Tag
+from potluck.peer.errors import CollectiveError
+from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
+from potluck.protocol.errors import WireError
+
+logger = logging.getLogger(__name__)
+
+REDUCE, BROADCAST = 0, 1
+
+
+@dataclass(frozen=True)
+class AllReduceConfig:
+    codec: str = "none"  # any potluck.compression spec; applied on every hop
+    chunk_elements: int = 1 << 18  # elements moved per pipeline step, summed over all trees
+    timeout_s: float = 30.0  # bound on each wait for a chunk
+    average: bool = True  # mean over the group (else the sum)
+    # Reduce chunks a peer may have sent up per tree before the broadcast of the chunk ``window`` back
+    # has reached it (0: no limit). Unbounded, a peer hands its whole share to the transport at once and
+    # the broadcast chunks everyone waits on queue behind that backlog on a capped uplink.
+    window: int = 4
+
+
+async def tree_allreduce(
+    box: Mailbox, schedule: AllReduceSchedule, tensor: torch.Tensor, round_no: int, cfg: AllReduceConfig
+) -> torch.Tensor:
+    """All-reduce ``tensor`` (any shape, float) with the group; returns a new tensor, same on every peer."""
+    me = box.peer_id
+    if me not in schedule.peers:
+        raise CollectiveError(f"peer {me} is not in this all-reduce group")
+    codec = get_codec(cfg.codec)
+    flat = tensor.detach().reshape(-1).to(torch.float32).clone()
+    n_chunks = max(1, math.ceil(flat.numel() / cfg.chunk_elements))
+    slices, offset = [], 0
+    for size in split_elements(flat.numel(), schedule.shares):
+        slices.append(flat[offset : offset + size])
+        offset += size
+    runs = []
+    for t_idx, (tree, part) in enumerate(zip(schedule.trees, slices, strict=True)):
+        chunks = (
+            list(torch.split(part, split_elements(part.numel(), [1.0] * n_chunks))) if part.numel() else []
+        )
+        runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg))
+    tasks = [asyncio.create_task(run) for run in runs]
+    try:
+        await asyncio.gather(*tasks)
+    except (WireError, CompressionError) as e:
+        raise CollectiveError(f"all-reduce round {round_no} failed at {me}: {e}") from None
+    finally:
+        for task in tasks:  # on failure, stop the other trees' waits instead of leaving them running
+            task.cancel()
+    return flat.reshape(tensor.shape).to(tensor.dtype)
+
+
+async def _run_tree(
+    box: Mailbox,
+    schedule: AllReduceSchedule,
+    tree: TreeSpec,
+    t_idx: int,
+    chunks: list[torch.Tensor],
+    round_no: int,
+    codec: Codec,
+    cfg: AllReduceConfig,
+) -> None:
+    me = box.peer_id
+    parent = tree.parent[me]
+    children = tree.children(me, schedule.peers)
+    finished: asyncio.Queue[bytes] = asyncio.Queue()  # root only: encoded results, in chunk order
+    landed = 0  # chunks whose broadcast has reached this peer
+    progress = asyncio.Condition()
+
+    def reached(n: int) -> Callable[[], bool]:
+        return lambda: landed >= n
+
+    async def reduce() -> None:
+        for c, chunk in enumerate(chunks):
+            if cfg.window > 0:  # cannot deadlock: it waits only on chunks whose reduce already left
+                async with progress:
+                    await progress.wait_for(reached(c - cfg.window))
+            acc = chunk.clone()
+            for child in children:
+                data = await box.recv(child, Tag(round_no, t_idx, c, REDUCE), cfg.timeout_s)
+                codec.decode_into(data, acc, accumulate=True)
+            key = (round_no, t_idx, c)
+            if parent is None:
+                if cfg.average:
+                    acc /= len(schedule.peers)
+                await finished.put(codec.encode(acc, key=key))
+            else:
+                await box.send(parent, Tag(round_no, t_idx, c, REDUCE), codec.encode(acc, key=key))
+
+    async def broadcast() -> None:
+        nonlocal landed
+        for c, chunk in enumerate(chunks):
+            if parent is None:
+                data = await finished.get()
+            else:
+                data = await box.recv(parent, Tag(round_no, t_idx, c, BROADCAST), cfg.timeout_s)
+            # Children sit on different links: send to all at once, not one paced transfer after
+            # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
+            await asyncio.gather(
+                *(box.send(child, Tag(round_no, t_idx, c, BROADCAST), data) for child in children)
+            )
+            codec.decode_into(data, chunk, accumulate=False)
+            async with progress:
+                landed = c + 1
+                progress.notify_all()
+
+    await asyncio.gather(reduce(), broadcast())
+
+
+async def ring_allreduce(
+    box: Mailbox, order: tuple[str, ...], tensor: torch.Tensor, round_no: int, cfg: AllReduceConfig
+) -> torch.Tensor:
+    """The classic ring (reduce-scatter, then all-gather) on the same mailbox: the baseline for trees.
+
+    Segment s ends its reduce-scatter at peer (s - 1) mod N, which encodes the finished segment once;
+    all-gather forwards those exact bytes, so every peer again decodes identical bits.
+    """
+    me = box.peer_id
+    n = len(order)
+    if me not in order or len(set(order)) != n:
+        raise CollectiveError(f"peer {me} is not in ring {order}")
+    codec = get_codec(cfg.codec)
+    flat = tensor.detach().reshape(-1).to(torch.float32).clone()
+    if n == 1:
+        return flat.reshape(tensor.shape).to(tensor.dtype)
+    i = order.index(me)
+    nxt, prv = order[(i + 1) % n], order[(i - 1) % n]
+    segments = list(torch.split(flat, split_elements(flat.numel(), [1.0] * n)))
+    try:
+        for step in range(n - 1):  # reduce-scatter: after step k, segment (i - k - 1) holds k + 2 inputs
+            send_s, recv_s = (i - step) % n, (i - step - 1) % n
+            payload = codec.encode(segments[send_s], key=(round_no, send_s, step))
+            sending = asyncio.create_task(box.send(nxt, Tag(round_no, send_s, step, REDUCE), payload))
+            data = await box.recv(prv, Tag(round_no, recv_s, step, REDUCE), cfg.timeout_s)
+            codec.decode_into(data, segments[recv_s], accumulate=True)
+            await sending
+        own = (i + 1) % n  # the segment this peer finished
+        if cfg.average:
+            segments[own] /= n
+        data = codec.encode(segments[own], key=(round_no, own, n))
+        codec.decode_into(data, segments[own], accumulate=False)
+        for step in range(n - 1):  # all-gather: pass finished segments along unchanged
+            send_s, recv_s = (own - step) % n, (own - step - 1) % n
+            sending = asyncio.create_task(box.send(nxt, Tag(round_no, send_s, step, BROADCAST), data))
+            data = await box.recv(prv, Tag(round_no, recv_s, step, BROADCAST), cfg.timeout_s)
+            codec.decode_into(data, segments[recv_s], accumulate=False)
+            await sending
+    except (WireError, CompressionError) as e:
+        raise CollectiveError(f"ring all-reduce round {round_no} failed at {me}: {e}") from None
+    return flat.reshape(tensor.shape).to(tensor.dtype)

@@ -1,0 +1,130 @@
+"""One training step of one pipeline stage: the 1F1B schedule over the mailbox.
+
+Replica i of stage j receives activations from replica i of stage j - 1 and sends its own to replica i
+of stage j + 1; activation gradients travel the other way. Messages are tagged with the step's round
+and the micro-batch index, so the order in which the network delivers them does not matter. Compute
+runs in a worker thread (``asyncio.to_thread``) so the event loop keeps serving the transport, heartbeats
+and the other stages' messages while this stage multiplies matrices; sends are started as tasks so the
+next micro-batch's compute overlaps the transfer of the previous one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from potluck.compression import Codec
+from potluck.compression.errors import CompressionError
+from potluck.model.stage import StageRunner
+from potluck.net.mailbox import Mailbox, Tag
+from potluck.peer.errors import PipelineError
+from potluck.peer.train.schedule import one_f_one_b
+from potluck.protocol.errors import WireError
+
+logger = logging.getLogger(__name__)
+
+STREAM_ACT, STREAM_GRAD = 1, 2  # tag streams of the pipeline (all-reduce trees use 0..63 of round+1)
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """Where this peer sits in its pipeline."""
+
+    stage: int
+    n_stages: int
+    prev: str | None  # the peer running stage - 1 of this replica (None on the first stage)
+    next: str | None
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    inputs: torch.Tensor | None  # token ids (first stage only)
+    targets: torch.Tensor | None  # next-token ids (last stage only)
+    weight: float  # gradient scale: share of the batch this replica's gradient averages over
+    share: float  # loss scale: share of the global batch (the reported loss sums these)
+
+
+@dataclass
+class Timing:
+    """Seconds spent in each part of a step, accumulated by the executor."""
+
+    compute: float = 0.0
+    send: float = 0.0
+    recv: float = 0.0
+    allreduce: float = 0.0
+    commit: float = 0.0
+    bytes_sent: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+async def pipeline_step(
+    box: Mailbox,
+    runner: StageRunner,
+    where: Neighbours,
+    micro: list[MicroBatch],
+    round_no: int,
+    codec: Codec,
+    timeout_s: float,
+    timing: Timing,
+) -> float:
+    """Run the step's forwards and backwards; returns the weighted loss sum (last stage), else 0.0.
+
+    Parameter gradients are left accumulated in the runner. Raises ``PipelineError`` when a neighbour
+    fails to deliver within ``timeout_s`` or sends something undecodable.
+    """
+    sends: list[asyncio.Task[None]] = []
+    loss = 0.0
+
+    async def send(peer: str, tag: Tag, tensor: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        payload = codec.encode(tensor.detach().cpu().contiguous(), key=(tag.round, tag.stream, tag.chunk))
+        timing.bytes_sent += len(payload)
+        sends.append(asyncio.create_task(box.send(peer, tag, payload)))
+        timing.send += time.perf_counter() - t0
+
+    async def recv(peer: str, tag: Tag) -> torch.Tensor:
+        t0 = time.perf_counter()
+        data = await box.recv(peer, tag, timeout_s)
+        tensor = codec.decode(data)
+        timing.recv += time.perf_counter() - t0
+        return tensor
+
+    async def compute(fn, *args):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        result = await asyncio.to_thread(fn, *args)
+        timing.compute += time.perf_counter() - t0
+        return result
+
+    try:
+        for kind, m in one_f_one_b(where.stage, where.n_stages, len(micro)):
+            mb = micro[m]
+            if kind == "F":
+                if where.prev is None:
+                    assert mb.inputs is not None
+                    x = mb.inputs
+                else:
+                    x = await recv(where.prev, Tag(round_no, STREAM_ACT, m))
+                out = await compute(runner.forward, m, x, mb.targets, mb.weight)
+                if where.next is not None:
+                    await send(where.next, Tag(round_no, STREAM_ACT, m), out)
+                else:
+                    loss += float(out) * mb.share
+            else:
+                grad = None if where.next is None else await recv(where.next, Tag(round_no, STREAM_GRAD, m))
+                grad_in = await compute(runner.backward, m, grad)
+                if where.prev is not None:
+                    assert grad_in is not None
+                    await send(where.prev, Tag(round_no, STREAM_GRAD, m), grad_in)
+        t0 = time.perf_counter()
+        await asyncio.gather(*sends)
+        timing.send += time.perf_counter() - t0
+    except (WireError, CompressionError) as e:
+        raise PipelineError(f"pipeline step (round {round_no}) of stage {where.stage} failed: {e}") from None
+    finally:
+        for task in sends:
+            task.cancel()
+    return loss

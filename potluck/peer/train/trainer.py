@@ -1,0 +1,261 @@
+"""A peer's part of a training job under one signed plan: its stage, its data shard, its steps.
+
+Step s on stage j, replica i:
+1. the 1F1B pipeline over this replica's micro-batches of global step s (``pipeline.py``);
+2. the stage's replicas sum their gradients with the tree all-reduce, bucket by bucket, each bucket
+   starting while the backward is still producing the earlier layers' gradients (``overlap.py``;
+   skipped with DiLoCo local steps);
+3. the step commit (``commit.py``) agrees on the global gradient norm and the loss, or aborts;
+4. AdamW at the scheduled learning rate, clipped by the global norm; every H steps with DiLoCo, the
+   outer sync; every ``checkpoint.interval`` steps replica 0 writes the stage's checkpoint.
+
+Message rounds pack (epoch, step, phase) into the 64-bit tag, so messages of an aborted attempt under an
+older plan can never be mistaken for the current one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from potluck.compression import get_codec
+from potluck.model.checkpoint import prune, save_stage, step_dir
+from potluck.model.data import TokenDataset
+from potluck.model.optim import clip_coefficient, learning_rate
+from potluck.model.stage import StageRunner
+from potluck.net.mailbox import Mailbox
+from potluck.peer.collectives.buckets import BucketSync
+from potluck.peer.collectives.diloco import DiLoCo, DiLoCoConfig
+from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
+from potluck.peer.errors import CollectiveError, PipelineError, StepAborted
+from potluck.peer.state.resume import load_layers
+from potluck.peer.train.commit import Ready, commit_step
+from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
+from potluck.protocol.collective import AllReduceSchedule, TreeSpec
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.training import StageAssignment, StepTiming, TrainPlan
+
+logger = logging.getLogger(__name__)
+
+# Tag phases (low 4 bits of the round): 0 pipeline and commit, 2 DiLoCo outer sync, 4-15 the gradient
+# buckets of overlap.py.
+PHASE_OUTER = 2
+
+
+def round_base(epoch: int, step: int) -> int:
+    """Tag round of (epoch, step): 27 bits of epoch, 33 of step, 4 of phase."""
+    return (epoch << 37) | (step << 4)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    device: str = "cpu"  # a torch device string, already resolved ("auto" is decided by the caller)
+    step_timeout_s: float = 120.0  # bound on each pipeline receive and on the commit
+    allreduce_timeout_s: float = 60.0  # bound on each all-reduce chunk
+    chunk_elements: int = 1 << 18  # all-reduce pipelining granularity
+    bucket_elements: int = 1 << 17  # gradient bucket size (elements) for overlap with the backward
+    overlap: bool = True  # start each bucket's all-reduce as soon as the backward finished it
+
+
+@dataclass(frozen=True)
+class StepReport:
+    step: int  # the step just completed (0-based); step + 1 steps are done
+    loss: float
+    lr: float
+    seconds: float
+    timing: StepTiming
+    bytes_sent: int
+    checkpoint: Path | None
+
+
+def schedule_for(stage: StageAssignment) -> AllReduceSchedule:
+    """The stage's all-reduce trees from the plan, or one-hop trees (replica k owns share k) if none."""
+    peers = tuple(stage.peers)
+    if stage.trees:
+        specs = []
+        for t in stage.trees:
+            parent = {p: (None if t.parents[i] < 0 else peers[t.parents[i]]) for i, p in enumerate(peers)}
+            specs.append(TreeSpec(root=peers[t.parents.index(-1)], parent=parent, share=t.share))
+        return AllReduceSchedule(peers, tuple(specs))
+    one_hop = (
+        TreeSpec(root=r, parent={p: (None if p == r else r) for p in peers}, share=1.0 / len(peers))
+        for r in peers
+    )
+    return AllReduceSchedule(peers, tuple(one_hop))
+
+
+class Trainer:
+    def __init__(
+        self, box: Mailbox, job: JobSpec, plan: TrainPlan, dataset: TokenDataset, cfg: TrainerConfig,
+        checkpoint_root: Path | None = None,
+    ) -> None:  # fmt: skip
+        pos = plan.position(box.peer_id)
+        if pos is None:
+            raise ValueError(f"peer {box.peer_id} is not placed by plan epoch {plan.epoch}")
+        self.box, self.job, self.plan, self.dataset, self.cfg = box, job, plan, dataset, cfg
+        self.stage, self.replica = pos
+        self.assignment = plan.stages[self.stage]
+        n = len(plan.stages)
+        self.where = Neighbours(
+            self.stage, n,
+            plan.stages[self.stage - 1].peers[self.replica] if self.stage > 0 else None,
+            plan.stages[self.stage + 1].peers[self.replica] if self.stage + 1 < n else None,
+        )  # fmt: skip
+        self.runner = StageRunner(
+            job.model, self.assignment.first_layer, self.assignment.last_layer, job.seed, job.optimizer,
+            torch.device(cfg.device),
+        )  # fmt: skip
+        self.checkpoint_root = checkpoint_root or Path(job.checkpoint.dir).expanduser()
+        comp = job.compression
+        self.act_codec = get_codec(comp.activations)
+        self.grad_codec_spec = comp.gradients
+        self.schedule = schedule_for(self.assignment)
+        self.diloco: DiLoCo | None = None
+        if comp.sync_every > 1:
+            self.diloco = DiLoCo(self.runner.params, DiLoCoConfig(inner_steps=comp.sync_every))
+        self.sync: BucketSync | None = None
+        if self.diloco is None and plan.n_replicas > 1:
+            self.sync = BucketSync(
+                self.runner, box, self.schedule, self._allreduce_cfg(average=False), cfg.bucket_elements,
+                comp.error_feedback, cfg.overlap,
+            )  # fmt: skip
+        self.step = plan.start_step  # the next step to run
+
+    def restore(self) -> None:
+        """Load the plan's starting checkpoint (if it starts after step 0): weights and AdamW state."""
+        if self.plan.start_step == 0:
+            return
+        root, step = self.checkpoint_root, self.plan.start_step
+        first, last = self.assignment.first_layer, self.assignment.last_layer
+        tensors = load_layers(root, step, first, last, self.job.model.n_layers)
+        self.runner.load_state_tensors(tensors)
+        if self.diloco is not None:
+            self.diloco = DiLoCo(self.runner.params, self.diloco.cfg)  # the snapshot is the loaded weights
+        logger.info("stage %d resumed from %s", self.stage, step_dir(root, step))
+
+    # ---- one step ----------------------------------------------------------------------------------------
+
+    def micro_batches(self, step: int) -> list[MicroBatch]:
+        per_step, n_rep = self.job.sequences_per_step, self.plan.n_replicas
+        batch = self.dataset.replica_batch(step, self.replica, n_rep, per_step)
+        # With local steps each replica averages over its own sequences; otherwise over the global batch
+        # (its gradient is then summed with the other replicas').
+        denom = batch.shape[0] if self.diloco is not None else per_step
+        out = []
+        for inputs, targets in self.dataset.micro_batches(batch, self.job.batch.micro_batch_size):
+            n = inputs.shape[0]
+            out.append(MicroBatch(
+                inputs if self.runner.is_first else None, targets if self.runner.is_last else None,
+                weight=n / denom, share=n / per_step,
+            ))  # fmt: skip
+        return out
+
+    def _allreduce_cfg(self, average: bool) -> AllReduceConfig:
+        return AllReduceConfig(
+            self.grad_codec_spec, self.cfg.chunk_elements, self.cfg.allreduce_timeout_s, average
+        )
+
+    async def _sync_gradients(self, timing: Timing) -> None:
+        if self.sync is None:
+            return
+        t0 = time.perf_counter()
+        await self.sync.finish()  # most buckets are already on their way (overlap)
+        timing.allreduce += time.perf_counter() - t0
+
+    async def train_step(self) -> StepReport:
+        step, timing = self.step, Timing()
+        sent_before = self.box.bytes_sent
+        base = round_base(self.plan.epoch, step)
+        micro = self.micro_batches(step)
+        if self.sync is not None:
+            self.sync.arm(base, len(micro))
+        try:
+            loss_part = await pipeline_step(
+                self.box,
+                self.runner,
+                self.where,
+                micro,
+                base,
+                self.act_codec,
+                self.cfg.step_timeout_s,
+                timing,
+            )
+            await self._sync_gradients(timing)
+            ready = Ready(self.stage, self.replica, self.runner.grad_sq_norm(), loss_part)
+        except (PipelineError, CollectiveError) as e:
+            if self.sync is not None:
+                self.sync.disarm()
+            ready = Ready(self.stage, self.replica, 0.0, 0.0, ok=False, reason=str(e)[:200])
+        t0 = time.perf_counter()
+        try:
+            decision = await commit_step(self.box, self.plan, base, ready, self.cfg.step_timeout_s)
+        except StepAborted:
+            self.runner.zero_grad()
+            raise
+        timing.commit += time.perf_counter() - t0
+        lr = learning_rate(self.job.optimizer, step, self.job.steps)
+        coef = clip_coefficient(self.job.optimizer, decision.norms[self.replica])
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.runner.step, lr, coef)
+        timing.compute += time.perf_counter() - t0
+        if self.diloco is not None:
+            await self.diloco.after_inner_step(lambda t: self._outer_allreduce(t, base, timing))
+        self.step = step + 1
+        checkpoint = await self._maybe_checkpoint()
+        await self.box.forget_round(base | 0xF)
+        timing.bytes_sent = self.box.bytes_sent - sent_before  # activations, gradients, buckets, commit
+        total = time.perf_counter() - timing.started
+        busy = timing.compute + timing.send + timing.recv + timing.allreduce
+        st = StepTiming(
+            compute=timing.compute, send=timing.send, recv=timing.recv, allreduce=timing.allreduce,
+            idle=max(0.0, total - busy), total=total,
+        )  # fmt: skip
+        return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint)
+
+    async def _outer_allreduce(self, pseudo: torch.Tensor, base: int, timing: Timing) -> torch.Tensor:
+        if self.plan.n_replicas == 1:
+            return pseudo
+        t0 = time.perf_counter()
+        cfg = AllReduceConfig(
+            self.grad_codec_spec, self.cfg.chunk_elements, self.cfg.allreduce_timeout_s, True
+        )
+        out = await tree_allreduce(self.box, self.schedule, pseudo, base | PHASE_OUTER, cfg)
+        timing.allreduce += time.perf_counter() - t0
+        return out
+
+    async def _maybe_checkpoint(self) -> Path | None:
+        done, ck = self.step, self.job.checkpoint
+        if self.replica != 0 or (done % ck.interval and done != self.job.steps):
+            return None
+        if self.diloco is not None and done % self.job.compression.sync_every and done != self.job.steps:
+            return None  # between syncs the replicas differ: only synced states are checkpointed
+        meta = {
+            "job": self.job.name, "step": done, "stage": self.stage, "n_stages": len(self.plan.stages),
+            "first_layer": self.assignment.first_layer, "last_layer": self.assignment.last_layer,
+            "model": self.job.model.model_dump(), "seed": self.job.seed, "tokenizer": self.job.data.tokenizer,
+            "epoch": self.plan.epoch,
+        }  # fmt: skip
+        tensors = self.runner.state_tensors()
+        root, n_stages = self.checkpoint_root, len(self.plan.stages)
+        path = await asyncio.to_thread(save_stage, root, done, self.stage, n_stages, tensors, meta)
+        if self.stage == 0:
+            await asyncio.to_thread(prune, root, ck.keep)
+        return path
+
+    async def run(
+        self, on_step: Callable[[StepReport], object] | None = None, until: int | None = None
+    ) -> None:
+        """Train until the job's last step (or ``until``); raises ``StepAborted`` when a step cannot be
+        committed, leaving weights and optimizer as they were before that step."""
+        await asyncio.to_thread(self.restore)
+        end = self.job.steps if until is None else min(until, self.job.steps)
+        while self.step < end:
+            report = await self.train_step()
+            if on_step is not None:
+                on_step(report)

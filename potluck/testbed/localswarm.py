@@ -1,0 +1,169 @@
+"""A swarm of local processes on loopback: one coordinator and N peers, each a real ``potluck`` process
+with its own p2pd. Used by ``potluck demo`` and by the integration tests.
+
+Each process starts in its own session, so its process group holds it and its p2pd child; stopping
+signals that group by the PID we recorded, never by name, and always reaps what it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from potluck.net.client import read_live_peers
+from potluck.net.node import NetworkConfig
+from potluck.protocol.invite import Invite, read_invite
+from potluck.protocol.membership import PeerView
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the process group we created for this process (it and its p2pd)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class LocalSwarm:
+    root: Path  # run directory: keys, logs, invite
+    job_file: Path
+    swarm_id: str = "local"
+    peer_args: tuple[str, ...] = ()
+    coordinator_args: tuple[str, ...] = ()
+    verbose: int = 0  # -v flags given to every child (their logs go to <root>/<name>.log)
+    procs: dict[str, Proc] = field(default_factory=dict)
+    invite: Invite | None = None
+
+    def _spawn(self, name: str, args: list[str]) -> Proc:
+        self.root.mkdir(parents=True, exist_ok=True)
+        log = self.root / f"{name}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "potluck", *(["-v"] * self.verbose), *args],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )  # fmt: skip
+        proc = Proc(name, popen, log)
+        self.procs[name] = proc
+        logger.info("started %s (pid %d)", name, popen.pid)
+        return proc
+
+    def start_coordinator(self, timeout_s: float = 60.0) -> Invite:
+        invite_file = self.root / "invite.txt"
+        invite_file.unlink(missing_ok=True)
+        proc = self._spawn("coordinator", [
+            "launch", str(self.job_file), "--invite-file", str(invite_file), "--swarm-id", self.swarm_id,
+            "--identity", str(self.root / "coordinator.pem"), "--host-maddrs", LOOPBACK,
+            "--poll-interval", "1", *self.coordinator_args,
+        ])  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while not invite_file.exists() or not invite_file.read_text().strip():
+            if not proc.alive():
+                raise RuntimeError(f"coordinator exited with {proc.popen.returncode}:\n{proc.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"coordinator wrote no invite within {timeout_s:.0f} s:\n{proc.tail()}")
+            time.sleep(0.1)
+        self.invite = read_invite(f"@{invite_file}")
+        return self.invite
+
+    def start_peer(self, name: str, *extra: str) -> Proc:
+        assert self.invite is not None, "start the coordinator first"
+        return self._spawn(name, [
+            "peer", "--join", self.invite.encode(), "--identity", str(self.root / name / "identity.pem"),
+            "--host-maddrs", LOOPBACK, *self.peer_args, *extra,
+        ])  # fmt: skip
+
+    def live_peers(self, timeout_s: float = 15.0) -> list[PeerView]:
+        assert self.invite is not None
+        net = NetworkConfig(host_maddrs=(LOOPBACK,), bootstrap_timeout_s=timeout_s)
+        return asyncio.run(read_live_peers(self.invite, net, timeout_s))
+
+    def wait_for(
+        self, predicate: Callable[[list[PeerView]], bool], timeout_s: float, poll_s: float = 1.0
+    ) -> list[PeerView]:
+        """Poll the swarm until ``predicate(peers)`` holds; return the peers seen last."""
+        deadline = time.monotonic() + timeout_s
+        peers: list[PeerView] = []
+        while True:
+            try:
+                peers = self.live_peers()
+            except Exception as e:  # the swarm may still be starting
+                logger.info("status read failed: %s", e)
+            if predicate(peers):
+                return peers
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"swarm did not reach the expected state in {timeout_s:.0f} s; saw {len(peers)}"
+                )
+            time.sleep(poll_s)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> float:
+        """Signal one process (SIGKILL: its whole group, like a crash); return seconds until it exited."""
+        proc = self.procs[name]
+        start = time.monotonic()
+        if sig == signal.SIGKILL:
+            proc.signal_group(signal.SIGKILL)
+        else:
+            proc.popen.send_signal(sig)
+        try:
+            proc.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.signal_group(signal.SIGKILL)
+            proc.popen.wait(timeout=5)
+        elapsed = time.monotonic() - start
+        proc.signal_group(signal.SIGKILL)  # its p2pd, if it outlived it
+        return elapsed
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop peers, then the coordinator: SIGTERM, bounded wait, SIGKILL the group; reap everything."""
+        order = [n for n in self.procs if n != "coordinator"] + [n for n in self.procs if n == "coordinator"]
+        for name in order:
+            if self.procs[name].alive():
+                self.procs[name].popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name in order:
+            proc = self.procs[name]
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not exit in time; killing its process group", name)
+            proc.signal_group(signal.SIGKILL)
+            proc.popen.wait(timeout=5)
+
+    def __enter__(self) -> LocalSwarm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

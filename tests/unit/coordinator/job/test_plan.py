@@ -1,0 +1,68 @@
+"""The coordinator's job planning: swarm records + job -> a consistent TrainPlan, spares told why."""
+
+from potluck.coordinator.job.plan import make_train_plan, step_job
+from potluck.coordinator.state import SwarmState
+from potluck.protocol.identity import Identity
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.membership import PeerView
+from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
+
+JOB = JobSpec.model_validate({
+    "name": "t", "min_peers": 4,
+    "model": {"n_layers": 4, "d_model": 64, "n_heads": 4, "vocab_size": 256, "seq_len": 32},
+    "batch": {"tokens_per_step": 32 * 16, "micro_batch_size": 2},
+    "limits": {"stages": 2, "replicas": 2},
+})  # fmt: skip
+
+
+def peer(pid: str, memory: int = 8 << 30, tflops: float = 0.1) -> PeerView:
+    hw = Hardware(device_kind="cpu", device_name="cpu", memory_total_bytes=memory, memory_free_bytes=memory,
+                  cpu_cores=2, tflops_fp32=tflops, tflops_bf16=tflops)  # fmt: skip
+    return PeerView(PeerRecord(peer_id=pid, hardware=hw, issued_at=100.0), expiration=200.0)
+
+
+def ids(n: int) -> list[str]:
+    return sorted(Identity.generate().peer_id for _ in range(n))
+
+
+def test_forced_shape_gives_a_consistent_2x2_plan_with_trees():
+    pids = ids(5)
+    state = SwarmState("s", 100.0, {p: peer(p) for p in pids})
+    plan, placement, reason = make_train_plan(state, JOB, 100.0, epoch=1, start_step=0)
+    assert plan is not None and placement is not None, reason
+    assert len(plan.stages) == 2 and plan.n_replicas == 2
+    assert plan.stages[0].first_layer == 0 and plan.stages[-1].last_layer == 4
+    placed = {p for st in plan.stages for p in st.peers}
+    assert len(placed) == 4 and {s.peer_id for s in plan.spares} == set(pids) - placed
+    assert all(st.trees and abs(sum(t.share for t in st.trees) - 1) < 1e-6 for st in plan.stages)
+    assert "no measured links" in reason and plan.predicted_step_s > 0
+
+
+def test_peer_without_memory_for_a_layer_is_a_spare_told_why():
+    pids = ids(5)
+    peers = {p: peer(p) for p in pids[:4]} | {pids[4]: peer(pids[4], memory=1 << 10)}
+    plan, _, _ = make_train_plan(SwarmState("s", 100.0, peers), JOB, 100.0, epoch=1, start_step=0)
+    assert plan is not None
+    spare = {s.peer_id: s.reason for s in plan.spares}
+    assert "too little memory" in spare[pids[4]] and "one layer needs" in spare[pids[4]]
+
+
+def test_waits_for_min_peers_and_uses_measured_links():
+    pids = ids(4)
+    plan, _, reason = make_train_plan(
+        SwarmState("s", 100.0, {p: peer(p) for p in pids[:3]}), JOB, 100.0, 1, 0
+    )
+    assert plan is None and "waiting for peers: 3 usable of the 4" in reason
+    links = {a: LinkReport(peer_id=a, issued_at=100.0, links=[LinkSample(dst=b, rtt_ms=1.0, bandwidth_gbps=5.0)
+             for b in pids if b != a]) for a in pids}  # fmt: skip
+    state = SwarmState("s", 100.0, {p: peer(p) for p in pids}, links)
+    plan, _, reason = make_train_plan(state, JOB, 100.0, epoch=3, start_step=40)
+    assert plan is not None and plan.epoch == 3 and plan.start_step == 40
+    assert "12 measured links" in reason
+
+
+def test_codec_choice_reaches_the_step_model():
+    packed = step_job(JOB)
+    raw = step_job(JOB.model_copy(update={"compression": JOB.compression.model_copy(
+        update={"activations": "none", "gradients": "none"})}))  # fmt: skip
+    assert packed.codecs.activation_wan < raw.codecs.activation_wan

@@ -1,0 +1,88 @@
+"""Cost models: DT-FM's COMM-COST by hand, step time's structure and memory feasibility."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from potluck.coordinator.placement.costmodel import (
+    BatchSpec,
+    DtfmJob,
+    ModelShape,
+    StepJob,
+    dtfm_cost,
+    micro_batches,
+    split_layers,
+    step_time,
+)
+from potluck.coordinator.placement.netmodel import from_matrices
+
+
+def test_dtfm_cost_matches_hand_computation() -> None:
+    lat = np.array([[0, 10, 20, 30], [10, 0, 40, 50], [20, 40, 0, 60], [30, 50, 60, 0]], dtype=float)
+    bw = np.array([[1, 1, 2, 4], [1, 1, 5, 2], [2, 5, 1, 1], [4, 2, 1, 1]], dtype=float)
+    net = from_matrices(lat, bw)
+    job = DtfmJob(n_stages=2, n_replicas=2, c_dp_gb=1.0, c_pp_gb=0.5)
+    stages = np.array([[0, 1], [2, 3]])  # stage 0 on devices 0, 1; pipelines 0->2 and 1->3
+    got = dtfm_cost(stages, net, job)
+    dp0 = 2 * (0.010 + 8.0 / (1 * 2))  # the pair (0, 1): both members see the same sum
+    dp1 = 2 * (0.060 + 8.0 / (1 * 2))
+    pp = max(0.020 + 4.0 / 2, 0.050 + 4.0 / 2)
+    assert got.dp == pytest.approx(max(dp0, dp1))
+    assert got.pp == pytest.approx(pp)
+    assert got.total == pytest.approx(max(dp0, dp1) + 2 * pp)
+
+
+def _job(layers: int = 24, recompute: bool = True) -> StepJob:
+    return StepJob(ModelShape(layers, 1024, 16, 32000, 1024), BatchSpec(64, 1), recompute=recompute)
+
+
+def test_layer_split_follows_speed_and_covers_all_layers() -> None:
+    job = _job()
+    layers = split_layers(job, np.array([100.0, 50.0, 50.0, 100.0]), np.full(4, 80.0), np.array([4, 3, 2, 1]))
+    assert layers is not None
+    assert int(layers.sum()) == 24
+    assert layers[0] > layers[1] and layers[3] >= layers[2]
+
+
+def test_layer_split_respects_memory() -> None:
+    job = _job(recompute=False)
+    roomy = split_layers(job, np.array([100.0, 100.0]), np.array([80.0, 80.0]), np.array([2, 1]))
+    assert roomy is not None
+    tight = split_layers(job, np.array([100.0, 100.0]), np.array([0.5, 0.5]), np.array([2, 1]))
+    assert tight is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layers=st.integers(1, 48),
+    speeds=st.lists(st.floats(1.0, 400.0), min_size=1, max_size=12),
+)
+def test_layer_split_always_places_every_layer(layers: int, speeds: list[float]) -> None:
+    job = _job(layers=max(layers, len(speeds)))
+    s = len(speeds)
+    got = split_layers(job, np.array(speeds), np.full(s, 80.0), np.arange(s, 0, -1))
+    assert got is not None
+    assert int(got.sum()) == job.model.layers and (got >= 1).all()
+
+
+def test_step_time_of_a_uniform_pipeline_by_hand() -> None:
+    job = _job(layers=4)
+    s, r = 2, 2
+    m = micro_batches(job, r)  # 64 sequences / (2 replicas x 1) = 32
+    link = 0.01
+    out = step_time(np.array([100.0, 100.0]), np.array([80.0, 80.0]), np.array([link]),
+                    np.zeros((s, r)), np.zeros((s, r)), job, r)
+    mdl = job.model
+    work = 4.0 * mdl.flops_per_token_layer * mdl.seq_len  # recompute: forward x4, micro-batch of 1
+    head = 3.0 * 2.0 * mdl.embed_params * mdl.seq_len  # the LM head weighs on the last stage...
+    assert head > work
+    assert out.feasible and out.layers == (3, 1) and out.micro_batches == m == 32  # ...so it gets fewer layers
+    t0, t1 = 3 * work / 100e12, (1 * work + head) / 100e12
+    assert out.pipeline == pytest.approx(t0 + t1 + 2 * link + (m - 1) * max(t0, t1, link))
+    assert out.dp_exposed == 0.0 and out.total == pytest.approx(out.pipeline)
+    slower = step_time(np.array([100.0, 50.0]), np.array([80.0, 80.0]), np.array([link]),
+                       np.zeros((s, r)), np.zeros((s, r)), job, r)
+    assert slower.total > out.total

@@ -1,0 +1,47 @@
+import torch
+
+from potluck.model.transformer import StageModel, ffn_hidden
+from potluck.protocol.jobspec import ModelSpec
+
+SPEC = ModelSpec(n_layers=4, d_model=64, n_heads=4, vocab_size=256, seq_len=32)
+
+
+def test_chained_stages_equal_the_whole_model():
+    whole = StageModel(SPEC, 0, 4, seed=7)
+    stages = [StageModel(SPEC, 0, 1, seed=7), StageModel(SPEC, 1, 3, seed=7), StageModel(SPEC, 3, 4, seed=7)]
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    h = x
+    for s in stages:
+        h = s(h)
+    torch.testing.assert_close(h, whole(x), rtol=1e-5, atol=1e-5)
+    assert h.shape == (2, 32, 256)
+
+
+def test_init_depends_on_seed_and_layer_not_on_the_split():
+    a = StageModel(SPEC, 1, 3, seed=7)
+    b = StageModel(SPEC, 2, 4, seed=7)
+    torch.testing.assert_close(a.layers[1].qkv.weight, b.layers[0].qkv.weight, rtol=0, atol=0)  # layer 2
+    assert not torch.equal(a.layers[0].qkv.weight, a.layers[1].qkv.weight)
+    c = StageModel(SPEC, 1, 3, seed=8)
+    assert not torch.equal(a.layers[0].qkv.weight, c.layers[0].qkv.weight)
+
+
+def test_causal_and_trainable():
+    torch.manual_seed(0)
+    m = StageModel(SPEC, 0, 4, seed=1)
+    x = torch.randint(0, 256, (2, 32))
+    y = x.clone()
+    y[:, 20:] = (y[:, 20:] + 1) % 256  # change only the future
+    torch.testing.assert_close(m(x)[:, :20], m(y)[:, :20])
+    # a few steps of AdamW memorise a fixed sequence
+    data = torch.arange(33) % 256
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        loss = StageModel.loss(m(data[None, :-1]), data[None, 1:])
+        first = first if first is not None else float(loss.detach())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(loss.detach()) < 0.5 * first
+    assert ffn_hidden(64) % 64 == 0
