@@ -43,7 +43,8 @@ from potluck.coordinator.trees.plan import (  # noqa: E402
     tree_plan,
 )
 from potluck.coordinator.trees.rings import pack_rings  # noqa: E402
-from potluck.net.mailbox import Mailbox, Tag, TransportConfig  # noqa: E402
+from potluck.net.config import TransportConfig  # noqa: E402
+from potluck.net.mailbox import Mailbox, Tag  # noqa: E402
 from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce  # noqa: E402
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec  # noqa: E402
 from potluck.testbed.shaping import LinkShaper  # noqa: E402

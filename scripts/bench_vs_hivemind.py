@@ -216,7 +216,8 @@ def worker_main(args: argparse.Namespace) -> None:
     from hivemind.p2p import PeerID
     from hivemind.utils.multiaddr import Multiaddr
 
-    from potluck.net.mailbox import Mailbox, TransportConfig
+    from potluck.net.config import TransportConfig
+    from potluck.net.mailbox import Mailbox
     from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce
     from potluck.protocol.collective import AllReduceSchedule, TreeSpec
 

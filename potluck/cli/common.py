@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from potluck.net.node import NetworkConfig
+from potluck.net.config import NetworkConfig
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.invite import Invite, read_invite
 from potluck.protocol.membership import PeerView

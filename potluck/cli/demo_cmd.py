@@ -23,7 +23,7 @@ from potluck.cli.common import err_console, fail
 from potluck.cli.jobview import JobWatcher
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.service import CoordinatorService
-from potluck.net.node import NetworkConfig
+from potluck.net.config import NetworkConfig
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobfile import parse_job

@@ -16,7 +16,7 @@ from potluck.cli.common import (
     network_config,
     parse_invite,
 )
-from potluck.net.links import LinkProbeConfig
+from potluck.net.config import LinkProbeConfig
 from potluck.peer.config import DEFAULT_HOME, PeerConfig
 from potluck.peer.daemon import PeerDaemon
 from potluck.peer.worker import WorkerConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from potluck.net.node import NetworkConfig
+from potluck.net.config import NetworkConfig
 from potluck.protocol.identity import DEFAULT_HOME
 
 

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from hivemind.utils import get_dht_time
 
-from potluck.net.node import NetworkConfig, SwarmNode
+from potluck.net.config import NetworkConfig
+from potluck.net.node import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite

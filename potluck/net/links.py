@@ -15,11 +15,11 @@ import statistics
 import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
+from potluck.net.config import LinkProbeConfig
 from potluck.protocol.errors import WireError
 from potluck.protocol.records import LinkSample
 from potluck.protocol.wire import MAX_PAYLOAD, Frame, MsgType, read_frame, write_frame
@@ -27,17 +27,6 @@ from potluck.protocol.wire import MAX_PAYLOAD, Frame, MsgType, read_frame, write
 logger = logging.getLogger(__name__)
 
 LAST = 1  # frame flag: the final BULK frame of a probe
-
-
-@dataclass(frozen=True)
-class LinkProbeConfig:
-    pings: int = 5  # round trips per measurement; the median is reported
-    bulk_bytes: int = 4 << 20  # bytes sent to measure goodput
-    frame_bytes: int = 256 << 10  # bytes per BULK frame
-    timeout_s: float = 10.0  # bound on every read and write of a probe
-    max_stream_bytes: int = 64 << 20  # a probe stream that sends more is cut off (abuse bound)
-    sample_size: int = 4  # peers measured per round, at least; grows as ceil(log2 N)
-    interval_s: float = 120.0  # seconds between measurement rounds
 
 
 def probe_protocol(swarm_id: str) -> str:

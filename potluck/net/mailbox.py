@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
+from potluck.net.config import Pacer, TransportConfig
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
-from potluck.testbed.shaping import LinkShaper
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +45,12 @@ class Tag:
         return cls(*_TAG.unpack_from(data))
 
 
-@dataclass(frozen=True)
-class TransportConfig:
-    timeout_s: float = 30.0  # bound on every send and receive
-    max_pending_bytes: int = 256 << 20  # buffered, not-yet-claimed message bytes per mailbox
-
-
 class Mailbox:
     def __init__(
-        self, p2p: P2P, protocol: str, cfg: TransportConfig, shaper: LinkShaper | None = None
+        self, p2p: P2P, protocol: str, cfg: TransportConfig, pacer: Pacer | None = None
     ) -> None:
         self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
-        self.shaper = shaper  # paces sends to configured link rates (benchmarks, upload caps)
+        self.pacer = pacer  # paces sends to configured link rates (benchmarks, upload caps)
         self.peer_id = p2p.peer_id.to_base58()
         self._pending: dict[tuple[str, Tag], bytes] = {}
         self._waiters: dict[tuple[str, Tag], asyncio.Future[bytes]] = {}
@@ -88,8 +82,8 @@ class Mailbox:
             await self._deliver(peer, tag, payload)
             return
         writer, lock = await self._stream_to(peer)
-        if self.shaper is not None:
-            await self.shaper.pace(self.peer_id, peer, len(payload))
+        if self.pacer is not None:
+            await self.pacer.pace(self.peer_id, peer, len(payload))
         async with lock:
             try:
                 await write_frame(writer, Frame(MsgType.TENSOR, tag.pack() + payload), self.cfg.timeout_s)

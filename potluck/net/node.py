@@ -13,7 +13,6 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.serializer import MSGPackSerializer
 
+from potluck.net.config import NetworkConfig
 from potluck.net.validator import PotluckValidator
 from potluck.protocol import envelope
 from potluck.protocol.errors import BootstrapError, RecordError
@@ -31,24 +31,6 @@ from potluck.protocol.keys import dht_key
 from potluck.protocol.records import Record
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    """How a node listens and how long it waits. Every network wait has one of these bounds."""
-
-    host_maddrs: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
-    announce_maddrs: tuple[str, ...] = ()
-    bootstrap_timeout_s: float = 30.0  # keep retrying the bootstrap peers this long before giving up
-    request_timeout_s: float = 5.0  # one DHT RPC
-    startup_timeout_s: float = 15.0  # p2pd start-up
-    use_relay: bool = True  # reach NATed peers through libp2p circuit relays
-    use_auto_relay: bool = False  # look for a relay to become reachable ourselves (behind NAT)
-    nat_traversal: bool | None = None  # AutoNAT + UPnP; None: on unless every listen address is loopback
-
-    @property
-    def loopback_only(self) -> bool:
-        return all(a.startswith(("/ip4/127.", "/ip6/::1/")) for a in self.host_maddrs)
 
 
 class SwarmNode:

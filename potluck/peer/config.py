@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from potluck.net.links import LinkProbeConfig
-from potluck.net.node import NetworkConfig
+from potluck.net.config import LinkProbeConfig, NetworkConfig
 from potluck.peer.worker import WorkerConfig
 from potluck.protocol.identity import DEFAULT_HOME
 from potluck.protocol.invite import Invite

@@ -19,7 +19,8 @@ from pathlib import Path
 from hivemind.utils import get_dht_time
 
 from potluck.model.data import TokenDataset, load_dataset
-from potluck.net.mailbox import Mailbox, TransportConfig
+from potluck.net.config import TransportConfig
+from potluck.net.mailbox import Mailbox
 from potluck.net.node import SwarmNode
 from potluck.peer.errors import PeerError
 from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig, round_base

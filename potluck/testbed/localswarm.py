@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from potluck.net.client import read_live_peers
-from potluck.net.node import NetworkConfig
+from potluck.net.config import NetworkConfig
 from potluck.protocol.invite import Invite, read_invite
 from potluck.protocol.membership import PeerView
 

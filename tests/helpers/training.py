@@ -8,7 +8,8 @@ from pathlib import Path
 from hivemind.utils import get_dht_time
 
 from potluck.model.data import ByteTokenizer, TokenDataset, generated_corpus
-from potluck.net.mailbox import Mailbox, TransportConfig
+from potluck.net.config import TransportConfig
+from potluck.net.mailbox import Mailbox
 from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StageAssignment, TrainPlan

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from potluck.compression import get_codec
-from potluck.net.mailbox import Mailbox, TransportConfig
+from potluck.net.config import TransportConfig
+from potluck.net.mailbox import Mailbox
 from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from tests.helpers.gloo import gloo_mean

@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from potluck.net.mailbox import Mailbox, TransportConfig
+from potluck.net.config import TransportConfig
+from potluck.net.mailbox import Mailbox
 from potluck.peer.collectives.relaxed import LateError, RelaxedConfig, relaxed_allreduce
 from potluck.peer.collectives.tree import AllReduceConfig
 from tests.helpers.p2p import p2p_group

@@ -58,7 +58,8 @@ def test_resume_continues_the_loss_curve_even_with_new_stage_boundaries(tmp_path
 
 
 def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
-    from potluck.net.mailbox import Mailbox, TransportConfig
+    from potluck.net.config import TransportConfig
+    from potluck.net.mailbox import Mailbox
     from potluck.peer.errors import StepAborted
     from potluck.peer.train.trainer import Trainer, TrainerConfig
     from tests.helpers.p2p import p2p_group

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from potluck.net.mailbox import Mailbox, Tag, TransportConfig
+from potluck.net.config import TransportConfig
+from potluck.net.mailbox import Mailbox, Tag
 from potluck.protocol.errors import WireError
 from tests.helpers.p2p import p2p_group
 

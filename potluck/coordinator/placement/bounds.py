@@ -19,8 +19,8 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import lil_matrix
 
-from potluck.coordinator.placement.exhaustive import dtfm_optimum, feasible, partition_count
 from potluck.coordinator.placement.costmodel import DeviceSpec, StepJob
+from potluck.coordinator.placement.exhaustive import dtfm_optimum, feasible, partition_count
 from potluck.coordinator.placement.objectives import DtfmObjective
 
 logger = logging.getLogger(__name__)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from potluck.model import data
 from potluck.model.data import (
     ByteTokenizer,
     DataError,
@@ -17,7 +18,6 @@ from potluck.model.data import (
     load_tokenizer,
     read_text_dir,
 )
-from potluck.model import data
 from potluck.protocol.jobspec import DataSpec
 
 
