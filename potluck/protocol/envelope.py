@@ -11,14 +11,13 @@ garbage never reaches the JSON parser and nothing is allocated from a claimed si
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-from hivemind.dht.routing import DHTID
-from hivemind.utils.serializer import MSGPackSerializer
 from pydantic import ValidationError
 
 from potluck.protocol import identity as ident
@@ -64,13 +63,29 @@ class Verified:
         return ident.peer_id_from_public_key(self.public_key)
 
 
+def _msgpack_scalar(value: Any) -> bytes:
+    """msgpack bytes of a DHT key or subkey as hivemind's serializer writes them (bin type, strict).
+
+    Keys and subkeys are strings (peer ids, names), ints or None; tuples and other containers would go
+    through hivemind's extension types, which records never use, so they are refused.
+    """
+    if value is not None and not isinstance(value, str | bytes | int | float):
+        kind = type(value).__name__
+        raise RecordError(f"a DHT key or subkey must be a string, bytes or a number, not {kind}")
+    return bytes(msgpack.packb(value, use_bin_type=True, strict_types=True))
+
+
 def key_id_bytes(swarm_id: str, name: str) -> bytes:
-    """The bytes hivemind uses for a DHT key on the wire (hash of the serialized key)."""
-    return bytes(DHTID.generate(source=dht_key(swarm_id, name)).to_bytes())
+    """The bytes hivemind uses for a DHT key on the wire: SHA-1 of the msgpack-serialized key (20 B).
+
+    Computed here so the protocol needs no hivemind; tests pin it to hivemind's ``DHTID.generate``.
+    """
+    return hashlib.sha1(_msgpack_scalar(dht_key(swarm_id, name))).digest()
 
 
 def subkey_bytes(subkey: Any) -> bytes:
-    return bytes(MSGPackSerializer.dumps(subkey))
+    """The bytes hivemind stores for a subkey (its msgpack serialization)."""
+    return _msgpack_scalar(subkey)
 
 
 def _signed_message(

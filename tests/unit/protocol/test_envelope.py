@@ -1,15 +1,11 @@
 """Every class of bad record is refused by the same routine the DHT validator runs."""
 
-import dataclasses
-
 import msgpack
 import pytest
-from hivemind.dht.validation import DHTRecord
 from hivemind.utils.serializer import MSGPackSerializer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from potluck.net.validator import PotluckValidator
 from potluck.protocol import envelope
 from potluck.protocol.envelope import TrustPolicy, key_id_bytes, seal, subkey_bytes, verify
 from potluck.protocol.errors import RecordError
@@ -118,18 +114,6 @@ def test_signed_but_schema_invalid_rejected(policy):
     )
     with pytest.raises(RecordError, match=r"schema: PeerRecord\.hardware\.memory_total_bytes"):
         check(policy, value, subkey=peer.peer_id)
-
-
-def test_hivemind_validator_interface(policy):
-    peer = Identity.generate()
-    validator = PotluckValidator(dataclasses.replace(policy, clock_skew_s=1e12))  # NOW is in the future here
-    value = seal(peer, "swarm-a", "peers", make_peer_record(peer), NOW + 30, peer.peer_id)
-    good = DHTRecord(key_id_bytes("swarm-a", "peers"), subkey_bytes(peer.peer_id), stored(value), NOW + 30)
-    assert validator.validate(good)
-    bad = dataclasses.replace(good, value=stored(value[:-1] + b"x"))
-    assert not validator.validate(bad)
-    assert validator.rejected == 1
-    assert validator.sign_value(good) == good.value and validator.strip_value(good) == good.value
 
 
 @settings(max_examples=300, deadline=None)
