@@ -15,9 +15,11 @@ went wrong and what to try::
     │   └── DataError
     ├── CoordinatorError         potluck.coordinator.errors: scenarios, link models, planning, packing
     │   ├── ScenarioError, NetModelError, PlanningError, PackingError
-    └── PeerError                potluck.peer.errors: the networked step
-        ├── CollectiveError (LateError), PipelineError, StepAborted
-        └── TrainingFailed
+    ├── PeerError                potluck.peer.errors: the networked step
+    │   ├── CollectiveError (LateError), PipelineError, StepAborted
+    │   └── TrainingFailed
+    ├── TaskFailed               here: a supervised task (potluck.aio) raised; its error is the cause
+    └── DeadlineExceeded         here: a bounded wait (potluck.aio.bounded) ran out; also a TimeoutError
 
 Errors that are also ``ValueError`` (bad specs, bad data) stay catchable as such by generic callers.
 """
@@ -27,3 +29,17 @@ from __future__ import annotations
 
 class PotluckError(Exception):
     """Base class of every error potluck raises deliberately; the message is meant for a user."""
+
+
+class TaskFailed(PotluckError):
+    """A task run by ``potluck.aio`` raised; the message names the task, ``__cause__`` is its error."""
+
+    def __init__(self, task: str, error: BaseException) -> None:
+        super().__init__(f"task {task!r} failed: {type(error).__name__}: {error}")
+        self.task = task
+
+
+class DeadlineExceeded(PotluckError, TimeoutError):
+    """A bounded wait ran out of time; the message says what did not finish and within how long.
+
+    It is a ``TimeoutError`` too, so code that catches timeouts keeps working."""

@@ -44,7 +44,8 @@ from potluck.coordinator.trees.plan import (  # noqa: E402
 )
 from potluck.coordinator.trees.rings import pack_rings  # noqa: E402
 from potluck.net.config import TransportConfig  # noqa: E402
-from potluck.net.mailbox import Mailbox, Tag  # noqa: E402
+from potluck.net.mailbox import Mailbox  # noqa: E402
+from potluck.net.tags import Stream, make_tag  # noqa: E402
 from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce  # noqa: E402
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec  # noqa: E402
 from potluck.testbed.shaping import LinkShaper  # noqa: E402
@@ -85,11 +86,13 @@ async def stream_s(src: Mailbox, dst: Mailbox, nbytes: int, count: int, round_no
 
     async def send() -> None:
         for i in range(count):
-            await src.send(dst.peer_id, Tag(round_no, 0, i, 0), codec.encode(x, key=(round_no, 0, i)))
+            tag = make_tag(round_no, Stream.DATA, chunk=i)
+            await src.send(dst.peer_id, tag, codec.encode(x, key=(round_no, 0, i)))
 
     async def recv() -> None:
         for i in range(count):
-            codec.decode_into(await dst.recv(src.peer_id, Tag(round_no, 0, i, 0)), acc, accumulate=True)
+            tag = make_tag(round_no, Stream.DATA, chunk=i)
+            codec.decode_into(await dst.recv(src.peer_id, tag), acc, accumulate=True)
 
     start = time.perf_counter()
     await asyncio.gather(send(), recv())

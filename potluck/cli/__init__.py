@@ -1,17 +1,17 @@
 """The ``potluck`` console script: one typer app, one module per subcommand.
 
 Each ``*_cmd`` module exposes ``register(app)``; this file only wires them and sets up logging, so entry
-points stay thin and the work lives in the packages.
+points stay thin and the work lives in the packages. Command modules import torch, hivemind and the
+packages built on them inside their command bodies: ``potluck --help`` must not wait for them.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 
 import typer
 
-from potluck import __version__
+from potluck import __version__, logs
 from potluck.compat import use_fork
 
 # Subcommand modules, in the order `potluck --help` lists them.
@@ -41,13 +41,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More logging (-v info, -vv debug)."),
+    verbose: int = typer.Option(
+        0, "--verbose", "-v", count=True, help="-v info, -vv debug; else POTLUCK_LOGLEVEL, default info."
+    ),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print version."),
 ) -> None:
-    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # hivemind configures its own handlers; keep its chatter at our level.
-    logging.getLogger("hivemind").setLevel(max(level, logging.INFO) if verbose < 2 else logging.DEBUG)
+    logs.configure(verbose)  # also POTLUCK_LOGFORMAT=json; hivemind's records follow the same level
 
 
 for _module in COMMANDS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -12,7 +13,9 @@ from rich.table import Table
 from potluck.net.config import NetworkConfig
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.invite import Invite, read_invite
-from potluck.protocol.membership import PeerView
+
+if TYPE_CHECKING:
+    from potluck.protocol.membership import PeerView
 
 err_console = Console(stderr=True)
 

@@ -12,25 +12,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 import tempfile
 import time
 from pathlib import Path
 
 import typer
 
+from potluck.aio import bounded, stop_on_signals
 from potluck.cli.common import err_console, fail
 from potluck.cli.jobview import JobWatcher
 from potluck.coordinator.config import CoordinatorConfig
-from potluck.coordinator.service import CoordinatorService
 from potluck.net.config import NetworkConfig
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobfile import parse_job
 from potluck.protocol.jobspec import JobSpec
-from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
 
 STAGES, REPLICAS = 2, 2
+STOP_TIMEOUT_S = 15.0  # bound on stopping the coordinator service when the demo ends
 
 
 def demo_job(steps: int, checkpoint_dir: Path) -> JobSpec:
@@ -74,6 +73,9 @@ async def run_local_job(
     """Coordinator here, ``job.min_peers`` peer processes on loopback; train to the end, then stop all.
 
     Returns the summary and the watcher (per-peer step timings, the plan) for benchmarks."""
+    from potluck.coordinator.service import CoordinatorService  # hivemind, torch: only when run
+    from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
+
     net = NetworkConfig(host_maddrs=(LOOPBACK,), bootstrap_timeout_s=30.0)
     cfg = CoordinatorConfig(swarm_id="demo", identity_path=run_dir / "coordinator.pem", net=net,
                             poll_interval_s=1.0)  # fmt: skip
@@ -81,11 +83,10 @@ async def run_local_job(
     peer_args = ("--probe-seconds", "0.2", "--threads", str(threads), "--link-interval", "30",
                  "--link-probe-bytes", "262144", "--device", "cpu")  # fmt: skip
     start = time.monotonic()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # end the peers too, never leave them orphaned
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     verbose = 1 if logging.getLogger().getEffectiveLevel() <= logging.INFO else 0
-    with LocalSwarm(run_dir, run_dir / "unused.toml", "demo", peer_args, verbose=verbose) as swarm:
+    # On SIGINT / SIGTERM the peers end too, never left orphaned.
+    with stop_on_signals() as stop, LocalSwarm(run_dir, run_dir / "unused.toml", "demo", peer_args,
+                                               verbose=verbose) as swarm:  # fmt: skip
         swarm.invite = await service.start()
         try:
             n = job.min_peers
@@ -113,7 +114,7 @@ async def run_local_job(
             summary = watcher.summary()
             summary["seconds"] = round(time.monotonic() - start, 1)
         finally:
-            await asyncio.wait_for(service.stop(), timeout=15.0)
+            await bounded(service.stop(), STOP_TIMEOUT_S, "stopping the coordinator")
     return summary, watcher
 
 

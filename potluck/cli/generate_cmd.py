@@ -10,8 +10,7 @@ import typer
 
 from potluck.cli.common import fail
 from potluck.errors import PotluckError
-from potluck.model.checkpoint import CheckpointRef, check_step, latest_complete
-from potluck.model.sampling import generate, load_checkpoint_tokenizer, load_model
+from potluck.protocol.checkpoints import CheckpointRef, check_step, latest_complete
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +40,8 @@ def _generate(
     seed: int = typer.Option(0, "--seed", help="Sampling seed; same seed, same text."),
 ) -> None:
     """Print the prompt and the model's continuation, from the newest complete checkpoint."""
+    from potluck.model.sampling import generate, load_checkpoint_tokenizer, load_model  # torch: here only
+
     try:
         ref = _resolve(checkpoint)
         stages, _spec, meta = load_model(ref)

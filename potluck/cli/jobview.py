@@ -8,7 +8,6 @@ rich progress bar (demo); the one-line JSON summary is the same for both.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +21,6 @@ from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
-
-logger = logging.getLogger(__name__)
 
 
 def plan_table(plan: TrainPlan, reason: str) -> Table:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import signal
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from hivemind.utils import get_dht_time
 
+from potluck.aio import bounded, stop_on_signals
 from potluck.cli.common import (
     ANNOUNCE_HELP,
     HOST_MADDRS_HELP,
@@ -22,12 +23,17 @@ from potluck.cli.common import (
 )
 from potluck.cli.jobview import JobWatcher
 from potluck.coordinator.config import DEFAULT_HOME, CoordinatorConfig
-from potluck.coordinator.service import CoordinatorService
 from potluck.coordinator.state import SwarmState
+from potluck.errors import TaskFailed
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.jobfile import load_job
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import check_swarm_id
+
+if TYPE_CHECKING:
+    from potluck.coordinator.service import CoordinatorService
+
+STOP_TIMEOUT_S = 10.0  # bound on stopping the service's loops and its DHT node
 
 
 def launch(
@@ -47,6 +53,8 @@ def launch(
     ),
 ) -> None:
     """Coordinate a job: sign it, print an invite, plan the peers that join, train to the last step."""
+    from potluck.coordinator.service import CoordinatorService  # hivemind: only once the command runs
+
     try:
         job = load_job(job_file)
         swarm = check_swarm_id(swarm_id or _default_swarm_id(job))
@@ -61,9 +69,11 @@ def launch(
         train=not membership_only,
     )
     try:
-        asyncio.run(_run(cfg, job, invite_file, as_json))
+        asyncio.run(_run(CoordinatorService(cfg, job), invite_file, as_json))
     except ProtocolError as e:
         raise fail(str(e)) from None
+    except TaskFailed as e:  # its traceback is in the log already
+        raise fail(str(e), code=1) from None
 
 
 def _default_swarm_id(job: JobSpec) -> str:
@@ -71,21 +81,26 @@ def _default_swarm_id(job: JobSpec) -> str:
     return f"{base}-{secrets.token_hex(3)}"
 
 
-async def _run(cfg: CoordinatorConfig, job: JobSpec, invite_file: Path | None, as_json: bool) -> None:
-    service = CoordinatorService(cfg, job)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+async def _run(service: CoordinatorService, invite_file: Path | None, as_json: bool) -> None:
+    """Report joins and leaves, and serve until the job ends or SIGINT / SIGTERM arrives."""
 
     def on_change(state: SwarmState, joined: list[str], left: list[str]) -> None:
         for pid in joined:
             err_console.print(f"+ peer joined: {pid}", highlight=False)
         for pid in left:
             err_console.print(f"- peer left:   {pid}", highlight=False)
-        err_console.print(peers_table(list(state.peers.values()), get_dht_time(), f"{len(state.peers)} live"))
+        # hivemind's DHT time is the wall clock (hivemind.utils.get_dht_time is time.time)
+        err_console.print(peers_table(list(state.peers.values()), time.time(), f"{len(state.peers)} live"))
 
     service.on_change = on_change
+    with stop_on_signals() as stop:
+        await _serve(service, stop, invite_file, as_json)
+
+
+async def _serve(service: CoordinatorService, stop: asyncio.Event, invite_file: Path | None,
+                 as_json: bool) -> None:  # fmt: skip
+    """Print the invite, follow the job until it ends or ``stop`` is set, then stop the service."""
+    cfg, job = service.cfg, service.job
     invite = await service.start()
     try:
         text = invite.encode()
@@ -105,7 +120,7 @@ async def _run(cfg: CoordinatorConfig, job: JobSpec, invite_file: Path | None, a
             ended.cancel()
             interrupted.cancel()
     finally:
-        await asyncio.wait_for(service.stop(), timeout=10.0)
+        await bounded(service.stop(), STOP_TIMEOUT_S, "stopping the coordinator")
     if service.error is not None:
         raise fail(service.error, code=1)
     if service.finished.is_set():

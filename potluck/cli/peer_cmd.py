@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
+from potluck.aio import stop_on_signals
 from potluck.cli.common import (
     ANNOUNCE_HELP,
     HOST_MADDRS_HELP,
@@ -16,11 +18,14 @@ from potluck.cli.common import (
     network_config,
     parse_invite,
 )
+from potluck.errors import TaskFailed
 from potluck.net.config import LinkProbeConfig
-from potluck.peer.config import DEFAULT_HOME, PeerConfig
-from potluck.peer.daemon import PeerDaemon
-from potluck.peer.worker import WorkerConfig
+from potluck.peer.config import PeerConfig, WorkerConfig
 from potluck.protocol.errors import BootstrapError, IdentityError
+from potluck.protocol.identity import DEFAULT_HOME
+
+if TYPE_CHECKING:
+    from potluck.peer.daemon import PeerDaemon
 
 
 def peer(
@@ -58,6 +63,8 @@ def peer(
     ),
 ) -> None:
     """Join a swarm with this machine: probe the hardware, announce it, keep a heartbeat."""
+    from potluck.peer.daemon import PeerDaemon  # torch, hivemind: only once the command runs
+
     cfg = PeerConfig(
         invite=parse_invite(join),
         identity_path=identity,
@@ -74,9 +81,11 @@ def peer(
         worker=WorkerConfig(checkpoint_root=checkpoint_dir, step_timeout_s=step_timeout),
     )
     try:
-        asyncio.run(_run(cfg))
+        asyncio.run(_run(PeerDaemon(cfg)))
     except (BootstrapError, IdentityError) as e:
         raise fail(str(e)) from None
+    except TaskFailed as e:  # its traceback is in the log already
+        raise fail(str(e), code=1) from None
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -95,22 +104,22 @@ def _parse_bytes(text: str) -> int:
     return value
 
 
-async def _run(cfg: PeerConfig) -> None:
-    daemon = PeerDaemon(cfg)
-    daemon.install_signal_handlers()
-    task = asyncio.create_task(daemon.run(), name="peer")
-    ready = asyncio.create_task(daemon.ready.wait())
-    await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
-    if ready.done() and not task.done():
-        hw = daemon.hardware
-        assert hw is not None
-        err_console.print(
-            f"joined swarm [bold]{cfg.invite.swarm_id}[/] as peer {daemon.peer_id} "
-            f"({hw.device_kind}: {hw.device_name}, {hw.tflops_fp32:.2f} TFLOP/s fp32); Ctrl-C to leave",
-            highlight=False,
-        )
-    ready.cancel()
-    await task
+async def _run(daemon: PeerDaemon) -> None:
+    """Run the daemon until SIGINT or SIGTERM; say so once it has joined."""
+    with stop_on_signals(daemon.stop_event):
+        task = asyncio.create_task(daemon.run(), name="peer")
+        ready = asyncio.create_task(daemon.ready.wait())
+        await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if ready.done() and not task.done():
+            hw = daemon.hardware
+            assert hw is not None
+            err_console.print(
+                f"joined swarm [bold]{daemon.cfg.invite.swarm_id}[/] as peer {daemon.peer_id} "
+                f"({hw.device_kind}: {hw.device_name}, {hw.tflops_fp32:.2f} TFLOP/s fp32); Ctrl-C to leave",
+                highlight=False,
+            )
+        ready.cancel()
+        await task
 
 
 def register(app: typer.Typer) -> None:

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 import typer
 
 from potluck.coordinator.errors import CoordinatorError
-from potluck.coordinator.placement import PlannerConfig, plan
-from potluck.coordinator.placement.scenario import load_scenario
-
-logger = logging.getLogger(__name__)
 
 
 def _plan(
@@ -24,6 +19,9 @@ def _plan(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of a table."),
 ) -> None:
     """Place a scenario's devices into pipeline stages and data-parallel replicas."""
+    from potluck.coordinator.placement import PlannerConfig, plan  # scipy, networkx: only when run
+    from potluck.coordinator.placement.scenario import load_scenario
+
     if objective not in ("dtfm", "step"):
         raise typer.BadParameter("must be 'dtfm' or 'step'", param_hint="--objective")
     try:

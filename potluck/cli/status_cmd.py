@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import typer
-from hivemind.utils import get_dht_time
 from rich.console import Console
 
 from potluck.cli.common import fail, network_config, parse_invite, peers_table
 from potluck.cli.jobview import plan_table
-from potluck.net.client import read_swarm
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.membership import links_summary
 
@@ -22,13 +21,15 @@ def status(
     timeout: float = typer.Option(15.0, min=1.0, help="Seconds allowed for joining and reading."),
 ) -> None:
     """Print the swarm's live peers (device, memory, TFLOP/s, heartbeat age), the plan and progress."""
+    from potluck.net.client import read_swarm  # hivemind: only once the command runs
+
     invite = parse_invite(join)
     net = network_config(None, None, "/ip4/127.0.0.1/tcp/0", bootstrap_timeout_s=timeout)
     try:
         peers, links, plan, progress = asyncio.run(read_swarm(invite, net, timeout_s=timeout))
     except (ProtocolError, TimeoutError) as e:
         raise fail(f"could not read swarm {invite.swarm_id}: {e or 'timed out'}") from None
-    now = get_dht_time()
+    now = time.time()  # hivemind's DHT time is the wall clock (hivemind.utils.get_dht_time is time.time)
     if as_json:
         doc = {
             "swarm_id": invite.swarm_id,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -25,8 +24,6 @@ from .wire import (
     unpack_header,
     unpack_sections,
 )
-
-logger = logging.getLogger(__name__)
 
 SpecResolver = Callable[[str], "Codec"]
 

@@ -7,7 +7,6 @@ overflow fp16, and tiny gradients use fp16's normal range instead of its subnorm
 
 from __future__ import annotations
 
-import logging
 import math
 import struct
 from typing import ClassVar
@@ -19,8 +18,6 @@ from .errors import DecodeError
 from .spec import Param
 from .stages import SectionReader, StageCtx, ValueStage, tensor_from
 from .wire import Section, as_bytes_array
-
-logger = logging.getLogger(__name__)
 
 
 def ldexp(x: torch.Tensor, e: int) -> torch.Tensor:

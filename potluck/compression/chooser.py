@@ -13,12 +13,9 @@ smallest estimated time is returned with ``fits=False``.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from .registry import get_codec
-
-logger = logging.getLogger(__name__)
 
 # Best quality first. Gradients and pseudo-gradients are sent with error feedback by the caller;
 # activations use no error feedback, so they stop at 4 bits (2-bit needs delta coding, see delta.py).

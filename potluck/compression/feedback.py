@@ -10,14 +10,11 @@ it as ``state=``. It also holds per-codec extras (e.g. PowerSGD's warm-start fac
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 
 from .errors import EncodeError
-
-logger = logging.getLogger(__name__)
 
 
 class ErrorFeedback:

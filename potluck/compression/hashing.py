@@ -13,12 +13,9 @@ The torch version works in int64 and masks to 32 bits after each multiply (int64
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 M32 = 0xFFFFFFFF
 M64 = 0xFFFFFFFFFFFFFFFF

@@ -8,7 +8,6 @@ it stays raw (flag clear), so incompressible data never costs more than the sect
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import ClassVar
 
@@ -20,7 +19,6 @@ from .spec import Param
 from .stages import LosslessStage
 from .wire import Section
 
-logger = logging.getLogger(__name__)
 _local = threading.local()  # zstd contexts are not thread-safe; one per thread
 
 

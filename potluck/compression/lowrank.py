@@ -10,7 +10,6 @@ Meta section: ``u32 m, u32 c, u16 r, u8 dense``.
 
 from __future__ import annotations
 
-import logging
 import math
 import struct
 from collections.abc import Callable
@@ -26,7 +25,6 @@ from .spec import Param
 from .stages import SectionReader, StageCtx, TransformStage
 from .wire import Section
 
-logger = logging.getLogger(__name__)
 _META = struct.Struct("<IIHB")
 
 

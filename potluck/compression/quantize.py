@@ -16,7 +16,6 @@ decoder on every platform yields the same bits.
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -28,8 +27,6 @@ from .kernels import cpu, dispatch
 from .spec import Param
 from .stages import SectionReader, StageCtx, ValueStage, tensor_from
 from .wire import Section, as_bytes_array
-
-logger = logging.getLogger(__name__)
 
 BF16_MAX_BITS = 0x7F7F0000  # largest finite bf16, as fp32 bits
 SUPPORTED_BITS = (8, 4, 2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from functools import lru_cache
 
 import torch
@@ -17,8 +16,6 @@ from .sparsify import RandKStage, TopKStage
 from .spec import parse
 from .stages import LosslessStage, SelectStage, Stage, TransformStage, ValueStage
 from .wire import MAX_ELEMENTS
-
-logger = logging.getLogger(__name__)
 
 STAGES: dict[str, type[Stage]] = {
     "none": RawStage,

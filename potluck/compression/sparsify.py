@@ -10,7 +10,6 @@ the payload key: the receiver recomputes the positions, so no index bytes are se
 
 from __future__ import annotations
 
-import logging
 import math
 import struct
 from typing import ClassVar
@@ -24,8 +23,6 @@ from .kernels import dispatch
 from .spec import Param, parse_bool
 from .stages import SectionReader, SelectStage, StageCtx, tensor_from
 from .wire import Section, as_bytes_array
-
-logger = logging.getLogger(__name__)
 
 _META = struct.Struct("<BBI")
 _GAP_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32}

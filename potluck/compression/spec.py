@@ -8,15 +8,12 @@ every payload header, where a decoder must refuse what it does not understand.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpecError
-
-logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _VALUE = re.compile(r"^[A-Za-z0-9_.+\-]+$")

@@ -10,7 +10,6 @@ Sections are appended in chain order and read back in the same order.
 
 from __future__ import annotations
 
-import logging
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -23,8 +22,6 @@ import torch
 from .errors import DecodeError
 from .spec import Param, StageSpec, canonical, resolve
 from .wire import Section
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass

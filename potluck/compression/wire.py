@@ -24,7 +24,6 @@ flags bit0 = zstd-compressed (stored bytes are the zstd frame of the byte-shuffl
 
 from __future__ import annotations
 
-import logging
 import math
 import struct
 import zlib
@@ -35,8 +34,6 @@ import numpy as np
 import torch
 
 from .errors import DecodeError, EncodeError
-
-logger = logging.getLogger(__name__)
 
 MAGIC = b"PLKC"
 VERSION = 1

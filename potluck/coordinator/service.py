@@ -1,24 +1,30 @@
 """The coordinator service: owns the swarm's DHT entry point, publishes the signed job, tracks peers.
 
 I/O lives here; what it decides from the state (the plan) is computed by pure functions elsewhere.
+Its loops run as named tasks under ``aio.supervise``: a crash of one is logged with its name, stops
+the others and ends the job with ``error`` set, instead of leaving a service that silently stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from hivemind.utils import get_dht_time
 
+from potluck import logs
+from potluck.aio import bounded, supervise
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.job.plan import calibrated_tflops, make_train_plan
 from potluck.coordinator.job.progress import JobProgress, next_action
+from potluck.coordinator.job.resume import resume_point
 from potluck.coordinator.placement import PlacementPlan
 from potluck.coordinator.state import SwarmState
+from potluck.errors import TaskFailed
 from potluck.net.node import SwarmNode
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
 from potluck.protocol.envelope import TrustPolicy
@@ -48,10 +54,11 @@ class CoordinatorService:
         self.last_reason = ""
         self.error: str | None = None  # set when the job was given up (finished is set too)
         self._enough_since: float | None = None  # when min_peers were first live (monotonic s)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._running: asyncio.Task[None] | None = None  # the supervisor of the service's loops
 
     async def start(self) -> Invite:
         """Start the DHT node, store the signed job, and return the invite for peers."""
+        logs.bind(peer_id=self.identity.peer_id, swarm_id=self.cfg.swarm_id)
         self.node = await SwarmNode.start(
             self.identity, self.policy, self.cfg.net, self.cfg.initial_peers,
             key_dir=self.cfg.identity_path.parent,
@@ -59,22 +66,28 @@ class CoordinatorService:
         if not await self.node.publish(JOB.name, self.job, self.cfg.job_ttl_s):
             logger.warning("job spec stored by no DHT node yet (a lone coordinator stores it locally)")
         bootstrap = tuple(await self.node.visible_maddrs()) + tuple(self.cfg.initial_peers)
-        self._tasks = [
-            asyncio.create_task(self._refresh_job(), name="refresh-job"),
-            asyncio.create_task(self._track_peers(), name="track-peers"),
-        ]
+        tasks: dict[str, Coroutine[Any, Any, None]] = {
+            "refresh-job": self._refresh_job(),
+            "track-peers": self._track_peers(),
+        }
         if self.cfg.train:
-            self._tasks += [
-                asyncio.create_task(self._run_job(), name="run-job"),
-                asyncio.create_task(self._refresh_plan(), name="refresh-plan"),
-            ]
+            tasks |= {"run-job": self._run_job(), "refresh-plan": self._refresh_plan()}
+        self._running = asyncio.create_task(self._supervise(tasks), name="coordinator")
         return Invite(self.cfg.swarm_id, bootstrap, self.identity.public_key)
+
+    async def _supervise(self, tasks: dict[str, Coroutine[Any, Any, None]]) -> None:
+        try:
+            await supervise(tasks)
+        except TaskFailed as e:  # logged with its traceback where it happened
+            self.error = f"job {self.job.name} stopped: {e}"
+            self.finished.set()
 
     async def read_state(self) -> SwarmState:
         assert self.node is not None
-        peers, links = await asyncio.wait_for(
+        peers, links = await bounded(
             asyncio.gather(self.node.fetch(PEERS.name), self.node.fetch(LINKS.name)),
-            timeout=self.cfg.read_timeout_s,
+            self.cfg.read_timeout_s,
+            "reading the swarm state",
         )
         return SwarmState.from_records(self.cfg.swarm_id, peers, links, get_dht_time())
 
@@ -84,15 +97,17 @@ class CoordinatorService:
             await asyncio.sleep(self.cfg.job_ttl_s / 3)
             try:
                 await self.node.publish(JOB.name, self.job, self.cfg.job_ttl_s)
-            except Exception as e:
-                logger.warning("job refresh failed: %s", e)
+            except Exception:
+                logger.exception("job refresh failed")
 
     async def _track_peers(self) -> None:
         while True:
             try:
                 state = await self.read_state()
-            except Exception as e:  # a slow or failing read must not end the service
-                logger.warning("reading swarm state failed: %s", e)
+            except TimeoutError as e:  # a slow read must not end the service
+                logger.warning("%s", e)
+            except Exception:  # nor a failing one
+                logger.exception("reading swarm state failed")
             else:
                 joined, left = state.diff(self.state)
                 self.state = state
@@ -107,8 +122,8 @@ class CoordinatorService:
             if self.plan is not None:
                 try:
                     await self._publish_plan(self.plan.model_copy(update={"issued_at": get_dht_time()}))
-                except Exception as e:
-                    logger.warning("plan refresh failed: %s", e)
+                except Exception:
+                    logger.exception("plan refresh failed")
 
     async def _publish_plan(self, plan: TrainPlan) -> None:
         assert self.node is not None
@@ -117,17 +132,16 @@ class CoordinatorService:
             logger.warning("plan epoch %d stored by no DHT node yet", plan.epoch)
 
     def _resume_step(self) -> int:
-        """The newest checkpoint every stage completed: on the coordinator's disk, else as reported."""
+        """The newest checkpoint every stage completed: on the coordinator's disk, else as reported.
+        Reads the disk here; ``job.resume.resume_point`` decides."""
         root = self.cfg.checkpoint_root or Path(self.job.checkpoint.dir).expanduser()
         on_disk = latest_complete(root)
-        step = 0
-        if on_disk is not None:
-            meta = read_manifest(manifest_path(on_disk.path, 0), on_disk.step, 0)["meta"]
-            if meta.get("job") == self.job.name and meta.get("model") == self.job.model.model_dump():
-                step = min(on_disk.step, self.job.steps)
-            else:
-                logger.warning("%s holds a checkpoint of another job or model; not resuming from it", root)
-        return max(step, self.progress.complete_checkpoint())
+        meta = read_manifest(manifest_path(on_disk.path, 0), on_disk.step, 0).meta if on_disk else None
+        point = resume_point(self.job, meta, self.progress.complete_checkpoint())
+        if point.ignored is not None:
+            logger.warning("%s %s; not resuming from it", root, point.ignored)
+        logger.debug("resume at step %d: %s", point.step, point.reason)
+        return point.step
 
     async def _run_job(self) -> None:
         """Plan when enough peers are live; re-plan on churn or failure; finish at the last step."""
@@ -155,8 +169,8 @@ class CoordinatorService:
                     self.last_reason = reason
                     logger.info("job %s done: %s", self.job.name, reason)
                     self.finished.set()
-            except Exception as e:  # one bad round must not end the service
-                logger.warning("job round failed: %s", e)
+            except Exception:  # one bad round must not end the service
+                logger.exception("job round failed")
 
     def _links_pending(self) -> bool:
         """Before the first plan: give the peers' first link reports up to ``link_wait_s`` to arrive."""
@@ -192,11 +206,11 @@ class CoordinatorService:
             self.on_plan(plan, self.last_reason)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        """Stop the loops (each within ``aio.DEFAULT_GRACE_S``), then the DHT node."""
+        if self._running is not None:
+            self._running.cancel()
+            await asyncio.wait({self._running})
+            self._running = None
         if self.node is not None:
             await self.node.shutdown()
             self.node = None

@@ -1,10 +1,10 @@
-"""Writing and loading per-stage checkpoints (the format and its verification: protocol/checkpoints.py).
+"""Writing, loading and pruning per-stage checkpoints (format and verification: protocol/checkpoints.py).
 
 Each stage of a step is written independently by its replica-0 peer, possibly at the same time as the
 others. Every file goes to a temporary name in the same directory, is flushed, fsynced and renamed into
 place, and a stage's manifest is written only after its weights are on disk, so a crash mid-write leaves
-an incomplete step that readers skip. Bad arguments raise ValueError/TypeError; problems found on disk
-raise CheckpointError.
+an incomplete step that readers skip. What a stage is (job, model, step, layers) travels as a typed
+``StageMeta``. Bad arguments raise ValueError/TypeError; problems found on disk raise CheckpointError.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -27,24 +27,23 @@ from potluck.protocol.checkpoints import (
     MAX_MANIFEST_BYTES,
     VERSION,
     CheckpointRef,
+    StageMeta,
     check_step,
     latest_complete,
     manifest_path,
-    prune,
     read_manifest,
     sha256_file,
     step_dir,
+    step_dirs,
     verify_weights,
     weights_path,
 )
 from potluck.protocol.errors import CheckpointError
 
-__all__ = ["CheckpointError", "CheckpointRef", "check_step", "latest_complete", "load_stage", "prune",
-           "save_stage", "step_dir"]  # fmt: skip
+__all__ = ["MAX_MANIFEST_BYTES", "CheckpointError", "CheckpointRef", "StageMeta", "check_step",
+           "latest_complete", "load_stage", "prune", "save_stage", "step_dir"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
-
-MAX_META_BYTES = MAX_MANIFEST_BYTES - 4096  # leaves room for the manifest's own fields
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -74,35 +73,20 @@ def _temp_in(directory: Path, final: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def _check_stage_args(step: int, stage: int, n_stages: int) -> None:
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    if n_stages < 1:
-        raise ValueError(f"n_stages must be >= 1, got {n_stages}")
-    if not 0 <= stage < n_stages:
-        raise ValueError(f"stage {stage} outside [0, {n_stages})")
+def save_stage(root: Path, tensors: dict[str, torch.Tensor], meta: StageMeta) -> Path:
+    """Write one stage under ``root`` (weights, then manifest); returns the step directory.
 
-
-def save_stage(
-    root: Path, step: int, stage: int, n_stages: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
-) -> Path:
-    """Write one stage of ``step`` under ``root`` (weights, then manifest); returns the step directory."""
-    _check_stage_args(step, stage, n_stages)
-    if not isinstance(tensors, dict) or not isinstance(meta, dict):
-        raise TypeError(
-            f"tensors and meta must be dicts, got {type(tensors).__name__}, {type(meta).__name__}"
-        )
+    ``meta`` says which step and stage this is (``meta.step``, ``meta.stage`` of ``meta.n_stages``).
+    """
+    if not isinstance(tensors, dict) or not isinstance(meta, StageMeta):
+        got = f"{type(tensors).__name__}, {type(meta).__name__}"
+        raise TypeError(f"tensors must be a dict and meta a StageMeta, got {got}")
     bad = [
         k for k, v in tensors.items() if not isinstance(k, str) or not k or not isinstance(v, torch.Tensor)
     ]
     if bad:
         raise TypeError(f"tensors must map non-empty names to torch.Tensor; bad entries: {bad[:5]!r}")
-    try:  # before touching the disk, so bad meta never retracts a stage that was already saved
-        meta_bytes = len(json.dumps(meta, allow_nan=False))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"meta is not JSON-serialisable: {e}") from None
-    if meta_bytes > MAX_META_BYTES:
-        raise ValueError(f"meta is {meta_bytes} bytes of JSON, over the {MAX_META_BYTES} byte cap")
+    step, stage, n_stages = meta.step, meta.stage, meta.n_stages
     # Contiguous CPU copies: safetensors refuses views and shared storage, and the caller may keep training.
     cpu = {k: v.detach().to(device="cpu", copy=True).contiguous() for k, v in tensors.items()}
     directory = step_dir(root, step)
@@ -120,24 +104,25 @@ def save_stage(
         "stage": stage,
         "n_stages": n_stages,
         "weights": {"file": weights.name, "size": size, "sha256": sha},
-        "meta": meta,
+        "meta": meta.to_dict(),
     }
     with _temp_in(directory, manifest) as tmp:
-        tmp.write_bytes(json.dumps(doc, allow_nan=False).encode())  # same encoding as the size check
+        tmp.write_bytes(json.dumps(doc, allow_nan=False).encode())
     logger.debug("saved stage %d/%d of step %d to %s (%d bytes)", stage, n_stages, step, directory, size)
     return directory
 
 
-def load_stage(ref: CheckpointRef, stage: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def load_stage(ref: CheckpointRef, stage: int) -> tuple[dict[str, torch.Tensor], StageMeta]:
     """(tensors, meta) of one stage, verified against its manifest again; CheckpointError on any damage."""
-    _check_stage_args(ref.step, stage, ref.n_stages)
-    doc = read_manifest(manifest_path(ref.path, stage), ref.step, stage)
-    if doc["n_stages"] != ref.n_stages:
+    if ref.step < 0 or ref.n_stages < 1 or not 0 <= stage < ref.n_stages:
+        raise ValueError(f"stage {stage} outside [0, {ref.n_stages}) or step {ref.step} < 0")
+    manifest = read_manifest(manifest_path(ref.path, stage), ref.step, stage)
+    if manifest.n_stages != ref.n_stages:
         raise CheckpointError(
-            f"{ref.path}: stage {stage} has {doc['n_stages']} stages, expected {ref.n_stages}"
+            f"{ref.path}: stage {stage} has {manifest.n_stages} stages, expected {ref.n_stages}"
         )
     weights = weights_path(ref.path, stage)
-    before = verify_weights(weights, doc)
+    before = verify_weights(weights, manifest)
     try:
         tensors = load_file(str(weights), device="cpu")
         after = weights.stat()
@@ -149,4 +134,35 @@ def load_stage(ref: CheckpointRef, stage: int) -> tuple[dict[str, torch.Tensor],
         after.st_mtime_ns,
     ):
         raise CheckpointError(f"{weights}: replaced while loading; retry")
-    return tensors, doc["meta"]
+    return tensors, manifest.meta
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` complete steps, and incomplete steps older than the oldest kept.
+
+    Incomplete steps newer than that may still be being written and are left alone. Returns what was
+    removed; with fewer than ``keep`` complete steps only incomplete ones older than all of them go.
+    """
+    if isinstance(keep, bool) or keep < 1:
+        raise ValueError(f"keep must be >= 1 (pruning every checkpoint is never what is meant), got {keep}")
+    dirs = step_dirs(root)
+    kept = 0
+    oldest_kept: int | None = None
+    for step, directory in dirs:  # newest first: verify only until `keep` complete ones are found
+        if kept == keep:
+            break
+        try:
+            check_step(directory)
+        except CheckpointError:
+            continue
+        kept += 1
+        oldest_kept = step
+    if oldest_kept is None:
+        return []
+    removed: list[Path] = []
+    for step, directory in dirs:
+        if step < oldest_kept:
+            shutil.rmtree(directory)
+            removed.append(directory)
+            logger.info("pruned checkpoint %s", directory)
+    return removed

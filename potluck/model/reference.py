@@ -8,16 +8,12 @@ without lossy codecs must reproduce its per-step losses and final weights up to 
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from potluck.model.data import TokenDataset
 from potluck.model.optim import clip_coefficient, learning_rate
 from potluck.model.stage import StageRunner
 from potluck.protocol.jobspec import JobSpec
-
-logger = logging.getLogger(__name__)
 
 
 def reference_run(

@@ -10,98 +10,65 @@ from __future__ import annotations
 import logging
 import math
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import ValidationError
 
 from potluck.model.checkpoint import CheckpointRef, load_stage
-from potluck.model.data import ByteTokenizer
+from potluck.model.data import ByteTokenizer, Tokenizer, load_tokenizer
 from potluck.model.transformer import StageModel
+from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import CheckpointError
 from potluck.protocol.jobspec import ModelSpec
-
-if TYPE_CHECKING:
-    from potluck.model.data import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 MODEL_PREFIX = "model."  # stage tensors under other prefixes (optimizer state, ...) are not the model's
-_SHARED_META = ("job", "step", "model", "seed", "tokenizer")  # must be equal on every stage
+_SHARED_META = ("job", "step", "model", "seed", "tokenizer")  # StageMeta fields equal on every stage
 
 
-def _stage_meta(ref: CheckpointRef, stage: int, meta: dict[str, Any]) -> tuple[int, int]:
-    """Check the fields the trainer writes; returns the stage's layer range [first, last)."""
-    where = f"{ref.path} stage {stage}"
-    missing = [k for k in (*_SHARED_META, "stage", "n_stages", "first_layer", "last_layer") if k not in meta]
-    if missing:
-        raise CheckpointError(f"{where}: meta lacks {missing}")
-    if meta["stage"] != stage or meta["n_stages"] != ref.n_stages:
-        raise CheckpointError(
-            f"{where}: meta says stage {meta['stage']!r} of {meta['n_stages']!r}, "
-            f"expected {stage} of {ref.n_stages}"
-        )
-    first, last = meta["first_layer"], meta["last_layer"]
-    if not isinstance(first, int) or not isinstance(last, int) or not isinstance(meta["seed"], int):
-        raise CheckpointError(f"{where}: first_layer, last_layer and seed must be integers")
-    if meta["tokenizer"] is not None and not isinstance(meta["tokenizer"], str):
-        raise CheckpointError(f"{where}: tokenizer must be a path or null, got {meta['tokenizer']!r}")
-    return first, last
-
-
-def load_model(ref: CheckpointRef) -> tuple[list[StageModel], ModelSpec, dict[str, Any]]:
+def load_model(ref: CheckpointRef) -> tuple[list[StageModel], ModelSpec, StageMeta]:
     """Every stage of ``ref`` with its ``model.*`` weights loaded (strict), in eval mode, on the CPU.
 
     Returns (stages in pipeline order, the model spec, stage 0's meta). Raises CheckpointError when a
-    stage is damaged, the stages disagree (model, seed, job, step, tokenizer), or their layers do not
-    tile the model.
+    stage is damaged (its meta included: ``read_manifest`` validates it), the stages disagree (model,
+    seed, job, step, tokenizer), or their layers do not tile the model.
     """
     stages: list[StageModel] = []
-    spec: ModelSpec | None = None
-    first_meta: dict[str, Any] = {}
+    metas: list[StageMeta] = []
     for j in range(ref.n_stages):
         tensors, meta = load_stage(ref, j)
-        first, last = _stage_meta(ref, j, meta)
-        if j == 0:
-            first_meta = meta
-            try:
-                spec = ModelSpec.model_validate(meta["model"])
-            except ValidationError as e:
-                raise CheckpointError(f"{ref.path} stage 0: bad model spec in meta: {e}") from None
-        else:
-            differ = [k for k in _SHARED_META if meta[k] != first_meta[k]]
+        if metas:
+            differ = [k for k in _SHARED_META if getattr(meta, k) != getattr(metas[0], k)]
             if differ:
                 raise CheckpointError(f"{ref.path} stage {j}: meta disagrees with stage 0 on {differ}")
-        assert spec is not None
+        metas.append(meta)
+        first, last, spec = meta.first_layer, meta.last_layer, meta.model
         expected_first = stages[-1].last if stages else 0
-        if first != expected_first or not first < last <= spec.n_layers:
+        if first != expected_first:  # StageMeta already holds first < last <= spec.n_layers
             raise CheckpointError(
                 f"{ref.path} stage {j}: layers [{first}, {last}) do not follow [..., {expected_first}) "
                 f"within {spec.n_layers} layers"
             )
-        model = StageModel(spec, first, last, seed=int(meta["seed"]))
+        model = StageModel(spec, first, last, seed=meta.seed)
         weights = {k[len(MODEL_PREFIX) :]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
         try:
             model.load_state_dict(weights, strict=True)
         except RuntimeError as e:
             raise CheckpointError(f"{ref.path} stage {j}: weights do not fit the model: {e}") from None
         stages.append(model.eval())
-    if spec is None or stages[-1].last != spec.n_layers:
+    if not metas or stages[-1].last != metas[0].model.n_layers:
         raise CheckpointError(
             f"{ref.path}: stages end at layer {stages[-1].last if stages else 0}, not the last"
         )
-    logger.info("loaded %d stages of %s step %d", len(stages), first_meta["job"], ref.step)
-    return stages, spec, first_meta
+    logger.info("loaded %d stages of %s step %d", len(stages), metas[0].job, ref.step)
+    return stages, metas[0].model, metas[0]
 
 
-def load_checkpoint_tokenizer(meta: dict[str, Any]) -> Tokenizer:
-    """The tokenizer the job trained with: bytes when ``meta["tokenizer"]`` is None, else that file."""
-    path = meta.get("tokenizer")
-    if path is None:
+def load_checkpoint_tokenizer(meta: StageMeta) -> Tokenizer:
+    """The tokenizer the job trained with: bytes when ``meta.tokenizer`` is None, else that file."""
+    if meta.tokenizer is None:
         return ByteTokenizer()
-    from potluck.model.data import load_tokenizer  # optional dependency (tokenizers) loads only when used
-
-    return load_tokenizer(str(path))
+    return load_tokenizer(meta.tokenizer)
 
 
 def _check_chain(stages: list[StageModel]) -> ModelSpec:

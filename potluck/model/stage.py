@@ -13,7 +13,6 @@ replicas or micro-batches hold different numbers of sequences.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,8 +21,6 @@ import torch
 from potluck.model.optim import build_optimizer
 from potluck.model.transformer import StageModel
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass

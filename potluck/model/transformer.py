@@ -4,7 +4,8 @@
 embeds tokens, and the stage holding the final layer also applies the final norm and the output head
 and computes the loss. Every layer is initialised from a generator seeded by (seed, layer index), so a
 stage's weights do not depend on which other layers it holds: replicas of a stage start identical, and
-chaining all stages equals the whole model (tested).
+chaining all stages equals the whole model (tested). The shape arithmetic (SwiGLU width, parameters per
+layer) lives on ``ModelSpec``, which the planner shares; the tests pin this module's tensors to it.
 """
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ from torch import nn
 from potluck.protocol.jobspec import ModelSpec
 
 EMBED, HEAD = -1, -2  # generator slots for the embedding and the output head
-
-
-def ffn_hidden(d_model: int) -> int:
-    """SwiGLU hidden width: about 8/3 d (same parameter count as a 4d GELU MLP), a multiple of 64."""
-    return 64 * math.ceil(8 * d_model / 3 / 64)
 
 
 def layer_generator(seed: int, slot: int) -> torch.Generator:
@@ -58,7 +54,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        d, hidden = spec.d_model, ffn_hidden(spec.d_model)
+        d, hidden = spec.d_model, spec.ffn_hidden  # the widths ModelSpec's parameter count assumes
         self.n_heads = spec.n_heads
         self.attn_norm = RMSNorm(d)
         self.qkv = nn.Linear(d, 3 * d, bias=False)

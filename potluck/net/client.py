@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from hivemind.utils import get_dht_time
 
+from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.node import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
@@ -32,17 +33,19 @@ class SwarmClient:
         return cls(node)
 
     async def live_peers(self, timeout_s: float) -> list[PeerView]:
-        records = await asyncio.wait_for(self.node.fetch(PEERS.name), timeout=timeout_s)
+        records = await bounded(self.node.fetch(PEERS.name), timeout_s, "reading the live peers")
         return live_peers(records, get_dht_time())
 
     async def links(self, live_ids: list[str], timeout_s: float) -> dict[str, LinkReport]:
-        records = await asyncio.wait_for(self.node.fetch(LINKS.name), timeout=timeout_s)
+        records = await bounded(self.node.fetch(LINKS.name), timeout_s, "reading the link reports")
         return link_reports(records, live_ids, get_dht_time())
 
     async def job(self, timeout_s: float) -> tuple[TrainPlan | None, list[Progress]]:
         """The newest verified plan and the progress records of its epoch (training state)."""
-        plans, progress = await asyncio.wait_for(
-            asyncio.gather(self.node.fetch(PLAN.name), self.node.fetch(PROGRESS.name)), timeout=timeout_s
+        plans, progress = await bounded(
+            asyncio.gather(self.node.fetch(PLAN.name), self.node.fetch(PROGRESS.name)),
+            timeout_s,
+            "reading the plan and progress",
         )
         plan = max(
             (v.record for v in plans if isinstance(v.record, TrainPlan)), key=lambda p: p.epoch, default=None

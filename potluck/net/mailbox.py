@@ -4,6 +4,9 @@ Pipeline exchanges and collectives both need "send these bytes to peer X under t
 the bytes peer Y sends under tag T, for at most S seconds". The sender identity is the libp2p peer id of
 the stream, which is the potluck peer id (same key), so a message cannot claim another sender.
 
+Tags (``tags.py``) address messages by round, stream, chunk and direction; finished rounds are
+forgotten by span.
+
 Bounds: a message is at most the wire layer's TENSOR limit; messages that arrive before anyone waits
 for them are buffered up to ``max_pending_bytes`` in total, beyond which the handler stops reading (TCP
 backpressure on the sender) until space frees or ``timeout_s`` passes, and then drops the stream.
@@ -14,35 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 import time
-from dataclasses import dataclass
 
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from potluck.net.config import Pacer, TransportConfig
+from potluck.net.tags import TAG_BYTES, RoundSpan, Tag
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
-
-_TAG = struct.Struct("<QIIB")  # round, stream (tree/ring/stage), chunk, phase
-
-
-@dataclass(frozen=True, order=True)
-class Tag:
-    round: int
-    stream: int = 0
-    chunk: int = 0
-    phase: int = 0
-
-    def pack(self) -> bytes:
-        return _TAG.pack(self.round, self.stream, self.chunk, self.phase)
-
-    @classmethod
-    def unpack(cls, data: bytes) -> Tag:
-        return cls(*_TAG.unpack_from(data))
 
 
 class Mailbox:
@@ -140,10 +125,12 @@ class Mailbox:
             self._space.notify_all()
         return payload
 
-    async def forget_round(self, round_no: int) -> int:
-        """Drop buffered messages of rounds <= ``round_no`` (late arrivals of a finished round)."""
+    async def forget(self, span: RoundSpan) -> int:
+        """Drop buffered messages whose round lies in ``span`` (late arrivals of finished rounds); returns
+        how many. A span, not "every round up to r": rounds after it (a later step's early messages, a
+        collective still running in another phase) keep theirs."""
         async with self._space:
-            stale = [k for k in self._pending if k[1].round <= round_no]
+            stale = [k for k in self._pending if k[1].round in span]
             for k in stale:
                 self._pending_bytes -= len(self._pending.pop(k))
             self._space.notify_all()
@@ -181,11 +168,11 @@ class Mailbox:
                     if "closed" not in str(e):
                         logger.info("stream from %s ended: %s", sender, e)
                     return
-                if len(frame.payload) < _TAG.size:
+                if len(frame.payload) < TAG_BYTES:
                     logger.warning("message without a tag from %s; closing its stream", sender)
                     return
-                self.bytes_received += len(frame.payload) - _TAG.size
-                await self._deliver(sender, Tag.unpack(frame.payload), frame.payload[_TAG.size :])
+                self.bytes_received += len(frame.payload) - TAG_BYTES
+                await self._deliver(sender, Tag.unpack(frame.payload), frame.payload[TAG_BYTES:])
         except WireError as e:
             logger.warning("%s", e)
         finally:

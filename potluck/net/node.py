@@ -22,6 +22,8 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.serializer import MSGPackSerializer
 
+from potluck import logs
+from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.validator import PotluckValidator
 from potluck.protocol import envelope
@@ -31,6 +33,8 @@ from potluck.protocol.keys import dht_key
 from potluck.protocol.records import Record
 
 logger = logging.getLogger(__name__)
+
+DHT_SHUTDOWN_S = 5.0  # bound on stopping the DHT node; p2pd is stopped after it either way
 
 
 class SwarmNode:
@@ -55,6 +59,7 @@ class SwarmNode:
         key_dir: Path | None = None,
     ) -> SwarmNode:
         """Start p2pd and a DHT node; join through ``initial_peers`` or raise ``BootstrapError``."""
+        logs.adopt("hivemind")  # its records through potluck's handler, if the process configured one
         tmp_dir = Path(tempfile.mkdtemp(prefix="potluck-p2p-")) if key_dir is None else None  # mode 0700
         key_file = identity.write_libp2p_key((key_dir or tmp_dir or Path(".")) / f"{identity.peer_id}.p2pkey")
         nat = (not net.loopback_only) if net.nat_traversal is None else net.nat_traversal
@@ -140,9 +145,11 @@ class SwarmNode:
     async def shutdown(self) -> None:
         """Stop the DHT node and its p2pd daemon (hivemind reaps the daemon by PID)."""
         try:
-            await asyncio.wait_for(self.node.shutdown(), timeout=5.0)
-        except (TimeoutError, Exception) as e:  # shutdown must stay bounded whatever the node's state
-            logger.warning("DHT node shutdown: %s", e)
+            await bounded(self.node.shutdown(), DHT_SHUTDOWN_S, "DHT node shutdown")
+        except TimeoutError as e:
+            logger.warning("%s", e)
+        except Exception:  # shutdown must stay bounded whatever the node's state
+            logger.exception("DHT node shutdown failed")
         await self.p2p.shutdown()
         _remove_tree(self._tmp_dir)
 

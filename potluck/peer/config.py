@@ -6,9 +6,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from potluck.net.config import LinkProbeConfig, NetworkConfig
-from potluck.peer.worker import WorkerConfig
 from potluck.protocol.identity import DEFAULT_HOME
 from potluck.protocol.invite import Invite
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """The training side (``peer.worker``): how often it reads the plan and reports, how long it waits."""
+
+    device: str = "cpu"  # resolved torch device string
+    plan_poll_s: float = 1.0  # how often the plan key is read
+    progress_interval_s: float = 1.0  # least time between two progress records (the last is always sent)
+    progress_ttl_s: float = 120.0
+    step_timeout_s: float = 120.0  # bound on each pipeline receive and on the step commit
+    allreduce_timeout_s: float = 60.0
+    checkpoint_root: Path | None = None  # overrides the job's checkpoint.dir
 
 
 @dataclass(frozen=True)

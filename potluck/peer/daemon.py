@@ -1,8 +1,10 @@
 """The peer daemon's lifecycle: join, probe, announce a heartbeat, and leave cleanly within a bound.
 
-Tasks are named and owned here; ``run`` returns only after they are cancelled and the p2p daemon is
-gone. A stop request withdraws the heartbeat (a signed "leaving" record that outlives the last online
-one) so the swarm sees the departure at once instead of after a TTL.
+The heartbeat, the link rounds and the worker run as named tasks under ``aio.supervise``: a crash of
+one is logged with its name and stops the others. ``run`` returns only after they have ended (each
+within ``TASK_GRACE_S`` of being cancelled) and the p2p daemon is gone. A stop request withdraws the
+heartbeat (a signed "leaving" record that outlives the last online one) so the swarm sees the departure
+at once instead of after a TTL.
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import signal
 import time
+from collections.abc import Coroutine
+from typing import Any
 
-import torch
 from hivemind.utils import get_dht_time
 
+from potluck import logs
+from potluck.aio import bounded, supervise
 from potluck.net.links import LinkProber, choose_targets
 from potluck.net.node import SwarmNode
 from potluck.peer.config import PeerConfig
-from potluck.peer.probe import pick_device, probe
+from potluck.peer.probe import apply_caps, pick_device, probe
 from potluck.peer.worker import PlanWorker
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import WireError
@@ -30,6 +34,8 @@ from potluck.protocol.membership import live_peers
 from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
 
 logger = logging.getLogger(__name__)
+
+TASK_GRACE_S = 1.0  # seconds a cancelled task may spend unwinding before the leave goes on without it
 
 
 class PeerDaemon:
@@ -51,6 +57,7 @@ class PeerDaemon:
 
     async def run(self) -> None:
         """Join and heartbeat until ``stop()``; then leave within ``cfg.shutdown_timeout_s``."""
+        logs.bind(peer_id=self.peer_id, swarm_id=self.cfg.invite.swarm_id)
         device = pick_device(self.cfg.device)
         # The probe is CPU/GPU-bound: run it off the loop while the node bootstraps.
         probe_task = asyncio.create_task(
@@ -64,7 +71,7 @@ class PeerDaemon:
                 self.cfg.invite.bootstrap,
                 key_dir=self.cfg.identity_path.parent,
             )
-            self.hardware = self._capped(await probe_task)
+            self.hardware = apply_caps(await probe_task, self.cfg.threads, self.cfg.max_memory_bytes)
         except BaseException:
             probe_task.cancel()
             with contextlib.suppress(BaseException):
@@ -73,42 +80,21 @@ class PeerDaemon:
         logger.info("peer %s joined swarm %s", self.peer_id, self.cfg.invite.swarm_id)
         self.prober = LinkProber(self.node.p2p, self.cfg.invite.swarm_id, self.cfg.links)
         await self.prober.serve()
-        tasks = [
-            asyncio.create_task(self._heartbeat(), name="heartbeat"),
-            asyncio.create_task(self._measure_links(), name="links"),
-        ]
+        tasks: dict[str, Coroutine[Any, Any, None]] = {
+            "heartbeat": self._heartbeat(),
+            "links": self._measure_links(),
+        }
         if self.cfg.train:
             wcfg = dataclasses.replace(self.cfg.worker, device=str(device))
             self.worker = PlanWorker(self.node, self.peer_id, self.cfg.invite.swarm_id, wcfg)
-            tasks.append(asyncio.create_task(self.worker.run(), name="train"))
+            tasks["train"] = self.worker.run()
         try:
-            await self.stop_event.wait()
+            await supervise(tasks, until=self.stop_event, grace_s=TASK_GRACE_S)
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
             await self._leave()
-
-    def _capped(self, hw: Hardware) -> Hardware:
-        """Apply --threads and --max-memory: the swarm plans with what this peer offers, not all it has."""
-        if self.cfg.threads is not None:
-            torch.set_num_threads(self.cfg.threads)
-        cap = self.cfg.max_memory_bytes
-        if cap is None:
-            return hw
-        if hw.device_kind == "cuda" and hw.memory_total_bytes:
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / hw.memory_total_bytes))
-        return hw.model_copy(update={"memory_free_bytes": min(hw.memory_free_bytes, cap)})
 
     def stop(self) -> None:
         self.stop_event.set()
-
-    def install_signal_handlers(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop)
 
     async def _record(self, status: str) -> PeerRecord:
         assert self.node is not None and self.hardware is not None
@@ -125,16 +111,17 @@ class PeerDaemon:
         while True:
             started = time.monotonic()
             try:
-                ok = await asyncio.wait_for(
+                ok = await bounded(
                     self.node.publish(PEERS.name, await self._record("online"), self.cfg.ttl_s, self.peer_id),
-                    timeout=self.cfg.heartbeat_interval_s,
+                    self.cfg.heartbeat_interval_s,
+                    "heartbeat store",
                 )
                 if ok:
                     self.ready.set()
                 else:
                     logger.warning("heartbeat was not stored by any DHT node; retrying")
-            except TimeoutError:
-                logger.warning("heartbeat store timed out after %.1f s", self.cfg.heartbeat_interval_s)
+            except TimeoutError as e:
+                logger.warning("%s", e)
             await asyncio.sleep(max(0.0, self.cfg.heartbeat_interval_s - (time.monotonic() - started)))
 
     async def _measure_links(self) -> None:
@@ -158,8 +145,8 @@ class PeerDaemon:
                     ttl = min(3 * cfg.interval_s, LINKS.max_ttl_s)
                     await self.node.publish(LINKS.name, report, ttl, self.peer_id)
                     self.link_reports += 1
-            except Exception as e:  # measurement is best effort; the daemon carries on
-                logger.warning("link measurement round %d failed: %s", round_no, e)
+            except Exception:  # measurement is best effort; the daemon carries on
+                logger.exception("link measurement round %d failed", round_no)
             round_no += 1
             await asyncio.sleep(cfg.interval_s)
 
@@ -170,15 +157,18 @@ class PeerDaemon:
         node, deadline = self.node, time.monotonic() + self.cfg.shutdown_timeout_s
         try:
             # The "leaving" record expires after the last "online" one, so it wins in the DHT.
-            await asyncio.wait_for(
+            await bounded(
                 node.publish(PEERS.name, await self._record("leaving"), self.cfg.ttl_s + 1.0, self.peer_id),
-                timeout=self.cfg.withdraw_timeout_s,
+                self.cfg.withdraw_timeout_s,
+                "withdrawing the heartbeat",
             )
-        except (TimeoutError, Exception) as e:
-            logger.warning("could not withdraw heartbeat (%s); it expires within %.0f s", e, self.cfg.ttl_s)
+        except TimeoutError as e:
+            logger.warning("%s; it expires within %.0f s", e, self.cfg.ttl_s)
+        except Exception:
+            logger.exception("could not withdraw the heartbeat; it expires within %.0f s", self.cfg.ttl_s)
         try:
-            await asyncio.wait_for(node.shutdown(), timeout=max(0.5, deadline - time.monotonic()))
-        except TimeoutError:
-            logger.warning("p2p shutdown exceeded its bound; killing the daemon")
+            await bounded(node.shutdown(), max(0.5, deadline - time.monotonic()), "p2p shutdown")
+        except TimeoutError as e:
+            logger.warning("%s; killing the daemon", e)
             node.kill()
         self.node = None

@@ -1,7 +1,8 @@
 """Hardware probe: which device, how much memory, and how fast it multiplies matrices (measured).
 
 The planner places stages by these numbers, so they are measured, never looked up: a short dense matmul
-loop per dtype, timed after a warm-up, bounded by ``budget_s`` so start-up stays quick.
+loop per dtype, timed after a warm-up, bounded by ``budget_s`` so start-up stays quick. ``apply_caps``
+then lowers them to what the volunteer offers (``--threads``, ``--max-memory``).
 """
 
 from __future__ import annotations
@@ -78,6 +79,17 @@ def probe(device: torch.device, budget_s: float = 0.5) -> Hardware:
     )
     logger.info("probed %s: %.3f TFLOP/s fp32, %.3f bf16", hw.device_name, fp32, bf16)
     return hw
+
+
+def apply_caps(hw: Hardware, threads: int | None, max_memory_bytes: int | None) -> Hardware:
+    """Apply --threads and --max-memory: the swarm plans with what this peer offers, not all it has."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if max_memory_bytes is None:
+        return hw
+    if hw.device_kind == "cuda" and hw.memory_total_bytes:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, max_memory_bytes / hw.memory_total_bytes))
+    return hw.model_copy(update={"memory_free_bytes": min(hw.memory_free_bytes, max_memory_bytes)})
 
 
 def _sync(device: torch.device) -> None:

@@ -5,25 +5,30 @@ this far (the DHT validator and the reader both verify), and only a plan with a 
 one being followed is acted on, so a replayed old plan changes nothing. A new epoch cancels the running
 trainer and starts the new one from the plan's ``start_step`` (its checkpoint). Each completed step is
 published as a signed ``Progress`` record, which is how the coordinator sees the job move, fail or end.
+
+Any error that ends training, expected or not (a lost neighbour, a KeyError, CUDA out of memory), is
+published as a "failed" record that names it, so the coordinator re-plans at once instead of the other
+peers waiting out their step timeout; an unexpected one is also logged with its traceback. The
+training run and the progress records in flight are tasks of one ``aio.Supervisor``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from hivemind.utils import get_dht_time
 
+from potluck.aio import Supervisor
 from potluck.model.data import TokenDataset, load_dataset
 from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
 from potluck.net.node import SwarmNode
+from potluck.net.tags import before
+from potluck.peer.config import WorkerConfig
 from potluck.peer.errors import PeerError
-from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig, round_base
+from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, PLAN, PROGRESS
@@ -31,16 +36,8 @@ from potluck.protocol.training import Progress, StepTiming, TrainPlan
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    device: str = "cpu"  # resolved torch device string
-    plan_poll_s: float = 1.0  # how often the plan key is read
-    progress_interval_s: float = 1.0  # least time between two progress records (the last is always sent)
-    progress_ttl_s: float = 120.0
-    step_timeout_s: float = 120.0  # bound on each pipeline receive and on the step commit
-    allreduce_timeout_s: float = 60.0
-    checkpoint_root: Path | None = None  # overrides the job's checkpoint.dir
+REASON_CHARS = 128  # a failure's reason as published (Progress.message holds at most 128 characters)
+CANCEL_GRACE_S = 5.0  # seconds a cancelled training run may spend unwinding before it is left behind
 
 
 class PlanWorker:
@@ -50,7 +47,8 @@ class PlanWorker:
             node.p2p, f"potluck/{swarm_id}/train/1", TransportConfig(timeout_s=cfg.step_timeout_s)
         )
         self.plan: TrainPlan | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: Supervisor | None = None  # set while run() runs
+        self._task: asyncio.Task[None] | None = None  # the training run of the current plan
         self._datasets: dict[str, TokenDataset] = {}
         self._last_progress = 0.0
         self._tokens_per_s = 0.0
@@ -60,16 +58,19 @@ class PlanWorker:
         self._checkpoint: int | None = None  # the newest checkpoint this peer wrote
 
     async def run(self) -> None:
+        """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""
         await self.box.start()
         try:
-            while True:
-                try:
-                    await self._poll()
-                except Exception as e:  # a failed read is retried at the next poll
-                    logger.warning("reading the plan failed: %s", e)
-                await asyncio.sleep(self.cfg.plan_poll_s)
+            async with Supervisor(CANCEL_GRACE_S) as tasks:
+                self._tasks = tasks
+                while True:
+                    try:
+                        await self._poll()
+                    except Exception:  # a failed read is retried at the next poll
+                        logger.exception("reading the plan failed")
+                    await asyncio.sleep(self.cfg.plan_poll_s)
         finally:
-            await self._cancel()
+            self._tasks = self._task = None
             await self.box.close()
 
     async def _poll(self) -> None:
@@ -81,18 +82,17 @@ class PlanWorker:
             return
         await self._cancel()
         self.plan, self._last_report = plan, None
-        await self.box.forget_round(round_base(plan.epoch, 0) - 1)  # stale messages of older epochs
+        await self.box.forget(before(plan.epoch))  # stale messages of older epochs
         logger.info("plan epoch %d (%s) from step %d", plan.epoch, plan.status, plan.start_step)
         if plan.status == "done":
             return
-        self._task = asyncio.create_task(self._train(plan), name=f"train-epoch-{plan.epoch}")
+        assert self._tasks is not None
+        self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan))
 
     async def _cancel(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        if self._task is not None and self._tasks is not None:
+            await self._tasks.cancel(self._task)
+        self._task = None
 
     async def _job(self, plan: TrainPlan) -> JobSpec:
         jobs = [v.record for v in await self.node.fetch(JOB.name) if isinstance(v.record, JobSpec)]
@@ -122,10 +122,16 @@ class PlanWorker:
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
             logger.info("finished the job at step %d", trainer.step)
-        except (PeerError, ProtocolError, OSError, ValueError) as e:
+        except (PeerError, ProtocolError, OSError, ValueError) as e:  # expected: the reason says it all
             logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
             step = trainer.step if trainer is not None else plan.start_step
-            await self._publish(plan, stage, replica, step, state="failed", message=str(e)[:128], force=True)
+            await self._publish(plan, stage, replica, step, state="failed", message=str(e)[:REASON_CHARS],
+                                force=True)  # fmt: skip
+        except Exception as e:  # a bug or the device (KeyError, CUDA out of memory): same record, + traceback
+            logger.exception("training under plan epoch %d failed", plan.epoch)
+            step = trainer.step if trainer is not None else plan.start_step
+            await self._publish(plan, stage, replica, step, state="failed", message=failure_reason(e),
+                                force=True)  # fmt: skip
 
     def _on_step(self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport) -> None:
         self.steps_done += 1
@@ -135,9 +141,9 @@ class PlanWorker:
         if r.checkpoint is not None:
             self._checkpoint = r.step + 1
         self._last_report = r
-        task = asyncio.get_running_loop().create_task(
-            self._publish(plan, stage, replica, r.step + 1, force=force)
-        )  # fmt: skip
+        assert self._tasks is not None
+        task = self._tasks.start(f"progress-{r.step + 1}", self._publish(plan, stage, replica, r.step + 1,
+                                                                         force=force))  # fmt: skip
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
@@ -161,5 +167,11 @@ class PlanWorker:
         )  # fmt: skip
         try:
             await self.node.publish(PROGRESS.name, record, self.cfg.progress_ttl_s, self.peer_id)
-        except Exception as e:  # progress is best effort; training goes on
-            logger.warning("progress not published: %s", e)
+        except Exception:  # progress is best effort; training goes on
+            logger.exception("progress record for step %d not published", step)
+
+
+def failure_reason(error: BaseException) -> str:
+    """``Type: message`` of an error, cut to what a Progress record carries."""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text[:REASON_CHARS]

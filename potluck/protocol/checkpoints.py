@@ -4,12 +4,13 @@ Layout under a root directory::
 
     root/step-00000120/stage-000.safetensors   the stage's tensors
     root/step-00000120/stage-000.json          manifest: step, stage, n_stages, size + sha256 of the
-                                               weights file, and the writer's JSON ``meta``
+                                               weights file, and the stage's ``StageMeta``
 
-A stage counts only when its manifest exists and the weights file matches it (size and SHA-256); a step
-counts only when every stage does. Readers skip damaged or incomplete steps and fall back to the previous
-complete one. Writing (which needs torch) lives in ``potluck.model.checkpoint``; everything here is
-plain files and hashes, so the coordinator can find the resume point without loading a tensor.
+A stage counts only when its manifest exists, its ``StageMeta`` validates and agrees with it, and the
+weights file matches it (size and SHA-256); a step counts only when every stage does. Readers skip damaged
+or incomplete steps and fall back to the previous complete one. Writing and pruning (which change files;
+writing needs torch) live in ``potluck.model.checkpoint``; everything here only reads plain files and
+hashes, so the coordinator can find the resume point without loading a tensor.
 """
 
 from __future__ import annotations
@@ -19,21 +20,89 @@ import json
 import logging
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from potluck.protocol.errors import CheckpointError
+from potluck.protocol.jobspec import ModelSpec
+from potluck.protocol.records import Name
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "potluck-stage-checkpoint"
 VERSION = 1
-MAX_MANIFEST_BYTES = 1 << 20  # 1 MiB: a manifest is a few hundred bytes plus the caller's meta
+MAX_MANIFEST_BYTES = 1 << 20  # 1 MiB: a manifest is well under 4 KiB; anything larger is not ours
 HASH_CHUNK_BYTES = 1 << 20  # read size while hashing weights files
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class StageMeta(BaseModel):
+    """What one stage's checkpoint holds, beside its tensors: written by the trainer, checked by every
+    reader (sampling, resume, the coordinator's resume decision) before a tensor is used.
+
+    Frozen and strict: unknown, missing or ill-typed fields are refused (``from_dict`` names them), so a
+    new field is a new manifest ``VERSION``. Constructed in code, bad values raise ValueError.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    job: Name  # JobSpec.name
+    step: int = Field(ge=0, le=10**9)  # steps completed when it was written (JobSpec.steps bounds it)
+    stage: int = Field(lt=1024)  # pipeline position under the plan that wrote it; >= 0 checked below
+    n_stages: int = Field(ge=1, le=1024)
+    first_layer: int = Field(ge=0, lt=1024)  # the stage holds layers [first_layer, last_layer)
+    last_layer: int = Field(ge=1, le=1024)
+    model: ModelSpec
+    seed: int = Field(ge=0, lt=2**63)  # JobSpec.seed: the init and data order
+    tokenizer: str | None = Field(max_length=1024)  # DataSpec.tokenizer; None: bytes
+    epoch: int = Field(ge=0, lt=2**27)  # the plan epoch that wrote it
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StageMeta:
+        if not 0 <= self.stage < self.n_stages:
+            raise ValueError(f"stage {self.stage} outside [0, {self.n_stages})")
+        if not self.first_layer < self.last_layer <= self.model.n_layers:
+            raise ValueError(
+                f"layers [{self.first_layer}, {self.last_layer}) outside [0, {self.model.n_layers})"
+            )
+        return self
+
+    @classmethod
+    def from_dict(cls, raw: object, where: str) -> StageMeta:
+        """Validate a manifest's ``meta`` object; CheckpointError naming ``where`` and each bad field."""
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{where}: meta is not an object")
+        try:
+            return cls.model_validate(raw, strict=True)  # strict reaches the nested ModelSpec too
+        except ValidationError as e:
+            missing = [".".join(map(str, err["loc"])) for err in e.errors() if err["type"] == "missing"]
+            faults = [f"meta lacks {missing}"] if missing else []
+            faults += [
+                f"meta field `{'.'.join(map(str, err['loc'])) or '(object)'}`: {err['msg']}"
+                for err in e.errors() if err["type"] != "missing"
+            ]  # fmt: skip
+            raise CheckpointError(f"{where}: {'; '.join(faults)}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object a manifest stores (``from_dict`` reads it back equal)."""
+        return self.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """One stage's verified manifest: where its weights are, what they hash to, and its meta."""
+
+    step: int
+    stage: int
+    n_stages: int
+    weights_file: str  # the file name, inside the step directory
+    size: int  # bytes
+    sha256: str  # hex
+    meta: StageMeta
 
 
 @dataclass(frozen=True)
@@ -69,7 +138,7 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def read_manifest(path: Path, step: int, stage: int) -> dict[str, Any]:
+def read_manifest(path: Path, step: int, stage: int) -> Manifest:
     """The parsed manifest of ``stage`` at ``step``, or CheckpointError saying what is wrong with it."""
     try:
         with open(path, "rb") as f:
@@ -104,19 +173,24 @@ def read_manifest(path: Path, step: int, stage: int) -> dict[str, Any]:
         raise CheckpointError(f"{path}: manifest has no valid weights size and sha256")
     if weights.get("file") != weights_path(path.parent, stage).name or not isinstance(doc.get("meta"), dict):
         raise CheckpointError(f"{path}: manifest names the wrong weights file or has no meta object")
-    return doc
+    meta = StageMeta.from_dict(doc["meta"], str(path))
+    if (meta.step, meta.stage, meta.n_stages) != (step, stage, n_stages):
+        raise CheckpointError(
+            f"{path}: meta says step {meta.step} stage {meta.stage} of {meta.n_stages}, the manifest "
+            f"step {step} stage {stage} of {n_stages}"
+        )
+    return Manifest(step, stage, n_stages, weights["file"], size, sha, meta)
 
 
-def verify_weights(path: Path, doc: dict[str, Any]) -> os.stat_result:
+def verify_weights(path: Path, manifest: Manifest) -> os.stat_result:
     """Check the weights file against its manifest; returns its stat (to detect a later replacement)."""
     try:
         st = path.stat()
     except FileNotFoundError:
         raise CheckpointError(f"{path}: weights file missing") from None
-    expected = doc["weights"]
-    if st.st_size != expected["size"]:
-        raise CheckpointError(f"{path}: {st.st_size} bytes, manifest says {expected['size']} (truncated?)")
-    if sha256_file(path) != expected["sha256"]:
+    if st.st_size != manifest.size:
+        raise CheckpointError(f"{path}: {st.st_size} bytes, manifest says {manifest.size} (truncated?)")
+    if sha256_file(path) != manifest.sha256:
         raise CheckpointError(f"{path}: sha256 does not match the manifest (corrupted)")
     return st
 
@@ -142,7 +216,7 @@ def check_step(directory: Path, n_stages: int | None = None) -> CheckpointRef:
         for p in directory.glob("stage-*.json"):
             stage_match = re.fullmatch(r"stage-(\d{3,})\.json", p.name)
             if stage_match:
-                counts.add(read_manifest(p, step, int(stage_match.group(1)))["n_stages"])
+                counts.add(read_manifest(p, step, int(stage_match.group(1))).n_stages)
         if not counts:
             raise CheckpointError(f"{directory}: no stage manifests (incomplete)")
         if len(counts) > 1:
@@ -152,10 +226,10 @@ def check_step(directory: Path, n_stages: int | None = None) -> CheckpointRef:
         raise ValueError(f"n_stages must be >= 1, got {n_stages}")
     for stage in range(n_stages):
         path = manifest_path(directory, stage)
-        doc = read_manifest(path, step, stage)
-        if doc["n_stages"] != n_stages:
-            raise CheckpointError(f"{path}: manifest says {doc['n_stages']} stages, expected {n_stages}")
-        verify_weights(weights_path(directory, stage), doc)
+        manifest = read_manifest(path, step, stage)
+        if manifest.n_stages != n_stages:
+            raise CheckpointError(f"{path}: manifest says {manifest.n_stages} stages, expected {n_stages}")
+        verify_weights(weights_path(directory, stage), manifest)
     return CheckpointRef(directory.parent, step, n_stages)
 
 
@@ -175,34 +249,3 @@ def latest_complete(root: Path, n_stages: int | None = None) -> CheckpointRef | 
         except CheckpointError as e:
             logger.warning("skipping checkpoint %s: %s", directory.name, e)
     return None
-
-
-def prune(root: Path, keep: int) -> list[Path]:
-    """Remove all but the newest ``keep`` complete steps, and incomplete steps older than the oldest kept.
-
-    Incomplete steps newer than that may still be being written and are left alone. Returns what was
-    removed; with fewer than ``keep`` complete steps only incomplete ones older than all of them go.
-    """
-    if isinstance(keep, bool) or keep < 1:
-        raise ValueError(f"keep must be >= 1 (pruning every checkpoint is never what is meant), got {keep}")
-    dirs = step_dirs(root)
-    kept = 0
-    oldest_kept: int | None = None
-    for step, directory in dirs:  # newest first: verify only until `keep` complete ones are found
-        if kept == keep:
-            break
-        try:
-            check_step(directory)
-        except CheckpointError:
-            continue
-        kept += 1
-        oldest_kept = step
-    if oldest_kept is None:
-        return []
-    removed: list[Path] = []
-    for step, directory in dirs:
-        if step < oldest_kept:
-            shutil.rmtree(directory)
-            removed.append(directory)
-            logger.info("pruned checkpoint %s", directory)
-    return removed

@@ -2,6 +2,10 @@
 
 A schedule names the group's peers and, per spanning tree, its root, every peer's parent and the tree's
 share of the buffer. The coordinator builds it from a tree packing; each peer runs its part of it.
+
+In a signed plan the same trees travel as ``TreeRecord``s, peers named by their replica index. This
+module is the one place that converts between the two (``schedule_to_records``, ``records_to_schedule``)
+and that says what a stage without trees runs (``one_hop_schedule``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from potluck.protocol.errors import ProtocolError
+from potluck.protocol.training import TreeRecord
+
+MIN_RECORD_SHARE = 1e-9  # TreeRecord shares are in (0, 1]: a packer's tiny positive share stays positive
 
 
 @dataclass(frozen=True)
@@ -88,3 +95,48 @@ def restrict(schedule: AllReduceSchedule, members: Sequence[str]) -> AllReduceSc
             parent[p] = root
         trees.append(TreeSpec(root=root, parent=parent, share=tree.share))
     return AllReduceSchedule(peers, tuple(trees))
+
+
+def one_hop_schedule(peers: Sequence[str]) -> AllReduceSchedule:
+    """The default for a stage whose plan has no trees: one star per peer, rooted at it, equal shares
+    (replica k reduces and broadcasts share k; every message travels one hop)."""
+    group = tuple(peers)
+    trees = (
+        TreeSpec(root=r, parent={p: (None if p == r else r) for p in group}, share=1.0 / len(group))
+        for r in group
+    )
+    return AllReduceSchedule(group, tuple(trees))
+
+
+def records_to_schedule(records: Sequence[TreeRecord], peers: Sequence[str]) -> AllReduceSchedule:
+    """The schedule of a plan's trees, replica i being ``peers[i]``; ``one_hop_schedule`` when empty."""
+    group = tuple(peers)
+    if not records:
+        return one_hop_schedule(group)
+    specs = []
+    for t in records:
+        roots = t.parents.count(-1)
+        if len(t.parents) != len(group) or roots != 1:
+            raise ProtocolError(
+                f"a tree needs one parent per replica and one root: {len(t.parents)} parents and {roots} "
+                f"roots for {len(group)} replicas"
+            )
+        if any(not -1 <= p < len(group) for p in t.parents):
+            raise ProtocolError(f"tree parents {t.parents} name a replica outside 0..{len(group) - 1}")
+        parent = {p: (None if i < 0 else group[i]) for p, i in zip(group, t.parents, strict=True)}
+        specs.append(TreeSpec(root=group[t.parents.index(-1)], parent=parent, share=t.share))
+    return AllReduceSchedule(group, tuple(specs))
+
+
+def schedule_to_records(schedule: AllReduceSchedule, order: Sequence[str]) -> list[TreeRecord]:
+    """The plan form of ``schedule``: replica i is ``order[i]`` (a permutation of the schedule's peers).
+
+    Shares are clamped into a record's (0, 1]."""
+    index = {p: i for i, p in enumerate(order)}
+    if len(index) != len(order) or set(index) != set(schedule.peers):
+        raise ProtocolError("the replica order must name each peer of the schedule exactly once")
+    out = []
+    for t in schedule.trees:
+        parents = [-1 if (par := t.parent[p]) is None else index[par] for p in order]
+        out.append(TreeRecord(share=min(1.0, max(t.share, MIN_RECORD_SHARE)), parents=parents))
+    return out

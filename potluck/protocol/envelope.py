@@ -12,7 +12,6 @@ garbage never reaches the JSON parser and nothing is allocated from a claimed si
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +25,6 @@ from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import KEY_SPECS, dht_key
 from potluck.protocol.records import LinkReport, PeerRecord, Record
 from potluck.protocol.training import Progress, TrainPlan
-
-logger = logging.getLogger(__name__)
 
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.KIND: cls for cls in (PeerRecord, LinkReport, JobSpec, TrainPlan, Progress)

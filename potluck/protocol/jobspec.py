@@ -8,6 +8,7 @@ holds whole sequences, a directory source names its path) are checked here, so a
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -38,11 +39,46 @@ class ModelSpec(_Section):
             raise ValueError(f"d_model ({d_model}) must be n_heads ({v}) times an even head width")
         return v
 
+    # The shape arithmetic below is the one source for the transformer (potluck.model.transformer builds
+    # exactly these tensors, tested) and for the planner's cost model (ModelShape.from_spec).
+
+    @property
+    def ffn_hidden(self) -> int:
+        """SwiGLU hidden width: about 8/3 d (same parameter count as a 4d GELU MLP), a multiple of 64."""
+        return 64 * math.ceil(8 * self.d_model / 3 / 64)
+
+    @property
+    def matmul_params_per_layer(self) -> int:
+        """Weights of one layer's matrix products: attention q, k, v, out (4 d^2) + SwiGLU gate, up, down
+        (3 d ffn_hidden). FLOPs and gradient bytes scale with these; no biases."""
+        d = self.d_model
+        return 4 * d * d + 3 * d * self.ffn_hidden
+
+    @property
+    def params_per_layer(self) -> int:
+        """Every parameter of one layer: the matrices plus the two RMSNorm gains (d each)."""
+        return self.matmul_params_per_layer + 2 * self.d_model
+
+    @property
+    def embed_params(self) -> int:
+        """The token embedding table (vocab x d); the output head is a second table of the same size."""
+        return self.vocab_size * self.d_model
+
     @property
     def n_params(self) -> int:
-        """Parameters of a Llama-style model: embeddings + per layer 4 d^2 attention + ~8 d^2 SwiGLU."""
-        d = self.d_model
-        return self.vocab_size * d * 2 + self.n_layers * 12 * d * d
+        """Every parameter of the model: layers, embedding, final RMSNorm gain and (untied) head."""
+        return self.n_layers * self.params_per_layer + 2 * self.embed_params + self.d_model
+
+    @property
+    def layer_flops_per_token(self) -> int:
+        """Forward FLOPs per token of one layer: 2 per matrix weight (multiply + add), plus attention
+        scores and mixing over the full ``seq_len`` context (2 * 2 * seq_len * d); norms are negligible."""
+        return 2 * self.matmul_params_per_layer + 4 * self.seq_len * self.d_model
+
+    @property
+    def flops_per_token(self) -> int:
+        """Forward FLOPs per token of the whole model: every layer plus the output head (2 per weight)."""
+        return self.n_layers * self.layer_flops_per_token + 2 * self.embed_params
 
 
 class BatchSpec(_Section):

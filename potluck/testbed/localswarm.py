@@ -119,8 +119,8 @@ class LocalSwarm:
         while True:
             try:
                 peers = self.live_peers()
-            except Exception as e:  # the swarm may still be starting
-                logger.info("status read failed: %s", e)
+            except Exception as e:  # the swarm may still be starting: expected, so info, with the traceback
+                logger.info("status read failed: %s", e, exc_info=True)
             if predicate(peers):
                 return peers
             if time.monotonic() > deadline:

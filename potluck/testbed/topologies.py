@@ -9,12 +9,9 @@ one shared 10 GB/s per GPU. All functions are pure; random graphs take an explic
 from __future__ import annotations
 
 import itertools
-import logging
 
 import numpy as np
 from scipy.sparse.csgraph import connected_components
-
-logger = logging.getLogger(__name__)
 
 NVLINK_GBPS = 25.0  # one NVLink 2.0 per direction; P100's NVLink 1.0 is 20 GB/s
 NVLINK1_GBPS = 20.0

@@ -1,9 +1,11 @@
 """CLI behaviour that needs no network: help, and errors that are one clear line."""
 
+import logging
 import os
 
 from typer.testing import CliRunner
 
+from potluck import logs
 from potluck.cli import app
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
@@ -40,3 +42,19 @@ def test_bad_job_file_names_field(tmp_path):
     result = runner.invoke(app, ["launch", str(job)])
     assert result.exit_code == 2
     assert "field `model`" in result.output
+
+
+def test_log_level_and_json_lines_from_the_environment(monkeypatch):
+    """The CLI configures logging once: POTLUCK_LOGLEVEL sets the level, POTLUCK_LOGFORMAT=json the format."""
+    monkeypatch.setenv("POTLUCK_LOGLEVEL", "ERROR")
+    monkeypatch.setenv("POTLUCK_LOGFORMAT", "json")
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        result = runner.invoke(app, ["status", "--join", "garbage"])
+        assert result.exit_code == 2
+        assert root.level == logging.ERROR
+        assert isinstance(logs._handler.formatter, logs.JsonFormatter)
+    finally:
+        root.handlers[:], root.level = saved
+        logs._handler = None

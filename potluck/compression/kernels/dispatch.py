@@ -8,7 +8,6 @@ under ``TRITON_INTERPRET=1`` and exists so tests can compare the kernels' bytes 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 from functools import lru_cache
 from typing import Any
@@ -16,8 +15,6 @@ from typing import Any
 import torch
 
 from . import cpu
-
-logger = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)

@@ -17,14 +17,11 @@ Import this module only where Triton is installed. On a machine without a GPU, s
 
 from __future__ import annotations
 
-import logging
 import math
 
 import torch
 import triton
 import triton.language as tl
-
-logger = logging.getLogger(__name__)
 
 BF16_MAX_BITS = 0x7F7F0000
 

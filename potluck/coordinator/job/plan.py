@@ -10,7 +10,6 @@ packed over their measured links.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +33,7 @@ from potluck.coordinator.placement.netmodel import NetModel, build_netmodel, fro
 from potluck.coordinator.placement.objectives import StepObjective
 from potluck.coordinator.state import SwarmState
 from potluck.coordinator.trees.plan import choose_tree_plan, to_schedule
+from potluck.protocol.collective import schedule_to_records
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.records import PeerRecord
 from potluck.protocol.training import Spare, StageAssignment, TrainPlan, TreeRecord
@@ -55,11 +55,7 @@ class JobPlanConfig:
 
 def step_job(job: JobSpec) -> StepJob:
     """The planner's view of the job: fp32 weights + grads + AdamW moments (16 B/param), no recompute."""
-    m = job.model
-    hidden = 64 * math.ceil(8 * m.d_model / 3 / 64)  # SwiGLU width, as potluck.model.transformer builds it
-    shape = ModelShape(
-        m.n_layers, m.d_model, m.n_heads, m.vocab_size, m.seq_len, ffn_mult=1.5 * hidden / m.d_model
-    )
+    shape = ModelShape.from_spec(job.model)  # the spec's arithmetic, shared with the transformer
     # Bytes on the wire per byte of fp16 payload, as the codec library itself estimates them.
     probe = (1 << 16,)
     act, grad = (get_codec(spec).estimate_bytes(probe) / (2.0 * probe[0])
@@ -122,11 +118,7 @@ def stage_trees(
     except PackingError as e:
         logger.warning("tree packing failed (%s); the stage uses one-hop trees", e)
         return []
-    out = []
-    for t in sched.trees:
-        parents = [-1 if (par := t.parent[str(i)]) is None else int(par) for i in range(len(peers))]
-        out.append(TreeRecord(share=min(1.0, max(t.share, 1e-9)), parents=parents))
-    return out
+    return schedule_to_records(sched, [str(i) for i in range(len(peers))])
 
 
 def make_train_plan(

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,8 +21,6 @@ from scipy.sparse import lil_matrix
 from potluck.coordinator.placement.costmodel import DeviceSpec, StepJob
 from potluck.coordinator.placement.exhaustive import dtfm_optimum, feasible, partition_count
 from potluck.coordinator.placement.objectives import DtfmObjective
-
-logger = logging.getLogger(__name__)
 
 MILP_MAX_DEVICES = 16
 

@@ -11,15 +11,13 @@ backward pass, with memory feasibility and uneven layer splits. All times in sec
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from potluck.coordinator.placement.netmodel import NetModel
-
-logger = logging.getLogger(__name__)
+from potluck.protocol.jobspec import ModelSpec
 
 GB = 1e9  # DT-FM's sizes are in 1e9 bytes; so are ours
 INFEASIBLE = math.inf
@@ -73,28 +71,40 @@ def dtfm_cost(stages: np.ndarray, net: NetModel, job: DtfmJob) -> DtfmBreakdown:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A decoder-only transformer."""
+    """A decoder-only transformer. Built from a job's ``ModelSpec`` (``from_spec``), it asks the spec, which
+    shapes the real transformer too; scenario shapes (DT-FM's GPT) have a two-matrix ``ffn_mult * d`` MLP."""
 
     layers: int
     d_model: int
     heads: int
     vocab: int
     seq_len: int
-    ffn_mult: float = 4.0
+    ffn_mult: float = 4.0  # MLP width / d_model; ignored when ``spec`` is set
+    spec: ModelSpec | None = None
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> ModelShape:
+        return cls(spec.n_layers, spec.d_model, spec.n_heads, spec.vocab_size, spec.seq_len, spec=spec)
 
     @property
     def params_per_layer(self) -> float:
-        # attention q,k,v,o (4 d^2) + MLP (2 * ffn_mult * d^2); norms and biases are negligible.
+        """Matrix weights of one layer; norms and biases are negligible."""
+        if self.spec is not None:
+            return float(self.spec.matmul_params_per_layer)
+        # attention q,k,v,o (4 d^2) + MLP (2 * ffn_mult * d^2)
         return (4.0 + 2.0 * self.ffn_mult) * self.d_model**2
 
     @property
     def flops_per_token_layer(self) -> float:
         """Forward FLOPs per token of one layer: 2 per weight, plus attention scores and mixing."""
+        if self.spec is not None:
+            return float(self.spec.layer_flops_per_token)
         return 2.0 * self.params_per_layer + 4.0 * self.seq_len * self.d_model
 
     @property
     def embed_params(self) -> float:
-        return float(self.vocab * self.d_model)
+        """One vocab x d table: the embedding, and again the LM head."""
+        return float(self.spec.embed_params if self.spec is not None else self.vocab * self.d_model)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ Step objective: plain brute force over shapes, active peers, partitions and stag
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 from collections.abc import Sequence
 
@@ -23,8 +22,6 @@ from potluck.coordinator.placement.matching import bottleneck_matching
 from potluck.coordinator.placement.netmodel import NetModel
 from potluck.coordinator.placement.objectives import DtfmObjective, StepObjective
 from potluck.coordinator.placement.search import pair_matrix
-
-logger = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 3_000_000
 

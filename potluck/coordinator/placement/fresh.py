@@ -9,7 +9,6 @@ Pure: the same inputs and seed give the same plan (the wall-clock limit only cut
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 
@@ -34,8 +33,6 @@ from potluck.coordinator.placement.types import (
     make_objective,
     to_plan,
 )
-
-logger = logging.getLogger(__name__)
 
 SCREEN_EXACT_LIMIT = 8  # stages up to which shape screening orders stages exactly (Held-Karp)
 

@@ -10,13 +10,9 @@ Hungarian solves.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_bipartite_matching
-
-logger = logging.getLogger(__name__)
 
 # Above this group size the pure-Python bitmask search loses to scipy's Hopcroft-Karp.
 _BITMASK_LIMIT = 24

@@ -10,15 +10,12 @@ Units: latency is one-way milliseconds (RTT / 2); bandwidth is Gbit/s, row = sen
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from potluck.coordinator.errors import NetModelError
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ cheap.
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -30,8 +29,6 @@ from potluck.coordinator.placement.costmodel import (
     sync_weights,
 )
 from potluck.coordinator.placement.netmodel import NetModel
-
-logger = logging.getLogger(__name__)
 
 
 class Objective(ABC):

@@ -9,7 +9,6 @@ exceed the time to move their state (hysteresis), or it is dropped.
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
@@ -27,8 +26,6 @@ from potluck.coordinator.placement.types import (
     make_objective,
     to_plan,
 )
-
-logger = logging.getLogger(__name__)
 
 FILL_CANDIDATES = 48  # spares scored per empty slot
 

@@ -9,7 +9,6 @@ step-time objective (defaults describe the GPT3-XL runs of the DT-FM paper).
 from __future__ import annotations
 
 import json
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,6 @@ from potluck.coordinator.placement.costmodel import (
 )
 from potluck.coordinator.placement.netmodel import from_matrices
 from potluck.coordinator.placement.types import PlanningState
-
-logger = logging.getLogger(__name__)
 
 BUNDLED = Path(__file__).parent / "scenarios"
 

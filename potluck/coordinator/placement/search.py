@@ -11,7 +11,6 @@ labels (so "group 3" means the same thing in both parents) and polishes every ch
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +21,6 @@ from scipy.optimize import linear_sum_assignment
 from potluck.coordinator.placement.matching import bottleneck_matching
 from potluck.coordinator.placement.objectives import Objective
 from potluck.coordinator.placement.tsp import EXACT_LIMIT, open_path
-
-logger = logging.getLogger(__name__)
 
 _REL_EPS = 1e-9  # a move must improve by more than this fraction to count
 # Inside the search, orders are exact up to this many stages (Held-Karp at 16 costs ~25 ms per call);

@@ -12,13 +12,9 @@ clusters by average-linkage clustering of the pipeline link weight, then lay out
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 from scipy.cluster.hierarchy import fcluster, leaves_list, linkage
 from scipy.spatial.distance import squareform
-
-logger = logging.getLogger(__name__)
 
 
 def cluster_levels(weight: np.ndarray, devices: np.ndarray, max_levels: int = 4) -> tuple[np.ndarray, list]:

@@ -7,11 +7,8 @@ starts improved by 2-opt and Or-opt beyond that.
 from __future__ import annotations
 
 import itertools
-import logging
 
 import numpy as np
-
-logger = logging.getLogger(__name__)
 
 EXACT_LIMIT = 16
 

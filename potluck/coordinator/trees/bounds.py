@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import math
 
 import networkx as nx
@@ -23,8 +22,6 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import maximum_flow
 
 from potluck.coordinator.trees.graph import Network
-
-logger = logging.getLogger(__name__)
 
 # Largest group whose partitions exact_strength enumerates (Bell(10) = 115,975 is still fine but slow).
 MAX_ENUMERATED = 9

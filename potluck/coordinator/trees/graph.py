@@ -6,7 +6,6 @@ matrix into that form once and checks it, so the numeric code never sees labels 
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,8 +15,6 @@ import numpy as np
 from scipy.sparse.csgraph import connected_components
 
 from potluck.coordinator.errors import PackingError
-
-logger = logging.getLogger(__name__)
 
 # A capacity is either a mapping u -> {v: rate} or an N x N matrix (rows = senders), rates in bytes/s
 # (any unit works as long as it is the same everywhere; the packing rate comes back in that unit).

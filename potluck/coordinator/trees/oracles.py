@@ -9,16 +9,11 @@ combinatorial problem on per-edge costs: minimum spanning tree (all-reduce trees
 
 from __future__ import annotations
 
-import logging
-
 import networkx as nx
 import numpy as np
 from scipy.sparse.csgraph import minimum_spanning_tree
 
 from potluck.coordinator.trees.core import Column
-
-logger = logging.getLogger(__name__)
-
 
 
 class TreeResources:

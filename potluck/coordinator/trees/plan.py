@@ -32,7 +32,6 @@ on loopback p2pd), so both default to 0, the pure bandwidth + fill + latency mod
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -43,8 +42,6 @@ from potluck.coordinator.errors import PackingError
 from potluck.coordinator.trees import pack_allreduce
 from potluck.coordinator.trees.graph import CapacityInput, NodeCapacityInput, make_network
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec
-
-logger = logging.getLogger(__name__)
 
 Edge = tuple[Hashable, Hashable]
 

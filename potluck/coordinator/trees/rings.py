@@ -9,7 +9,6 @@ deterministic widest-next-hop heuristic under multiplicative prices (a baseline,
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
@@ -19,8 +18,6 @@ import numpy as np
 from potluck.coordinator.errors import PackingError
 from potluck.coordinator.trees.core import Column, solve_lp
 from potluck.coordinator.trees.graph import CapacityInput, NodeCapacityInput, make_network
-
-logger = logging.getLogger(__name__)
 
 MAX_ENUMERATED = 9
 _HEURISTIC_ROUNDS_PER_PEER = 4

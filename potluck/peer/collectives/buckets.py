@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import math
 
 import torch
@@ -23,12 +22,28 @@ import torch
 from potluck.compression import ErrorFeedback, decode, get_codec
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
+from potluck.net.tags import BUCKET_PHASES, Round
 from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
 from potluck.protocol.collective import AllReduceSchedule
 
-logger = logging.getLogger(__name__)
+MAX_BUCKETS = 12  # aim: buckets of at least 1/12 of the stage's gradients (fewer, larger messages)
 
-FIRST_PHASE, MAX_BUCKETS = 4, 12  # bucket b uses tag phase 4 + b (phases 0-3 are taken)
+
+def _bucketize(sizes: list[int], cap: int) -> list[list[int]]:
+    """Parameter indices in backward order (last layers first), cut into buckets of about ``cap`` elements.
+
+    Greedy cutting can leave a few more buckets than total / cap; the cap grows until every bucket has a
+    tag phase of its own (``Round.bucket``), since two buckets under one tag would mix their sums.
+    """
+    while True:
+        buckets: list[list[int]] = []
+        for i in reversed(range(len(sizes))):
+            if not buckets or sum(sizes[j] for j in buckets[-1]) + sizes[i] > cap:
+                buckets.append([])
+            buckets[-1].append(i)
+        if len(buckets) <= BUCKET_PHASES:
+            return buckets
+        cap += max(1, cap // 8)
 
 
 class BucketSync:
@@ -38,25 +53,20 @@ class BucketSync:
     ) -> None:  # fmt: skip
         self.runner, self.box, self.schedule, self.cfg, self.overlap = runner, box, schedule, cfg, overlap
         sizes = [p.numel() for p in runner.params]
-        cap = max(bucket_elements, math.ceil(sum(sizes) / MAX_BUCKETS))
-        self.buckets: list[list[int]] = []
-        for i in reversed(range(len(sizes))):  # backward order: the last layers' gradients come first
-            if not self.buckets or sum(sizes[j] for j in self.buckets[-1]) + sizes[i] > cap:
-                self.buckets.append([])
-            self.buckets[-1].append(i)
+        self.buckets = _bucketize(sizes, max(bucket_elements, math.ceil(sum(sizes) / MAX_BUCKETS)))
         self.bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
         self.feedback = [ErrorFeedback() if error_feedback else None for _ in self.buckets]
         self._codec = get_codec(cfg.codec)
         self._pending: list[int] = []
         self._futures: list[concurrent.futures.Future[torch.Tensor] | None] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._base = 0
+        self._round = Round(0, 0)  # the armed step's round; bucket b all-reduces in _round.bucket(b)
         self.launched_early = 0  # buckets started from the backward's hook in the last step (overlap)
 
-    def arm(self, base_round: int, n_micro: int) -> None:
-        """Before the step's pipeline: watch for final gradients during micro-batch ``n_micro - 1``."""
+    def arm(self, rnd: Round, n_micro: int) -> None:
+        """Before step ``rnd``'s pipeline: watch for final gradients during micro-batch ``n_micro - 1``."""
         self._loop = asyncio.get_running_loop()
-        self._base = base_round
+        self._round = rnd
         self._pending = [len(b) for b in self.buckets]
         self._futures = [None] * len(self.buckets)
         self.launched_early = 0
@@ -81,7 +91,7 @@ class BucketSync:
         return p.grad if p.grad is not None else torch.zeros_like(p)
 
     async def _reduce(self, b: int, flat: torch.Tensor) -> torch.Tensor:
-        round_no = self._base | (FIRST_PHASE + b)
+        round_no = self._round.bucket(b).pack()
         ef = self.feedback[b]
         if ef is not None:  # error feedback at the source: send what the codec keeps, carry the rest
             flat = decode(self._codec.encode(flat, key=(round_no, 0, 0), state=ef))

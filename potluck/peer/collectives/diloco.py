@@ -13,13 +13,10 @@ relaxed round, or an in-process reference with the same code.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 AllReduce = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
 

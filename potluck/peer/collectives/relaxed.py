@@ -15,6 +15,10 @@ Protocol, per attempt, with the group's first peer as the round's leader:
 Nobody returns a result before COMMIT, so a peer that dies mid-collective leaves every survivor either
 with the identical renormalised mean of a later attempt or, when the leader itself is lost or the
 attempts run out, with the same ``CollectiveError``. Never a mix of old and new values.
+
+Attempt a of round r runs under ``r.retry(a)`` (``net/tags.py``), control messages on their own streams;
+afterwards the mailbox forgets exactly ``r.attempts()``, so late messages of this round go while those
+of later steps, and of collectives running in other phases of the same step, stay.
 """
 
 from __future__ import annotations
@@ -26,17 +30,14 @@ from dataclasses import dataclass
 import msgpack
 import torch
 
-from potluck.net.mailbox import Mailbox, Tag
+from potluck.net.mailbox import Mailbox
+from potluck.net.tags import ATTEMPTS, Round, Stream, Tag, make_tag
 from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
 from potluck.peer.errors import CollectiveError, LateError
 from potluck.protocol.collective import AllReduceSchedule, restrict
 from potluck.protocol.errors import WireError
 
 logger = logging.getLogger(__name__)
-
-CONTROL = 0xFFFFFFFF  # tag stream for round control messages
-READY, DECISION, DONE, VERDICT = 2, 3, 4, 5
-MAX_ATTEMPTS_PER_ROUND = 16  # attempts are numbered inside a round's tag space
 
 
 @dataclass(frozen=True)
@@ -50,18 +51,22 @@ async def relaxed_allreduce(
     box: Mailbox,
     schedule: AllReduceSchedule,
     tensor: torch.Tensor,
-    round_no: int,
+    rnd: Round,
     cfg: AllReduceConfig,
     relax: RelaxedConfig,
 ) -> tuple[torch.Tensor, tuple[str, ...]]:
-    """Mean of ``tensor`` over this round's contributors, identical on each; returns (mean, members)."""
+    """Mean of ``tensor`` over this round's contributors, identical on each; returns (mean, members).
+
+    ``rnd`` is the round's first attempt; the later attempts are numbered from it."""
     me, leader = box.peer_id, schedule.peers[0]
-    if relax.max_attempts > MAX_ATTEMPTS_PER_ROUND:
-        raise ValueError(f"max_attempts is limited to {MAX_ATTEMPTS_PER_ROUND}")
+    if relax.max_attempts > ATTEMPTS:
+        raise ValueError(f"max_attempts is limited to {ATTEMPTS} (the attempt bits of a message tag)")
+    if rnd.attempt != 0:
+        raise ValueError(f"relaxed rounds number their own attempts: pass attempt 0, not {rnd.attempt}")
     alive = list(schedule.peers)
     try:
         for attempt in range(relax.max_attempts):
-            tag_round = round_no * MAX_ATTEMPTS_PER_ROUND + attempt
+            tag_round = rnd.retry(attempt).pack()
             if me == leader:
                 members = await _collect_ready(box, alive, tag_round, relax.deadline_s)
                 if len(members) < relax.min_members:
@@ -69,56 +74,56 @@ async def relaxed_allreduce(
                 for p in alive:
                     if p != me:
                         await _send_quietly(
-                            box, p, Tag(tag_round, CONTROL, 0, DECISION), msgpack.packb(members)
+                            box, p, make_tag(tag_round, Stream.RELAXED_DECISION), msgpack.packb(members)
                         )
                 if not members:
-                    raise CollectiveError(f"round {round_no}: only {len(members)} contributors")
+                    raise CollectiveError(f"round {rnd}: only {len(members)} contributors")
             else:
-                await box.send(leader, Tag(tag_round, CONTROL, 0, READY), b"")
+                await box.send(leader, make_tag(tag_round, Stream.RELAXED_READY), b"")
                 data = await box.recv(
-                    leader, Tag(tag_round, CONTROL, 0, DECISION), relax.deadline_s + cfg.timeout_s
+                    leader, make_tag(tag_round, Stream.RELAXED_DECISION), relax.deadline_s + cfg.timeout_s
                 )
                 members = list(msgpack.unpackb(data))
                 if not members:
-                    raise CollectiveError(f"round {round_no}: too few contributors")
+                    raise CollectiveError(f"round {rnd}: too few contributors")
                 if me not in members:
                     raise LateError(
-                        f"round {round_no}: contribution missed the {relax.deadline_s:.1f} s deadline"
+                        f"round {rnd}: contribution missed the {relax.deadline_s:.1f} s deadline"
                     )
             result: torch.Tensor | None = None
             try:
                 result = await tree_allreduce(box, restrict(schedule, members), tensor, tag_round, cfg)
             except CollectiveError as e:
-                logger.info("round %d attempt %d failed at %s: %s", round_no, attempt, me, e)
+                logger.info("round %s attempt %d failed at %s: %s", rnd, attempt, me, e)
             if me == leader:
                 failed, silent = await _collect_done(box, members, tag_round, 2 * cfg.timeout_s)
                 verdict = b"commit" if result is not None and not failed else b"retry"
                 for p in members:
                     if p != me and p not in silent:
-                        await _send_quietly(box, p, Tag(tag_round, CONTROL, 0, VERDICT), verdict)
+                        await _send_quietly(box, p, make_tag(tag_round, Stream.RELAXED_VERDICT), verdict)
                 # Peers that reported a failure are alive (hit by someone else's); the silent are gone.
                 alive = [p for p in members if p not in silent]
             else:
                 await box.send(
-                    leader, Tag(tag_round, CONTROL, 0, DONE), b"ok" if result is not None else b"fail"
+                    leader, make_tag(tag_round, Stream.RELAXED_DONE), b"ok" if result is not None else b"fail"
                 )
-                verdict = await box.recv(leader, Tag(tag_round, CONTROL, 0, VERDICT), 3 * cfg.timeout_s)
+                verdict_tag = make_tag(tag_round, Stream.RELAXED_VERDICT)
+                verdict = await box.recv(leader, verdict_tag, 3 * cfg.timeout_s)
             if verdict == b"commit":
                 assert result is not None  # the leader commits only when every member succeeded
                 return result, tuple(members)
-        raise CollectiveError(f"round {round_no}: no attempt of {relax.max_attempts} completed")
+        raise CollectiveError(f"round {rnd}: no attempt of {relax.max_attempts} completed")
     except WireError as e:  # the leader is unreachable: the same failure for everyone who depends on it
-        raise CollectiveError(f"round {round_no}: lost the round's leader {leader}: {e}") from None
+        raise CollectiveError(f"round {rnd}: lost the round's leader {leader}: {e}") from None
     finally:
-        await box.forget_round((round_no + 1) * MAX_ATTEMPTS_PER_ROUND - 1)
+        await box.forget(rnd.attempts())
 
 
 async def _collect_ready(box: Mailbox, peers: list[str], tag_round: int, deadline_s: float) -> list[str]:
     """Members of this attempt: the leader plus every peer whose READY arrives before the deadline."""
     others = [p for p in peers if p != box.peer_id]
-    waits = {
-        p: asyncio.create_task(box.recv(p, Tag(tag_round, CONTROL, 0, READY), deadline_s)) for p in others
-    }
+    tag = make_tag(tag_round, Stream.RELAXED_READY)
+    waits = {p: asyncio.create_task(box.recv(p, tag, deadline_s)) for p in others}
     await asyncio.gather(*waits.values(), return_exceptions=True)
     ready = {p for p, t in waits.items() if t.exception() is None}
     return [p for p in peers if p == box.peer_id or p in ready]
@@ -129,7 +134,8 @@ async def _collect_done(
 ) -> tuple[set[str], set[str]]:
     """(members that failed or went silent, members that went silent) in this attempt, leader excluded."""
     others = [p for p in members if p != box.peer_id]
-    waits = {p: asyncio.create_task(box.recv(p, Tag(tag_round, CONTROL, 0, DONE), timeout_s)) for p in others}
+    tag = make_tag(tag_round, Stream.RELAXED_DONE)
+    waits = {p: asyncio.create_task(box.recv(p, tag, timeout_s)) for p in others}
     await asyncio.gather(*waits.values(), return_exceptions=True)
     silent = {p for p, t in waits.items() if t.exception() is not None}
     return silent | {p for p, t in waits.items() if p not in silent and t.result() != b"ok"}, silent

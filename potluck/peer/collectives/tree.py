@@ -11,12 +11,12 @@ chunks, so light and heavy trees fill their pipelines equally fast. Per tree and
 
 Reduce and broadcast run as separate coroutines per tree, so chunk c+1 climbs while chunk c descends.
 Every receive has the schedule's timeout; any failure raises ``CollectiveError`` naming the peer.
+``round_no`` is a packed ``net.tags.Round``: its messages are tagged tree t, chunk c, reduce or broadcast.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,14 +25,11 @@ import torch
 
 from potluck.compression import Codec, get_codec
 from potluck.compression.errors import CompressionError
-from potluck.net.mailbox import Mailbox, Tag
+from potluck.net.mailbox import Mailbox
+from potluck.net.tags import Direction, Stream, Tag, make_tag
 from potluck.peer.errors import CollectiveError
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from potluck.protocol.errors import WireError
-
-logger = logging.getLogger(__name__)
-
-REDUCE, BROADCAST = 0, 1
 
 
 @dataclass(frozen=True)
@@ -98,6 +95,12 @@ async def _run_tree(
     def reached(n: int) -> Callable[[], bool]:
         return lambda: landed >= n
 
+    def up(c: int) -> Tag:
+        return make_tag(round_no, Stream.TREE, index=t_idx, chunk=c, direction=Direction.REDUCE)
+
+    def down(c: int) -> Tag:
+        return make_tag(round_no, Stream.TREE, index=t_idx, chunk=c, direction=Direction.BROADCAST)
+
     async def reduce() -> None:
         for c, chunk in enumerate(chunks):
             if cfg.window > 0:  # cannot deadlock: it waits only on chunks whose reduce already left
@@ -105,7 +108,7 @@ async def _run_tree(
                     await progress.wait_for(reached(c - cfg.window))
             acc = chunk.clone()
             for child in children:
-                data = await box.recv(child, Tag(round_no, t_idx, c, REDUCE), cfg.timeout_s)
+                data = await box.recv(child, up(c), cfg.timeout_s)
                 codec.decode_into(data, acc, accumulate=True)
             key = (round_no, t_idx, c)
             if parent is None:
@@ -113,7 +116,7 @@ async def _run_tree(
                     acc /= len(schedule.peers)
                 await finished.put(codec.encode(acc, key=key))
             else:
-                await box.send(parent, Tag(round_no, t_idx, c, REDUCE), codec.encode(acc, key=key))
+                await box.send(parent, up(c), codec.encode(acc, key=key))
 
     async def broadcast() -> None:
         nonlocal landed
@@ -121,12 +124,10 @@ async def _run_tree(
             if parent is None:
                 data = await finished.get()
             else:
-                data = await box.recv(parent, Tag(round_no, t_idx, c, BROADCAST), cfg.timeout_s)
+                data = await box.recv(parent, down(c), cfg.timeout_s)
             # Children sit on different links: send to all at once, not one paced transfer after
             # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
-            await asyncio.gather(
-                *(box.send(child, Tag(round_no, t_idx, c, BROADCAST), data) for child in children)
-            )
+            await asyncio.gather(*(box.send(child, down(c), data) for child in children))
             codec.decode_into(data, chunk, accumulate=False)
             async with progress:
                 landed = c + 1
@@ -154,12 +155,16 @@ async def ring_allreduce(
     i = order.index(me)
     nxt, prv = order[(i + 1) % n], order[(i - 1) % n]
     segments = list(torch.split(flat, split_elements(flat.numel(), [1.0] * n)))
+
+    def ring_tag(segment: int, step: int, direction: Direction) -> Tag:
+        return make_tag(round_no, Stream.RING, index=segment, chunk=step, direction=direction)
+
     try:
         for step in range(n - 1):  # reduce-scatter: after step k, segment (i - k - 1) holds k + 2 inputs
             send_s, recv_s = (i - step) % n, (i - step - 1) % n
             payload = codec.encode(segments[send_s], key=(round_no, send_s, step))
-            sending = asyncio.create_task(box.send(nxt, Tag(round_no, send_s, step, REDUCE), payload))
-            data = await box.recv(prv, Tag(round_no, recv_s, step, REDUCE), cfg.timeout_s)
+            sending = asyncio.create_task(box.send(nxt, ring_tag(send_s, step, Direction.REDUCE), payload))
+            data = await box.recv(prv, ring_tag(recv_s, step, Direction.REDUCE), cfg.timeout_s)
             codec.decode_into(data, segments[recv_s], accumulate=True)
             await sending
         own = (i + 1) % n  # the segment this peer finished
@@ -169,8 +174,8 @@ async def ring_allreduce(
         codec.decode_into(data, segments[own], accumulate=False)
         for step in range(n - 1):  # all-gather: pass finished segments along unchanged
             send_s, recv_s = (own - step) % n, (own - step - 1) % n
-            sending = asyncio.create_task(box.send(nxt, Tag(round_no, send_s, step, BROADCAST), data))
-            data = await box.recv(prv, Tag(round_no, recv_s, step, BROADCAST), cfg.timeout_s)
+            sending = asyncio.create_task(box.send(nxt, ring_tag(send_s, step, Direction.BROADCAST), data))
+            data = await box.recv(prv, ring_tag(recv_s, step, Direction.BROADCAST), cfg.timeout_s)
             codec.decode_into(data, segments[recv_s], accumulate=False)
             await sending
     except (WireError, CompressionError) as e:

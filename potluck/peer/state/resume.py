@@ -8,7 +8,6 @@ norm and head keep their names: they belong to whichever stage holds layer 0 or 
 
 from __future__ import annotations
 
-import logging
 import re
 from pathlib import Path
 
@@ -16,8 +15,6 @@ import torch
 
 from potluck.model.checkpoint import check_step, load_stage, step_dir
 from potluck.protocol.errors import CheckpointError
-
-logger = logging.getLogger(__name__)
 
 _LAYER = re.compile(r"^(model|optim)\.layers\.(\d+)\.(.+)$")
 
@@ -31,7 +28,7 @@ def load_layers(root: Path, step: int, first: int, last: int, n_layers: int) -> 
     covered: set[int] = set()
     for stage in range(n_stages):
         tensors, meta = load_stage(full, stage)
-        old_first, old_last = int(meta["first_layer"]), int(meta["last_layer"])
+        old_first, old_last = meta.first_layer, meta.last_layer  # validated by the manifest reader
         overlaps = old_first < last and old_last > first
         ends = (first == 0 and old_first == 0) or (last == n_layers and old_last == n_layers)
         if not (overlaps or ends):

@@ -21,14 +21,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from potluck.net.mailbox import Mailbox, Tag
+from potluck.net.mailbox import Mailbox
+from potluck.net.tags import Round, Stream, make_tag
 from potluck.peer.errors import StepAborted
 from potluck.protocol.errors import WireError
 from potluck.protocol.training import TrainPlan
 
 logger = logging.getLogger(__name__)
 
-STREAM_READY, STREAM_DECISION = 3, 4
 MAX_MESSAGE_BYTES = 64 * 1024
 
 
@@ -101,12 +101,12 @@ def _decide(plan: TrainPlan, readies: dict[str, Ready]) -> Decision:
 
 
 async def commit_step(
-    box: Mailbox, plan: TrainPlan, round_no: int, ready: Ready, timeout_s: float
+    box: Mailbox, plan: TrainPlan, rnd: Round, ready: Ready, timeout_s: float
 ) -> Decision:
     """Run the commit for one step; returns the COMMIT decision or raises ``StepAborted``."""
     me, leader = box.peer_id, plan.leader
     peers = [p for st in plan.stages for p in st.peers]
-    tag_ready, tag_decision = Tag(round_no, STREAM_READY), Tag(round_no, STREAM_DECISION)
+    tag_ready, tag_decision = make_tag(rnd, Stream.COMMIT_READY), make_tag(rnd, Stream.COMMIT_DECISION)
     if me == leader:
         readies = {me: ready}
 

@@ -2,16 +2,15 @@
 
 Replica i of stage j receives activations from replica i of stage j - 1 and sends its own to replica i
 of stage j + 1; activation gradients travel the other way. Messages are tagged with the step's round
-and the micro-batch index, so the order in which the network delivers them does not matter. Compute
-runs in a worker thread (``asyncio.to_thread``) so the event loop keeps serving the transport, heartbeats
-and the other stages' messages while this stage multiplies matrices; sends are started as tasks so the
-next micro-batch's compute overlaps the transfer of the previous one.
+and the micro-batch index (``net/tags.py``), so the order in which the network delivers them does not
+matter. Compute runs in a worker thread (``asyncio.to_thread``) so the event loop keeps serving the
+transport, heartbeats and the other stages' messages while this stage multiplies matrices; sends are
+started as tasks so the next micro-batch's compute overlaps the transfer of the previous one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 
@@ -20,14 +19,11 @@ import torch
 from potluck.compression import Codec
 from potluck.compression.errors import CompressionError
 from potluck.model.stage import StageRunner
-from potluck.net.mailbox import Mailbox, Tag
+from potluck.net.mailbox import Mailbox
+from potluck.net.tags import Round, Stream, Tag, make_tag
 from potluck.peer.errors import PipelineError
 from potluck.peer.train.schedule import one_f_one_b
 from potluck.protocol.errors import WireError
-
-logger = logging.getLogger(__name__)
-
-STREAM_ACT, STREAM_GRAD = 1, 2  # tag streams of the pipeline (all-reduce trees use 0..63 of round+1)
 
 
 @dataclass(frozen=True)
@@ -66,7 +62,7 @@ async def pipeline_step(
     runner: StageRunner,
     where: Neighbours,
     micro: list[MicroBatch],
-    round_no: int,
+    rnd: Round,
     codec: Codec,
     timeout_s: float,
     timing: Timing,
@@ -103,27 +99,29 @@ async def pipeline_step(
         for kind, m in one_f_one_b(where.stage, where.n_stages, len(micro)):
             mb = micro[m]
             if kind == "F":
+                tag = make_tag(rnd, Stream.ACTIVATIONS, chunk=m)
                 if where.prev is None:
                     assert mb.inputs is not None
                     x = mb.inputs
                 else:
-                    x = await recv(where.prev, Tag(round_no, STREAM_ACT, m))
+                    x = await recv(where.prev, tag)
                 out = await compute(runner.forward, m, x, mb.targets, mb.weight)
                 if where.next is not None:
-                    await send(where.next, Tag(round_no, STREAM_ACT, m), out)
+                    await send(where.next, tag, out)
                 else:
                     loss += float(out) * mb.share
             else:
-                grad = None if where.next is None else await recv(where.next, Tag(round_no, STREAM_GRAD, m))
+                tag = make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m)
+                grad = None if where.next is None else await recv(where.next, tag)
                 grad_in = await compute(runner.backward, m, grad)
                 if where.prev is not None:
                     assert grad_in is not None
-                    await send(where.prev, Tag(round_no, STREAM_GRAD, m), grad_in)
+                    await send(where.prev, tag, grad_in)
         t0 = time.perf_counter()
         await asyncio.gather(*sends)
         timing.send += time.perf_counter() - t0
     except (WireError, CompressionError) as e:
-        raise PipelineError(f"pipeline step (round {round_no}) of stage {where.stage} failed: {e}") from None
+        raise PipelineError(f"pipeline step (round {rnd}) of stage {where.stage} failed: {e}") from None
     finally:
         for task in sends:
             task.cancel()

@@ -9,8 +9,8 @@ Step s on stage j, replica i:
 4. AdamW at the scheduled learning rate, clipped by the global norm; every H steps with DiLoCo, the
    outer sync; every ``checkpoint.interval`` steps replica 0 writes the stage's checkpoint.
 
-Message rounds pack (epoch, step, phase) into the 64-bit tag, so messages of an aborted attempt under an
-older plan can never be mistaken for the current one.
+Messages of step s under plan epoch e carry the round ``Round(e, s, phase)`` (``net/tags.py``), so
+messages of an aborted attempt under an older plan can never be mistaken for the current one.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from potluck.model.data import TokenDataset
 from potluck.model.optim import clip_coefficient, learning_rate
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
+from potluck.net.tags import Phase, Round, before
 from potluck.peer.collectives.buckets import BucketSync
 from potluck.peer.collectives.diloco import DiLoCo, DiLoCoConfig
 from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
@@ -37,20 +38,12 @@ from potluck.peer.errors import CollectiveError, PipelineError, StepAborted
 from potluck.peer.state.resume import load_layers
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
-from potluck.protocol.collective import AllReduceSchedule, TreeSpec
+from potluck.protocol.checkpoints import StageMeta
+from potluck.protocol.collective import records_to_schedule
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.training import StageAssignment, StepTiming, TrainPlan
+from potluck.protocol.training import StepTiming, TrainPlan
 
 logger = logging.getLogger(__name__)
-
-# Tag phases (low 4 bits of the round): 0 pipeline and commit, 2 DiLoCo outer sync, 4-15 the gradient
-# buckets of overlap.py.
-PHASE_OUTER = 2
-
-
-def round_base(epoch: int, step: int) -> int:
-    """Tag round of (epoch, step): 27 bits of epoch, 33 of step, 4 of phase."""
-    return (epoch << 37) | (step << 4)
 
 
 @dataclass(frozen=True)
@@ -72,22 +65,6 @@ class StepReport:
     timing: StepTiming
     bytes_sent: int
     checkpoint: Path | None
-
-
-def schedule_for(stage: StageAssignment) -> AllReduceSchedule:
-    """The stage's all-reduce trees from the plan, or one-hop trees (replica k owns share k) if none."""
-    peers = tuple(stage.peers)
-    if stage.trees:
-        specs = []
-        for t in stage.trees:
-            parent = {p: (None if t.parents[i] < 0 else peers[t.parents[i]]) for i, p in enumerate(peers)}
-            specs.append(TreeSpec(root=peers[t.parents.index(-1)], parent=parent, share=t.share))
-        return AllReduceSchedule(peers, tuple(specs))
-    one_hop = (
-        TreeSpec(root=r, parent={p: (None if p == r else r) for p in peers}, share=1.0 / len(peers))
-        for r in peers
-    )
-    return AllReduceSchedule(peers, tuple(one_hop))
 
 
 class Trainer:
@@ -115,7 +92,7 @@ class Trainer:
         comp = job.compression
         self.act_codec = get_codec(comp.activations)
         self.grad_codec_spec = comp.gradients
-        self.schedule = schedule_for(self.assignment)
+        self.schedule = records_to_schedule(self.assignment.trees, self.assignment.peers)  # or one-hop
         self.diloco: DiLoCo | None = None
         if comp.sync_every > 1:
             self.diloco = DiLoCo(self.runner.params, DiLoCoConfig(inner_steps=comp.sync_every))
@@ -171,17 +148,17 @@ class Trainer:
     async def train_step(self) -> StepReport:
         step, timing = self.step, Timing()
         sent_before = self.box.bytes_sent
-        base = round_base(self.plan.epoch, step)
+        rnd = Round(self.plan.epoch, step)
         micro = self.micro_batches(step)
         if self.sync is not None:
-            self.sync.arm(base, len(micro))
+            self.sync.arm(rnd, len(micro))
         try:
             loss_part = await pipeline_step(
                 self.box,
                 self.runner,
                 self.where,
                 micro,
-                base,
+                rnd,
                 self.act_codec,
                 self.cfg.step_timeout_s,
                 timing,
@@ -194,7 +171,7 @@ class Trainer:
             ready = Ready(self.stage, self.replica, 0.0, 0.0, ok=False, reason=str(e)[:200])
         t0 = time.perf_counter()
         try:
-            decision = await commit_step(self.box, self.plan, base, ready, self.cfg.step_timeout_s)
+            decision = await commit_step(self.box, self.plan, rnd, ready, self.cfg.step_timeout_s)
         except StepAborted:
             self.runner.zero_grad()
             raise
@@ -205,10 +182,10 @@ class Trainer:
         await asyncio.to_thread(self.runner.step, lr, coef)
         timing.compute += time.perf_counter() - t0
         if self.diloco is not None:
-            await self.diloco.after_inner_step(lambda t: self._outer_allreduce(t, base, timing))
+            await self.diloco.after_inner_step(lambda t: self._outer_allreduce(t, rnd, timing))
         self.step = step + 1
         checkpoint = await self._maybe_checkpoint()
-        await self.box.forget_round(base | 0xF)
+        await self.box.forget(before(self.plan.epoch, step + 1))  # step + 1's early messages stay
         timing.bytes_sent = self.box.bytes_sent - sent_before  # activations, gradients, buckets, commit
         total = time.perf_counter() - timing.started
         busy = timing.compute + timing.send + timing.recv + timing.allreduce
@@ -218,14 +195,14 @@ class Trainer:
         )  # fmt: skip
         return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint)
 
-    async def _outer_allreduce(self, pseudo: torch.Tensor, base: int, timing: Timing) -> torch.Tensor:
+    async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
         if self.plan.n_replicas == 1:
             return pseudo
         t0 = time.perf_counter()
         cfg = AllReduceConfig(
             self.grad_codec_spec, self.cfg.chunk_elements, self.cfg.allreduce_timeout_s, True
         )
-        out = await tree_allreduce(self.box, self.schedule, pseudo, base | PHASE_OUTER, cfg)
+        out = await tree_allreduce(self.box, self.schedule, pseudo, rnd.at(Phase.OUTER).pack(), cfg)
         timing.allreduce += time.perf_counter() - t0
         return out
 
@@ -235,15 +212,15 @@ class Trainer:
             return None
         if self.diloco is not None and done % self.job.compression.sync_every and done != self.job.steps:
             return None  # between syncs the replicas differ: only synced states are checkpointed
-        meta = {
-            "job": self.job.name, "step": done, "stage": self.stage, "n_stages": len(self.plan.stages),
-            "first_layer": self.assignment.first_layer, "last_layer": self.assignment.last_layer,
-            "model": self.job.model.model_dump(), "seed": self.job.seed, "tokenizer": self.job.data.tokenizer,
-            "epoch": self.plan.epoch,
-        }  # fmt: skip
+        meta = StageMeta(
+            job=self.job.name, step=done, stage=self.stage, n_stages=len(self.plan.stages),
+            first_layer=self.assignment.first_layer, last_layer=self.assignment.last_layer,
+            model=self.job.model, seed=self.job.seed, tokenizer=self.job.data.tokenizer,
+            epoch=self.plan.epoch,
+        )  # fmt: skip
         tensors = self.runner.state_tensors()
-        root, n_stages = self.checkpoint_root, len(self.plan.stages)
-        path = await asyncio.to_thread(save_stage, root, done, self.stage, n_stages, tensors, meta)
+        root = self.checkpoint_root
+        path = await asyncio.to_thread(save_stage, root, tensors, meta)
         if self.stage == 0:
             await asyncio.to_thread(prune, root, ck.keep)
         return path

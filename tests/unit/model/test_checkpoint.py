@@ -1,4 +1,4 @@
-"""Per-stage checkpoints: atomic writes, completeness, damage detection and fallback, pruning."""
+"""Per-stage checkpoints: atomic writes, completeness, damage detection and fallback, pruning, StageMeta."""
 
 import json
 import logging
@@ -16,7 +16,22 @@ from potluck.model.checkpoint import (
     prune,
     save_stage,
 )
+from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import CheckpointError, ProtocolError
+from potluck.protocol.jobspec import ModelSpec
+
+SPEC = ModelSpec(n_layers=8, d_model=32, n_heads=2, vocab_size=256, seq_len=16)
+
+
+def meta_for(step: int, stage: int, n_stages: int, **changes: object) -> StageMeta:
+    """The meta the trainer would write for ``stage`` (layer ``stage`` alone) of ``n_stages`` at ``step``."""
+    fields: dict[str, object] = {
+        "job": "j", "step": step, "stage": stage, "n_stages": n_stages, "first_layer": 0, "last_layer": 1,
+        "model": SPEC, "seed": 0, "tokenizer": None, "epoch": 1,
+    }  # fmt: skip
+    if 0 <= stage < SPEC.n_layers:
+        fields.update(first_layer=stage, last_layer=stage + 1)
+    return StageMeta(**{**fields, **changes})  # type: ignore[arg-type]
 
 
 def tensors_for(stage: int, step: int) -> dict[str, torch.Tensor]:
@@ -30,7 +45,7 @@ def tensors_for(stage: int, step: int) -> dict[str, torch.Tensor]:
 
 def save_all(root, step: int, n_stages: int) -> None:
     for j in range(n_stages):
-        save_stage(root, step, j, n_stages, tensors_for(j, step), {"step": step, "stage": j})
+        save_stage(root, tensors_for(j, step), meta_for(step, j, n_stages))
 
 
 def test_roundtrip_is_bit_exact(tmp_path):
@@ -44,8 +59,8 @@ def test_roundtrip_is_bit_exact(tmp_path):
         "scalar": torch.tensor(3.5),
     }
     tensors["a"][0, 0] = float("nan")  # bit-exact includes NaN payloads
-    meta = {"job": "j", "lr": 3e-4, "nested": {"layers": [0, 2]}, "tokenizer": None}
-    path = save_stage(tmp_path, 12, 0, 1, tensors, meta)
+    meta = meta_for(12, 0, 1, tokenizer="tok.json", seed=2**63 - 1)
+    path = save_stage(tmp_path, tensors, meta)
     assert path == tmp_path / "step-00000012"
     assert sorted(p.name for p in path.iterdir()) == ["stage-000.json", "stage-000.safetensors"]
     ref = latest_complete(tmp_path)
@@ -60,11 +75,11 @@ def test_roundtrip_is_bit_exact(tmp_path):
 
 def test_completeness_requires_every_stage(tmp_path):
     save_all(tmp_path, 3, 2)
-    save_stage(tmp_path, 5, 0, 2, tensors_for(0, 5), {})
+    save_stage(tmp_path, tensors_for(0, 5), meta_for(5, 0, 2))
     assert latest_complete(tmp_path).step == 3
     assert latest_complete(tmp_path, n_stages=2).step == 3
     assert latest_complete(tmp_path, n_stages=3) is None  # no step has three stages
-    save_stage(tmp_path, 5, 1, 2, tensors_for(1, 5), {})
+    save_stage(tmp_path, tensors_for(1, 5), meta_for(5, 1, 2))
     assert latest_complete(tmp_path) == CheckpointRef(tmp_path, 5, 2)
 
 
@@ -103,7 +118,7 @@ def test_damaged_weights_fall_back_to_previous_step(tmp_path, caplog, damage):
 
 def test_leftover_temp_files_are_ignored(tmp_path):
     save_all(tmp_path, 4, 2)
-    save_stage(tmp_path, 6, 0, 2, tensors_for(0, 6), {})
+    save_stage(tmp_path, tensors_for(0, 6), meta_for(6, 0, 2))
     step6 = tmp_path / "step-00000006"
     # what a writer killed mid-save leaves behind
     (step6 / ".stage-001.safetensors.abc123.tmp").write_bytes(b"half a file")
@@ -140,8 +155,8 @@ def test_malformed_and_oversized_manifests_are_damage(tmp_path, caplog):
 
 def test_manifests_must_agree_on_stage_count(tmp_path):
     save_all(tmp_path, 1, 2)
-    save_stage(tmp_path, 2, 0, 2, tensors_for(0, 2), {})
-    save_stage(tmp_path, 2, 1, 3, tensors_for(1, 2), {})
+    save_stage(tmp_path, tensors_for(0, 2), meta_for(2, 0, 2))
+    save_stage(tmp_path, tensors_for(1, 2), meta_for(2, 1, 3))
     with pytest.raises(CheckpointError, match="disagree"):
         check_step(tmp_path / "step-00000002")
     assert latest_complete(tmp_path).step == 1
@@ -149,20 +164,24 @@ def test_manifests_must_agree_on_stage_count(tmp_path):
 
 def test_bad_arguments_are_rejected(tmp_path):
     ok = {"w": torch.zeros(2)}
+    # The meta says which step and stage is written: a bad one fails as it is made (ValueError).
     with pytest.raises(ValueError, match="step"):
-        save_stage(tmp_path, -1, 0, 1, ok, {})
+        save_stage(tmp_path, ok, meta_for(-1, 0, 1))
     with pytest.raises(ValueError, match="outside"):
-        save_stage(tmp_path, 0, 2, 2, ok, {})
+        save_stage(tmp_path, ok, meta_for(0, 2, 2))
     with pytest.raises(ValueError, match="outside"):
-        save_stage(tmp_path, 0, -1, 2, ok, {})
+        save_stage(tmp_path, ok, meta_for(0, -1, 2))
     with pytest.raises(TypeError, match=r"torch\.Tensor"):
-        save_stage(tmp_path, 0, 0, 1, {"w": [1.0, 2.0]}, {})  # type: ignore[dict-item]
-    with pytest.raises(ValueError, match="JSON"):
-        save_stage(tmp_path, 0, 0, 1, ok, {"x": object()})
-    with pytest.raises(ValueError, match="JSON"):
-        save_stage(tmp_path, 0, 0, 1, ok, {"loss": float("nan")})
-    with pytest.raises(ValueError, match="cap"):
-        save_stage(tmp_path, 0, 0, 1, ok, {"pad": "x" * MAX_MANIFEST_BYTES})
+        save_stage(tmp_path, {"w": [1.0, 2.0]}, meta_for(0, 0, 1))  # type: ignore[dict-item]
+    # What the untyped meta let through: values JSON cannot hold, NaN, unbounded sizes, loose dicts.
+    with pytest.raises(ValueError, match="x"):
+        save_stage(tmp_path, ok, meta_for(0, 0, 1, x=object()))
+    with pytest.raises(ValueError, match="seed"):
+        save_stage(tmp_path, ok, meta_for(0, 0, 1, seed=float("nan")))
+    with pytest.raises(ValueError, match="tokenizer"):
+        save_stage(tmp_path, ok, meta_for(0, 0, 1, tokenizer="x" * MAX_MANIFEST_BYTES))
+    with pytest.raises(TypeError, match="StageMeta"):
+        save_stage(tmp_path, ok, {"step": 0, "stage": 0, "n_stages": 1})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="keep"):
         prune(tmp_path, 0)
     assert not any(tmp_path.iterdir())  # nothing was written by a rejected call
@@ -171,16 +190,17 @@ def test_bad_arguments_are_rejected(tmp_path):
 
 def test_rejected_meta_does_not_retract_a_saved_stage(tmp_path):
     save_all(tmp_path, 1, 1)
-    with pytest.raises(ValueError):
-        save_stage(tmp_path, 1, 0, 1, {"w": torch.ones(1)}, {"bad": {1, 2}})
+    with pytest.raises(TypeError):  # a loose dict is no StageMeta: refused before the disk is touched
+        save_stage(tmp_path, {"w": torch.ones(1)}, {"step": 1, "stage": 0, "bad": {1, 2}})  # type: ignore[arg-type]
     assert latest_complete(tmp_path).step == 1
 
 
 def test_prune_keeps_newest_complete(tmp_path):
-    save_stage(tmp_path, 0, 0, 2, tensors_for(0, 0), {})  # incomplete, old
+    save_stage(tmp_path, tensors_for(0, 0), meta_for(0, 0, 2))  # incomplete, old
     for step in (1, 2, 3, 5):
         save_all(tmp_path, step, 2)
-    save_stage(tmp_path, 6, 0, 2, tensors_for(0, 6), {})  # incomplete, newest: maybe still being written
+    # incomplete, newest: maybe still being written
+    save_stage(tmp_path, tensors_for(0, 6), meta_for(6, 0, 2))
     (tmp_path / "step-00000005" / "stage-000.safetensors").write_bytes(b"rot")  # damaged: not complete
     removed = prune(tmp_path, keep=2)
     assert sorted(p.name for p in removed) == ["step-00000000", "step-00000001"]
@@ -199,7 +219,7 @@ def test_concurrent_stage_writes_make_a_complete_checkpoint(tmp_path):
     def write(stage: int) -> None:
         try:
             barrier.wait(timeout=10)
-            save_stage(tmp_path, 7, stage, n_stages, tensors_for(stage, 7), {"stage": stage})
+            save_stage(tmp_path, tensors_for(stage, 7), meta_for(7, stage, n_stages))
         except BaseException as e:
             errors.append(e)
 
@@ -213,7 +233,7 @@ def test_concurrent_stage_writes_make_a_complete_checkpoint(tmp_path):
     assert ref == CheckpointRef(tmp_path, 7, n_stages)
     for j in range(n_stages):
         tensors, meta = load_stage(ref, j)
-        assert meta == {"stage": j}
+        assert meta == meta_for(7, j, n_stages)
         assert torch.equal(tensors["model.w"], tensors_for(j, 7)["model.w"])
 
 
@@ -222,3 +242,45 @@ def test_empty_or_missing_root_has_no_checkpoint(tmp_path):
     assert latest_complete(tmp_path / "missing") is None
     (tmp_path / "step-00000001").mkdir()
     assert latest_complete(tmp_path) is None
+
+
+def test_stage_meta_round_trips_and_names_every_bad_field(tmp_path):
+    meta = meta_for(3, 1, 2, tokenizer="t.json")
+    assert StageMeta.from_dict(meta.to_dict(), "here") == meta
+    raw = meta.to_dict()
+    cases = {
+        "meta lacks ['epoch']": {k: v for k, v in raw.items() if k != "epoch"},
+        "meta field `pad`": {**raw, "pad": 1},
+        "meta field `step`": {**raw, "step": "3"},  # strings are not coerced
+        "meta field `seed`": {**raw, "seed": True},  # nor booleans
+        "meta field `model.n_layers`": {**raw, "model": {**raw["model"], "n_layers": 8.0}},  # nor floats
+        "meta field `tokenizer`": {**raw, "tokenizer": 3},
+        "outside": {**raw, "last_layer": 9},  # beyond the model's 8 layers
+    }
+    for expected, bad in cases.items():
+        with pytest.raises(CheckpointError, match=expected.replace("[", r"\[").replace("]", r"\]")) as err:
+            StageMeta.from_dict(bad, "here")
+        assert str(err.value).startswith("here: ")
+    with pytest.raises(CheckpointError, match="not an object"):
+        StageMeta.from_dict([1], "here")
+    with pytest.raises(ValueError):  # frozen
+        meta.step = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("change", ["drop", "disagree"])
+def test_a_manifest_with_bad_or_disagreeing_meta_is_damage(tmp_path, caplog, change):
+    save_all(tmp_path, 1, 2)
+    save_all(tmp_path, 2, 2)
+    manifest = tmp_path / "step-00000002" / "stage-001.json"
+    doc = json.loads(manifest.read_text())
+    if change == "drop":
+        del doc["meta"]["model"]
+    else:
+        doc["meta"]["step"] = 1  # the manifest says step 2
+    manifest.write_text(json.dumps(doc))
+    expected = "meta lacks" if change == "drop" else "meta says step 1"
+    with caplog.at_level(logging.WARNING, logger="potluck.model.checkpoint"):
+        assert latest_complete(tmp_path).step == 1
+    assert expected in caplog.text
+    with pytest.raises(CheckpointError, match=expected):
+        load_stage(CheckpointRef(tmp_path, 2, 2), 1)

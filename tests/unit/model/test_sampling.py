@@ -1,5 +1,7 @@
 """Sampling from a stage checkpoint: loading the chain, greedy and seeded generation, ``potluck generate``."""
 
+import json
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -9,6 +11,7 @@ from potluck.model.checkpoint import CheckpointRef, latest_complete, save_stage
 from potluck.model.data import ByteTokenizer
 from potluck.model.sampling import generate, load_model
 from potluck.model.transformer import StageModel
+from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import CheckpointError
 from potluck.protocol.jobspec import ModelSpec
 
@@ -41,12 +44,13 @@ def write_checkpoint(root, step: int = 40, tokenizer: str | None = None, **meta_
             "n_stages": len(stages),
             "first_layer": s.first,
             "last_layer": s.last,
-            "model": SPEC.model_dump(),
+            "model": SPEC,
             "seed": SEED,
             "tokenizer": tokenizer,
+            "epoch": 1,
         }
         meta.update(meta_override.get(f"stage{j}", {}))
-        save_stage(root, step, j, len(stages), tensors, meta)
+        save_stage(root, tensors, StageMeta(**meta))
     return stages
 
 
@@ -68,7 +72,7 @@ def test_loaded_chain_equals_the_whole_model(tmp_path):
     original = write_checkpoint(tmp_path)
     ref = latest_complete(tmp_path)
     stages, spec, meta = load_model(ref)
-    assert spec == SPEC and meta["job"] == "tiny" and len(stages) == 2
+    assert spec == SPEC and meta.job == "tiny" and meta.stage == 0 and len(stages) == 2
     assert all(not s.training for s in stages)
     x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -134,10 +138,13 @@ def test_inconsistent_checkpoints_are_refused(tmp_path):
     write_checkpoint(tmp_path / "b", stage1={"first_layer": 1})
     with pytest.raises(CheckpointError, match="layers"):
         load_model(CheckpointRef(tmp_path / "b", 40, 2))
-    root = tmp_path / "c"
-    save_stage(root, 1, 0, 1, {"model.embed.weight": torch.zeros(256, 32)}, {"job": "x"})
+    write_checkpoint(tmp_path / "c")
+    manifest = tmp_path / "c" / "step-00000040" / "stage-000.json"
+    doc = json.loads(manifest.read_text())
+    doc["meta"] = {"job": "x"}  # what an untyped writer could leave
+    manifest.write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match="meta lacks"):
-        load_model(CheckpointRef(root, 1, 1))
+        load_model(CheckpointRef(tmp_path / "c", 40, 2))
 
 
 def test_cli_prints_prompt_and_continuation(tmp_path):

@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from potluck.model.transformer import StageModel, ffn_hidden
+from potluck.model.transformer import StageModel
 from potluck.protocol.jobspec import ModelSpec
 
 SPEC = ModelSpec(n_layers=4, d_model=64, n_heads=4, vocab_size=256, seq_len=32)
@@ -44,4 +45,28 @@ def test_causal_and_trainable():
         loss.backward()
         opt.step()
     assert float(loss.detach()) < 0.5 * first
-    assert ffn_hidden(64) % 64 == 0
+    assert SPEC.ffn_hidden % 64 == 0
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(4, 64, 4, 256, 32), (3, 48, 2, 100, 16), (2, 96, 3, 1000, 8), (1, 200, 5, 7, 4), (5, 1000, 10, 50, 4)],
+)
+def test_parameter_count_equals_the_spec_arithmetic(shape):
+    n_layers, d_model, n_heads, vocab_size, seq_len = shape
+    spec = ModelSpec(
+        n_layers=n_layers, d_model=d_model, n_heads=n_heads, vocab_size=vocab_size, seq_len=seq_len
+    )
+    whole = StageModel(spec, 0, n_layers, seed=0)
+    assert sum(p.numel() for p in whole.parameters()) == spec.n_params
+    block = whole.layers[0]
+    assert block.down.in_features == spec.ffn_hidden
+    assert sum(p.numel() for p in block.parameters()) == spec.params_per_layer
+    matmuls = (block.qkv, block.proj, block.gate_up, block.down)
+    assert sum(m.weight.numel() for m in matmuls) == spec.matmul_params_per_layer
+    assert whole.embed is not None and whole.embed.weight.numel() == spec.embed_params
+    if n_layers > 1:  # a last stage holds its layers, the final norm and the head (no embedding)
+        last = StageModel(spec, 1, n_layers, seed=0)
+        assert sum(p.numel() for p in last.parameters()) == (
+            (n_layers - 1) * spec.params_per_layer + spec.embed_params + d_model
+        )

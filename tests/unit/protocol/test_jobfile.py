@@ -4,6 +4,7 @@ import pytest
 
 from potluck.protocol.errors import JobSpecError
 from potluck.protocol.jobfile import load_job
+from potluck.protocol.jobspec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -82,3 +83,13 @@ def test_defaults_fill_the_optional_sections(tmp_path):
     assert job.data.source == "generated" and job.optimizer.clip_norm == 1.0
     assert job.compression.sync_every == 1 and job.checkpoint.interval >= 1
     assert job.sequences_per_step == 8
+
+
+@pytest.mark.parametrize("d_model", [8, 64, 96, 1000, 4096])
+def test_model_spec_owns_the_shape_arithmetic(d_model):
+    spec = ModelSpec(n_layers=3, d_model=d_model, n_heads=2, vocab_size=500, seq_len=128)
+    hidden = spec.ffn_hidden  # SwiGLU: about 8/3 d, rounded up to a multiple of 64
+    assert hidden % 64 == 0 and 8 * d_model / 3 <= hidden < 8 * d_model / 3 + 64
+    assert spec.params_per_layer == 4 * d_model**2 + 3 * d_model * hidden + 2 * d_model
+    assert spec.n_params == 3 * spec.params_per_layer + 2 * 500 * d_model + d_model
+    assert spec.flops_per_token == 3 * spec.layer_flops_per_token + 2 * spec.embed_params

@@ -7,6 +7,7 @@ from potluck.coordinator.job.progress import JobProgress, next_action
 from potluck.coordinator.service import CoordinatorService
 from potluck.coordinator.state import SwarmState
 from potluck.model.checkpoint import save_stage
+from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.identity import Identity
 from potluck.protocol.training import Progress, StageAssignment, TrainPlan
 from tests.unit.coordinator.job.test_plan import JOB, ids, peer
@@ -66,9 +67,10 @@ def test_complete_checkpoint_needs_every_stage():
 
 
 def test_resume_step_reads_the_newest_complete_checkpoint_of_the_same_job(tmp_path):
-    meta = {"job": JOB.name, "model": JOB.model.model_dump(), "first_layer": 0, "last_layer": 4}
     for step in (10, 20):
-        save_stage(tmp_path, step, 0, 1, {"w": torch.zeros(2)}, meta)
+        meta = StageMeta(job=JOB.name, step=step, stage=0, n_stages=1, first_layer=0, last_layer=4,
+                         model=JOB.model, seed=JOB.seed, tokenizer=None, epoch=1)  # fmt: skip
+        save_stage(tmp_path, {"w": torch.zeros(2)}, meta)
     cfg = CoordinatorConfig(swarm_id="s", checkpoint_root=tmp_path)
     svc = CoordinatorService(cfg, JOB, Identity.generate())
     assert svc._resume_step() == 20

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from potluck.coordinator.job.plan import step_job
 from potluck.coordinator.placement.costmodel import (
     BatchSpec,
     DtfmJob,
@@ -18,6 +19,7 @@ from potluck.coordinator.placement.costmodel import (
     step_time,
 )
 from potluck.coordinator.placement.netmodel import from_matrices
+from potluck.protocol.jobspec import JobSpec, ModelSpec
 
 
 def test_dtfm_cost_matches_hand_computation() -> None:
@@ -86,3 +88,25 @@ def test_step_time_of_a_uniform_pipeline_by_hand() -> None:
     slower = step_time(np.array([100.0, 50.0]), np.array([80.0, 80.0]), np.array([link]),
                        np.zeros((s, r)), np.zeros((s, r)), job, r)
     assert slower.total > out.total
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(4, 64, 4, 256, 32), (3, 48, 2, 100, 16), (24, 1000, 10, 32000, 1024), (32, 4096, 32, 50257, 2048)],
+)
+def test_shape_from_a_spec_is_the_spec_arithmetic(shape: tuple[int, int, int, int, int]) -> None:
+    n_layers, d, heads, vocab, seq_len = shape
+    spec = ModelSpec(n_layers=n_layers, d_model=d, n_heads=heads, vocab_size=vocab, seq_len=seq_len)
+    m = ModelShape.from_spec(spec)
+    assert (m.layers, m.d_model, m.heads, m.vocab, m.seq_len) == shape
+    assert m.params_per_layer == spec.matmul_params_per_layer == 4 * d * d + 3 * d * spec.ffn_hidden
+    assert m.embed_params == spec.embed_params == vocab * d
+    assert m.flops_per_token_layer == spec.layer_flops_per_token == 2 * m.params_per_layer + 4 * seq_len * d
+    # The generic MLP form with the SwiGLU's width agrees (up to float rounding): one formula, two inputs.
+    generic = ModelShape(n_layers, d, heads, vocab, seq_len, ffn_mult=1.5 * spec.ffn_hidden / d)
+    assert generic.params_per_layer == pytest.approx(m.params_per_layer, rel=1e-12)
+    assert generic.flops_per_token_layer == pytest.approx(m.flops_per_token_layer, rel=1e-12)
+    # The planner's view of a job uses that shape.
+    job = JobSpec.model_validate({"name": "t", "model": spec.model_dump(),
+                                  "batch": {"tokens_per_step": seq_len, "micro_batch_size": 1}})  # fmt: skip
+    assert step_job(job).model == m
