@@ -21,8 +21,14 @@ from typing import IO
 LEVEL_ENV = "POTLUCK_LOGLEVEL"
 FORMAT_ENV = "POTLUCK_LOGFORMAT"
 DEFAULT_LEVEL = logging.WARNING  # a volunteer's terminal shows progress, not chatter
-LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "WARN": logging.WARNING,
-          "ERROR": logging.ERROR, "CRITICAL": logging.CRITICAL}  # fmt: skip
+LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "WARN": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s%(ids)s: %(message)s"
 LIBRARIES = ("hivemind",)  # loggers that install their own handler; adopt() routes them through ours
 

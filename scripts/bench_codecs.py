@@ -155,9 +155,11 @@ def copy_gbps(x: torch.Tensor, reps: int) -> float:
 
 
 def quality(
-    encode: Callable[[torch.Tensor], Any], decode: Callable[[Any], torch.Tensor], size: Callable[[Any], int],
+    encode: Callable[[torch.Tensor], Any],
+    decode: Callable[[Any], torch.Tensor],
+    size: Callable[[Any], int],
     tensors: list[torch.Tensor],
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     nbytes = 0
     err2 = 0.0
     ref2 = 0.0
@@ -415,12 +417,17 @@ def main() -> None:
     big = torch.distributions.StudentT(2.0).sample((1 << (20 if args.quick else 24),)) * 1e-3
     result: dict[str, Any] = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "load_avg": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "load_avg": os.getloadavg(),
+        },
         "fixtures": {k: sum(t.numel() for t in v) for k, v in fx.items()},
         "timing_elements": big.numel(),
         "rows": [],
-    }  # fmt: skip
+    }
     result["copy_gbps_start"] = copy_gbps(big, args.reps)
     for spec in args.specs.split(",") if args.specs else GRAD_SPECS:
         row = bench_ours(spec, fx, big, args.reps)

@@ -66,18 +66,32 @@ def bench_dgx(quick: bool) -> list[dict[str, Any]]:
                 n = len(subset)
                 ring_rate = PCIE_GBPS * n / (2 * (n - 1))  # one ring through the shared PCIe
             speedups.append(p.rate / ring_rate)
-        rows.append({
-            "machine": name, "subsets": len(subsets), "no_nvlink_ring": no_ring,
-            "eff_min": min(effs), "eff_mean": statistics.fmean(effs),
-            "trees_max": max(counts), "trees_mean": statistics.fmean(counts),
-            "plan_s_max": max(times), "plan_s_mean": statistics.fmean(times),
-            "speedup_min": min(speedups),
-            "speedup_geomean": math.exp(statistics.fmean(map(math.log, speedups))),
-            "speedup_max": max(speedups),
-            "speedup_geomean_no_ring": math.exp(statistics.fmean(
-                [math.log(s) for s, sub in zip(speedups, subsets, strict=True)
-                 if not pack_rings(full[np.ix_(sub, sub)]).rings] or [0.0])),
-        })
+        rows.append(
+            {
+                "machine": name,
+                "subsets": len(subsets),
+                "no_nvlink_ring": no_ring,
+                "eff_min": min(effs),
+                "eff_mean": statistics.fmean(effs),
+                "trees_max": max(counts),
+                "trees_mean": statistics.fmean(counts),
+                "plan_s_max": max(times),
+                "plan_s_mean": statistics.fmean(times),
+                "speedup_min": min(speedups),
+                "speedup_geomean": math.exp(statistics.fmean(map(math.log, speedups))),
+                "speedup_max": max(speedups),
+                "speedup_geomean_no_ring": math.exp(
+                    statistics.fmean(
+                        [
+                            math.log(s)
+                            for s, sub in zip(speedups, subsets, strict=True)
+                            if not pack_rings(full[np.ix_(sub, sub)]).rings
+                        ]
+                        or [0.0]
+                    )
+                ),
+            }
+        )
     return rows
 
 
@@ -104,8 +118,9 @@ def _hivemind_rate(cap: np.ndarray, bw: np.ndarray) -> float:
     bandwidth 0, as in hivemind's client mode) scored on the same links and caps as the trees."""
     reach_all = (np.minimum(cap, cap.T) > 0).sum(axis=1) == len(bw) - 1
     shares = optimize_parts_lp(1_000_000, np.where(reach_all, bw, 0.0))
-    stars = [(float(s), [(int(c), v) for v in range(len(bw)) if v != c])
-             for c, s in enumerate(shares) if s > 0]
+    stars = [
+        (float(s), [(int(c), v) for v in range(len(bw)) if v != c]) for c, s in enumerate(shares) if s > 0
+    ]
     return effective_rate(tree_plan(list(range(len(bw))), stars), cap, bw)
 
 
@@ -120,13 +135,23 @@ def bench_random(quick: bool) -> list[dict[str, Any]]:
                 p = pack_allreduce(cap, node_capacity=node)
                 plan_s = time.perf_counter() - t0
                 row: dict[str, Any] = {
-                    "family": family, "n": n, "seed": seed, "rate": p.rate, "upper_bound": p.upper_bound,
-                    "eff": p.efficiency, "trees": len(p.trees), "plan_s": plan_s,
-                    "lp_rate": p.stats.lp_rate, "mwu_rate": p.stats.mwu_rate,
-                    "bound_kind": min(("partition", p.certificate.partition_bound),
-                                      ("dual", p.certificate.dual_bound),
-                                      ("broadcast", p.certificate.broadcast_bound),
-                                      ("node", p.certificate.node_bound), key=lambda kv: kv[1])[0],
+                    "family": family,
+                    "n": n,
+                    "seed": seed,
+                    "rate": p.rate,
+                    "upper_bound": p.upper_bound,
+                    "eff": p.efficiency,
+                    "trees": len(p.trees),
+                    "plan_s": plan_s,
+                    "lp_rate": p.stats.lp_rate,
+                    "mwu_rate": p.stats.mwu_rate,
+                    "bound_kind": min(
+                        ("partition", p.certificate.partition_bound),
+                        ("dual", p.certificate.dual_bound),
+                        ("broadcast", p.certificate.broadcast_bound),
+                        ("node", p.certificate.node_bound),
+                        key=lambda kv: kv[1],
+                    )[0],
                 }
                 try:
                     row["one_hop_rate"] = pack_allreduce(cap, node_capacity=node, one_hop=True).rate
@@ -135,8 +160,11 @@ def bench_random(quick: bool) -> list[dict[str, Any]]:
                 if node is not None:
                     row["hivemind_rate"] = _hivemind_rate(cap, node)
                 rows.append(row)
-                print(f"  {family:6s} N={n:2d} seed={seed} eff={p.efficiency:.4f} trees={len(p.trees):3d} "
-                      f"plan={plan_s:5.2f}s", flush=True)
+                print(
+                    f"  {family:6s} N={n:2d} seed={seed} eff={p.efficiency:.4f} trees={len(p.trees):3d} "
+                    f"plan={plan_s:5.2f}s",
+                    flush=True,
+                )
     return rows
 
 
@@ -166,25 +194,33 @@ def main() -> None:
     if "dgx" in sections:
         result["dgx"] = bench_dgx(args.quick)
         print("\nDGX-1 subsets: tree all-reduce vs exact partition bound; model speedup over rings")
-        print(f"{'machine':8s} {'subsets':>7s} {'no ring':>7s} {'eff min':>8s} {'trees max':>9s} "
-              f"{'trees avg':>9s} {'plan max s':>10s} {'speedup min/geo/max':>20s} {'geo (no ring)':>13s}")
+        print(
+            f"{'machine':8s} {'subsets':>7s} {'no ring':>7s} {'eff min':>8s} {'trees max':>9s} "
+            f"{'trees avg':>9s} {'plan max s':>10s} {'speedup min/geo/max':>20s} {'geo (no ring)':>13s}"
+        )
         for r in result["dgx"]:
-            print(f"{r['machine']:8s} {r['subsets']:7d} {r['no_nvlink_ring']:7d} {r['eff_min']:8.4f} "
-                  f"{r['trees_max']:9d} {r['trees_mean']:9.2f} {r['plan_s_max']:10.3f} "
-                  f"{r['speedup_min']:6.2f}/{r['speedup_geomean']:5.2f}/{r['speedup_max']:5.2f} "
-                  f"{r['speedup_geomean_no_ring']:13.2f}")
+            print(
+                f"{r['machine']:8s} {r['subsets']:7d} {r['no_nvlink_ring']:7d} {r['eff_min']:8.4f} "
+                f"{r['trees_max']:9d} {r['trees_mean']:9.2f} {r['plan_s_max']:10.3f} "
+                f"{r['speedup_min']:6.2f}/{r['speedup_geomean']:5.2f}/{r['speedup_max']:5.2f} "
+                f"{r['speedup_geomean_no_ring']:13.2f}"
+            )
     if "random" in sections:
         print("\nrandom lognormal graphs")
         result["random"] = bench_random(args.quick)
-        print(f"\n{'family':6s} {'N':>3s} {'eff min':>8s} {'trees max':>9s} {'2N':>4s} {'plan max s':>10s} "
-              f"{'tree/1-hop':>14s} {'tree/hivemind':>14s}   (ratios: min/geomean/max)")
+        print(
+            f"\n{'family':6s} {'N':>3s} {'eff min':>8s} {'trees max':>9s} {'2N':>4s} {'plan max s':>10s} "
+            f"{'tree/1-hop':>14s} {'tree/hivemind':>14s}   (ratios: min/geomean/max)"
+        )
         for family in ("pair", "sparse", "home"):
             for n in (16, 32, 64):
                 rs = [r for r in result["random"] if r["family"] == family and r["n"] == n]
                 one = _ratios([r["rate"] / r["one_hop_rate"] for r in rs if r["one_hop_rate"]])
                 hm = _ratios([r["rate"] / r["hivemind_rate"] for r in rs if "hivemind_rate" in r])
-                print(f"{family:6s} {n:3d} {min(r['eff'] for r in rs):8.4f} {max(r['trees'] for r in rs):9d} "
-                      f"{2 * n:4d} {max(r['plan_s'] for r in rs):10.2f} {one:>14s} {hm:>14s}")
+                print(
+                    f"{family:6s} {n:3d} {min(r['eff'] for r in rs):8.4f} {max(r['trees'] for r in rs):9d} "
+                    f"{2 * n:4d} {max(r['plan_s'] for r in rs):10.2f} {one:>14s} {hm:>14s}"
+                )
     if "executor" in sections:
         result["executor"] = bench_executor(args.quick)
     out = Path(args.out)

@@ -194,23 +194,42 @@ async def run_case(
         if not costed:  # bandwidth, fill and latency only: the model before message costs
             return predict_allreduce_time(plan, nbytes, cap, chunk_bytes=chunk_bytes)
         return predict_allreduce_time(
-            plan, nbytes, cap, chunk_bytes=chunk_bytes,
-            message_s=message_s, message_byte_s=message_byte_s, shared_loop=True,  # one loop: this process
-        )  # fmt: skip
+            plan,
+            nbytes,
+            cap,
+            chunk_bytes=chunk_bytes,
+            message_s=message_s,
+            message_byte_s=message_byte_s,
+            shared_loop=True,  # one loop: this process
+        )
 
     tree_model, tree_bw = model(tplan, True), model(tplan, False)
     ring_model, ring_bw = model(rplan, True), model(rplan, False)
     out: dict[str, Any] = {
-        "topology": name, "peers": n, "mbytes": nbytes / MB, "trees": len(tplan.trees),
-        "chunk_elements": chunk_elements, "repeats": repeats,
-        "message_us": message_s * 1e6, "message_ns_per_byte": message_byte_s * 1e9,
-        "tree_s": tree_s, "tree_model_s": tree_model, "tree_err": tree_s / tree_model - 1,
-        "tree_bw_model_s": tree_bw, "tree_bw_err": tree_s / tree_bw - 1,
-        "ring_s": ring_s, "ring_model_s": ring_model, "ring_err": ring_s / ring_model - 1,
-        "ring_bw_model_s": ring_bw, "ring_bw_err": ring_s / ring_bw - 1,
-        "tree_speedup": ring_s / tree_s, "packing_rate_mbs": packing.rate / MB,
-        "bound_mbs": packing.upper_bound / MB, "load_before": load_before, "load_after": os.getloadavg()[0],
-    }  # fmt: skip
+        "topology": name,
+        "peers": n,
+        "mbytes": nbytes / MB,
+        "trees": len(tplan.trees),
+        "chunk_elements": chunk_elements,
+        "repeats": repeats,
+        "message_us": message_s * 1e6,
+        "message_ns_per_byte": message_byte_s * 1e9,
+        "tree_s": tree_s,
+        "tree_model_s": tree_model,
+        "tree_err": tree_s / tree_model - 1,
+        "tree_bw_model_s": tree_bw,
+        "tree_bw_err": tree_s / tree_bw - 1,
+        "ring_s": ring_s,
+        "ring_model_s": ring_model,
+        "ring_err": ring_s / ring_model - 1,
+        "ring_bw_model_s": ring_bw,
+        "ring_bw_err": ring_s / ring_bw - 1,
+        "tree_speedup": ring_s / tree_s,
+        "packing_rate_mbs": packing.rate / MB,
+        "bound_mbs": packing.upper_bound / MB,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
     if skip_rings:  # JSON has no NaN: rings not run are null
         out.update({k: None for k in out if k.startswith("ring_") or k == "tree_speedup"})
     return out
@@ -229,19 +248,23 @@ def run(
         asyncio.run(run_case(name, cap, nbytes, chunk_elements, repeats, skip_rings, cost))
         for name, cap in topologies(quick)
     ]
-    print(f"\n{'topology':30s} {'trees':>5s} {'msg us':>6s} {'ns/B':>5s} {'tree s':>7s} {'model':>7s} "
-          f"{'err':>6s} {'bw-only':>7s} {'err':>6s} {'ring s':>7s} {'model':>7s} {'err':>6s} "
-          f"{'tree/ring':>9s} {'load':>9s}")  # fmt: skip
+    print(
+        f"\n{'topology':30s} {'trees':>5s} {'msg us':>6s} {'ns/B':>5s} {'tree s':>7s} {'model':>7s} "
+        f"{'err':>6s} {'bw-only':>7s} {'err':>6s} {'ring s':>7s} {'model':>7s} {'err':>6s} "
+        f"{'tree/ring':>9s} {'load':>9s}"
+    )
     for r in results:
         ring = (
             f"{r['ring_s']:7.2f} {r['ring_model_s']:7.2f} {r['ring_err']:+6.0%} {r['tree_speedup']:8.2f}x"
             if r["ring_s"] is not None
             else f"{'-':>7s} {'-':>7s} {'-':>6s} {'-':>9s}"
         )
-        print(f"{r['topology']:30s} {r['trees']:5d} {r['message_us']:6.0f} {r['message_ns_per_byte']:5.2f} "
-              f"{r['tree_s']:7.2f} {r['tree_model_s']:7.2f} {r['tree_err']:+6.0%} "
-              f"{r['tree_bw_model_s']:7.2f} {r['tree_bw_err']:+6.0%} {ring} "
-              f"{r['load_before']:4.1f}/{r['load_after']:4.1f}")  # fmt: skip
+        print(
+            f"{r['topology']:30s} {r['trees']:5d} {r['message_us']:6.0f} {r['message_ns_per_byte']:5.2f} "
+            f"{r['tree_s']:7.2f} {r['tree_model_s']:7.2f} {r['tree_err']:+6.0%} "
+            f"{r['tree_bw_model_s']:7.2f} {r['tree_bw_err']:+6.0%} {ring} "
+            f"{r['load_before']:4.1f}/{r['load_after']:4.1f}"
+        )
     return results
 
 

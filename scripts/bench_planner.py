@@ -51,8 +51,10 @@ DTFM_GA = {1: 3.440, 2: 43.547, 3: 16.087, 4: 34.802, 5: 49.218}
 
 def bench_dtfm(time_limit: float, seed: int) -> list[dict]:
     rows = []
-    print(f"{'case':>4} {'ours':>8} {'solve s':>8} {'to best':>8} {'their GA':>9} {'strided':>8} "
-          f"{'contig':>8} {'best tmpl':>9} {'random':>8} {'bound':>8} {'method':>14}")
+    print(
+        f"{'case':>4} {'ours':>8} {'solve s':>8} {'to best':>8} {'their GA':>9} {'strided':>8} "
+        f"{'contig':>8} {'best tmpl':>9} {'random':>8} {'bound':>8} {'method':>14}"
+    )
     for case in range(1, 6):
         sc = load_scenario(f"dtfm-case{case}")
         job = sc.dtfm_job
@@ -66,24 +68,36 @@ def bench_dtfm(time_limit: float, seed: int) -> list[dict]:
         obj = DtfmObjective(sc.state.net, job)
         everyone = np.arange(len(sc.state.peers))
         empty = np.array([], dtype=np.int64)
-        tmpl = {name: evaluate(obj, g, empty).cost
-                for name, g in template_partitions(obj.link, everyone, job.n_stages, job.n_replicas)}
+        tmpl = {
+            name: evaluate(obj, g, empty).cost
+            for name, g in template_partitions(obj.link, everyone, job.n_stages, job.n_replicas)
+        }
         # DT-FM's "random" scheduler: 5000 random layouts, identity matching, fixed order; best kept.
         rng = np.random.default_rng(seed)
         shape = (job.n_stages, job.n_replicas)
         n = len(sc.state.peers)
         rand = min(dtfm_cost(rng.permutation(n).reshape(shape), sc.state.net, job).total for _ in range(5000))
         to_best = float(result.detail["seconds_to_best"])
-        row = {"case": case, "ours": result.cost, "solve_s": solve, "seconds_to_best": to_best,
-               "their_ga": DTFM_GA[case],
-               "strided": tmpl["strided"], "contiguous": tmpl["contiguous"],
-               "best_template": min(tmpl.values()),
-               "random_best_of_5000": rand, "lower_bound": result.lower_bound, "bound": result.bound_method,
-               "template": result.template}
+        row = {
+            "case": case,
+            "ours": result.cost,
+            "solve_s": solve,
+            "seconds_to_best": to_best,
+            "their_ga": DTFM_GA[case],
+            "strided": tmpl["strided"],
+            "contiguous": tmpl["contiguous"],
+            "best_template": min(tmpl.values()),
+            "random_best_of_5000": rand,
+            "lower_bound": result.lower_bound,
+            "bound": result.bound_method,
+            "template": result.template,
+        }
         rows.append(row)
-        print(f"{case:>4} {row['ours']:8.3f} {solve:8.2f} {to_best:8.3f} {row['their_ga']:9.3f} "
-              f"{row['strided']:8.3f} {row['contiguous']:8.3f} {row['best_template']:9.3f} {rand:8.3f} "
-              f"{result.lower_bound:8.3f} {result.bound_method:>14}")
+        print(
+            f"{case:>4} {row['ours']:8.3f} {solve:8.2f} {to_best:8.3f} {row['their_ga']:9.3f} "
+            f"{row['strided']:8.3f} {row['contiguous']:8.3f} {row['best_template']:9.3f} {rand:8.3f} "
+            f"{result.lower_bound:8.3f} {result.bound_method:>14}"
+        )
     return rows
 
 
@@ -119,9 +133,11 @@ def random_swarm(n: int, seed: int) -> PlanningState:
 
 
 # Compressed wire formats on WAN links (int4-like activations, ~50x gradient compression), raw on LANs.
-SCALE_JOB = StepJob(ModelShape(layers=32, d_model=2048, heads=16, vocab=50257, seq_len=1024),
-                    BatchSpec(sequences_per_step=2048, micro_batch=1),
-                    CodecRatios(activation_wan=0.25, gradient_wan=0.02, lan_gbps=5.0))
+SCALE_JOB = StepJob(
+    ModelShape(layers=32, d_model=2048, heads=16, vocab=50257, seq_len=1024),
+    BatchSpec(sequences_per_step=2048, micro_batch=1),
+    CodecRatios(activation_wan=0.25, gradient_wan=0.02, lan_gbps=5.0),
+)
 
 
 def _baselines(state: PlanningState, s: int, r: int, seed: int) -> tuple[float, float]:
@@ -138,8 +154,10 @@ def _baselines(state: PlanningState, s: int, r: int, seed: int) -> tuple[float, 
 
 def bench_scale(sizes: list[int], seed: int) -> list[dict]:
     rows = []
-    print(f"{'peers':>6} {'limit s':>8} {'solve s':>8} {'shape':>8} {'spares':>6} {'step s':>8} "
-          f"{'template':>9} {'random':>8} {'bound':>8} {'gap':>7}")
+    print(
+        f"{'peers':>6} {'limit s':>8} {'solve s':>8} {'shape':>8} {'spares':>6} {'step s':>8} "
+        f"{'template':>9} {'random':>8} {'bound':>8} {'gap':>7}"
+    )
     for n in sizes:
         state = random_swarm(n, seed)
         limit = {64: 5.0, 256: 10.0, 1024: 25.0}.get(n, 240.0)
@@ -148,13 +166,25 @@ def bench_scale(sizes: list[int], seed: int) -> list[dict]:
         solve = time.monotonic() - start
         assert result is not None
         tmpl, rand = _baselines(state, result.n_stages, result.n_replicas, seed)
-        row = {"peers": n, "time_limit_s": limit, "solve_s": solve, "stages": result.n_stages,
-               "replicas": result.n_replicas, "spares": len(result.spares), "step_s": result.cost,
-               "template_s": tmpl, "random_s": rand, "lower_bound_s": result.lower_bound, "gap": result.gap}
+        row = {
+            "peers": n,
+            "time_limit_s": limit,
+            "solve_s": solve,
+            "stages": result.n_stages,
+            "replicas": result.n_replicas,
+            "spares": len(result.spares),
+            "step_s": result.cost,
+            "template_s": tmpl,
+            "random_s": rand,
+            "lower_bound_s": result.lower_bound,
+            "gap": result.gap,
+        }
         rows.append(row)
         shape = f"{result.n_stages:>3}x{result.n_replicas:<4}"
-        print(f"{n:>6} {limit:8.0f} {solve:8.2f} {shape} {len(result.spares):>6} {result.cost:8.3f} "
-              f"{tmpl:9.3f} {rand:8.3f} {result.lower_bound:8.3f} {100 * result.gap:6.0f}%")
+        print(
+            f"{n:>6} {limit:8.0f} {solve:8.2f} {shape} {len(result.spares):>6} {result.cost:8.3f} "
+            f"{tmpl:9.3f} {rand:8.3f} {result.lower_bound:8.3f} {100 * result.gap:6.0f}%"
+        )
     return rows
 
 
@@ -177,8 +207,10 @@ def small_instance(n: int, seed: int) -> PlanningState:
 def bench_small(seed: int, repeats: int) -> list[dict]:
     """DT-FM objective on <= 16 peers: the plan against the exact optimum (enumeration) as the bound."""
     rows = []
-    print(f"{'peers':>6} {'shape':>6} {'inst':>5} {'ours':>8} {'bound':>8} {'method':>20} {'gap':>7} "
-          f"{'solve s':>8}")
+    print(
+        f"{'peers':>6} {'shape':>6} {'inst':>5} {'ours':>8} {'bound':>8} {'method':>20} {'gap':>7} "
+        f"{'solve s':>8}"
+    )
     for n, s, r in [(8, 2, 4), (8, 4, 2), (12, 3, 4), (12, 4, 3), (16, 4, 4), (16, 2, 8)]:
         for k in range(repeats):
             state = small_instance(n, seed + 100 * k + n)
@@ -190,23 +222,40 @@ def bench_small(seed: int, repeats: int) -> list[dict]:
             assert result is not None
             lower, method = dtfm_lower_bound(DtfmObjective(state.net, job), np.arange(n), time_limit_s=30.0)
             gap = result.cost / lower - 1.0
-            rows.append({"peers": n, "stages": s, "replicas": r, "instance": k, "cost": result.cost,
-                         "lower_bound": lower, "bound": method, "gap": gap, "solve_s": solve})
-            print(f"{n:>6} {s:>3}x{r:<2} {k:>5} {result.cost:8.3f} {lower:8.3f} {method:>20} "
-                  f"{100 * gap:6.2f}% {solve:8.2f}")
+            rows.append(
+                {
+                    "peers": n,
+                    "stages": s,
+                    "replicas": r,
+                    "instance": k,
+                    "cost": result.cost,
+                    "lower_bound": lower,
+                    "bound": method,
+                    "gap": gap,
+                    "solve_s": solve,
+                }
+            )
+            print(
+                f"{n:>6} {s:>3}x{r:<2} {k:>5} {result.cost:8.3f} {lower:8.3f} {method:>20} "
+                f"{100 * gap:6.2f}% {solve:8.2f}"
+            )
     return rows
 
 
-SMALL_STEP_JOB = StepJob(ModelShape(layers=16, d_model=1024, heads=16, vocab=32000, seq_len=1024),
-                         BatchSpec(sequences_per_step=64, micro_batch=1),
-                         CodecRatios(activation_wan=0.25, gradient_wan=0.02, lan_gbps=5.0))
+SMALL_STEP_JOB = StepJob(
+    ModelShape(layers=16, d_model=1024, heads=16, vocab=32000, seq_len=1024),
+    BatchSpec(sequences_per_step=64, micro_batch=1),
+    CodecRatios(activation_wan=0.25, gradient_wan=0.02, lan_gbps=5.0),
+)
 
 
 def bench_small_step(seed: int, repeats: int) -> list[dict]:
     """Step objective on 8 peers: the plan against the brute-force optimum (every shape, subset, order)."""
     rows = []
-    print(f"{'peers':>6} {'inst':>5} {'ours':>8} {'shape':>6} {'optimum':>8} {'shape':>6} {'gap':>7} "
-          f"{'solve s':>8}")
+    print(
+        f"{'peers':>6} {'inst':>5} {'ours':>8} {'shape':>6} {'optimum':>8} {'shape':>6} {'gap':>7} "
+        f"{'solve s':>8}"
+    )
     for k in range(repeats):
         state = random_swarm(8, seed + k)
         optimum, shape = step_optimum(state.net, state.devices, SMALL_STEP_JOB)
@@ -215,20 +264,33 @@ def bench_small_step(seed: int, repeats: int) -> list[dict]:
         solve = time.monotonic() - start
         assert result is not None
         gap = result.cost / optimum - 1.0
-        rows.append({"peers": 8, "instance": k, "cost": result.cost,
-                     "shape": [result.n_stages, result.n_replicas],
-                     "optimum": optimum, "optimum_shape": list(shape), "gap": gap, "solve_s": solve})
+        rows.append(
+            {
+                "peers": 8,
+                "instance": k,
+                "cost": result.cost,
+                "shape": [result.n_stages, result.n_replicas],
+                "optimum": optimum,
+                "optimum_shape": list(shape),
+                "gap": gap,
+                "solve_s": solve,
+            }
+        )
         ours = f"{result.n_stages}x{result.n_replicas}"
-        print(f"{8:>6} {k:>5} {result.cost:8.3f} {ours:>6} {optimum:8.3f} {shape[0]}x{shape[1]:<4} "
-              f"{100 * gap:6.2f}% {solve:8.2f}")
+        print(
+            f"{8:>6} {k:>5} {result.cost:8.3f} {ours:>6} {optimum:8.3f} {shape[0]}x{shape[1]:<4} "
+            f"{100 * gap:6.2f}% {solve:8.2f}"
+        )
     return rows
 
 
 def bench_netmodel(sizes: list[int], seed: int) -> list[dict]:
     """Estimation error on held-out pairs when each peer measures only ~log2(N) others."""
     rows = []
-    print(f"{'peers':>6} {'per peer':>8} {'held out':>8} {'lat med':>8} {'lat p90':>8} {'bw med':>8} "
-          f"{'bw p90':>8} {'bw med (caps)':>13} {'fit s':>6}")
+    print(
+        f"{'peers':>6} {'per peer':>8} {'held out':>8} {'lat med':>8} {'lat p90':>8} {'bw med':>8} "
+        f"{'bw p90':>8} {'bw med (caps)':>13} {'fit s':>6}"
+    )
     for n in sizes:
         state = random_swarm(n, seed)
         lat, bw = state.net.latency_ms, state.net.bandwidth_gbps
@@ -244,15 +306,23 @@ def bench_netmodel(sizes: list[int], seed: int) -> list[dict]:
         took = time.monotonic() - start
         caps = {i: AccessCapacity(state.net.upload_gbps[i], state.net.download_gbps[i]) for i in range(n)}
         with_caps = holdout_error(list(range(n)), measurements, caps, fraction=0.1, seed=seed)
-        row = {"peers": n, "per_peer": per_peer, "held_out": err.held_out,
-               "latency_median": err.latency_median, "latency_p90": err.latency_p90,
-               "bandwidth_median": err.bandwidth_median,
-               "bandwidth_p90": err.bandwidth_p90, "bandwidth_median_with_caps": with_caps.bandwidth_median,
-               "fit_s": took}
+        row = {
+            "peers": n,
+            "per_peer": per_peer,
+            "held_out": err.held_out,
+            "latency_median": err.latency_median,
+            "latency_p90": err.latency_p90,
+            "bandwidth_median": err.bandwidth_median,
+            "bandwidth_p90": err.bandwidth_p90,
+            "bandwidth_median_with_caps": with_caps.bandwidth_median,
+            "fit_s": took,
+        }
         rows.append(row)
-        print(f"{n:>6} {per_peer:>8} {err.held_out:>8} {100 * err.latency_median:7.1f}% "
-              f"{100 * err.latency_p90:7.1f}% {100 * err.bandwidth_median:7.1f}% "
-              f"{100 * err.bandwidth_p90:7.1f}% {100 * with_caps.bandwidth_median:12.1f}% {took:6.2f}")
+        print(
+            f"{n:>6} {per_peer:>8} {err.held_out:>8} {100 * err.latency_median:7.1f}% "
+            f"{100 * err.latency_p90:7.1f}% {100 * err.bandwidth_median:7.1f}% "
+            f"{100 * err.bandwidth_p90:7.1f}% {100 * with_caps.bandwidth_median:12.1f}% {took:6.2f}"
+        )
     return rows
 
 
@@ -267,23 +337,36 @@ def bench_replan(n: int, seed: int, trials: int) -> list[dict]:
         row_i = int(rng.integers(0, first.n_stages))
         gone = first.stages[row_i][int(rng.integers(0, first.n_replicas))]
         keep = [k for k, p in enumerate(state.peers) if p != gone]
-        after = PlanningState(tuple(state.peers[k] for k in keep), tuple(state.devices[k] for k in keep),
-                              state.net.subset(keep))
+        after = PlanningState(
+            tuple(state.peers[k] for k in keep), tuple(state.devices[k] for k in keep), state.net.subset(keep)
+        )
         start = time.monotonic()
         repaired, reason = plan(after, SCALE_JOB, 1.0, first, PlannerConfig(seed=seed))
         took = time.monotonic() - start
         assert repaired is not None, reason
-        rows.append({"peers": n, "left": gone, "repair_s": took, "moved": repaired.detail["moved_peers"],
-                     "cost_before": first.cost, "cost_after": repaired.cost, "reason": reason})
-        print(f"{n:>6} {gone!s:>6} {took:9.3f} {repaired.detail['moved_peers']:>6} {first.cost:9.3f} "
-              f"{repaired.cost:9.3f}  {reason}")
+        rows.append(
+            {
+                "peers": n,
+                "left": gone,
+                "repair_s": took,
+                "moved": repaired.detail["moved_peers"],
+                "cost_before": first.cost,
+                "cost_after": repaired.cost,
+                "reason": reason,
+            }
+        )
+        print(
+            f"{n:>6} {gone!s:>6} {took:9.3f} {repaired.detail['moved_peers']:>6} {first.cost:9.3f} "
+            f"{repaired.cost:9.3f}  {reason}"
+        )
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=["dtfm", "small", "small-step", "netmodel", "scale", "replan"],
-                    default=None)
+    ap.add_argument(
+        "--only", choices=["dtfm", "small", "small-step", "netmodel", "scale", "replan"], default=None
+    )
     ap.add_argument("--small-repeats", type=int, default=3)
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096])
     ap.add_argument("--time-limit", type=float, default=5.0, help="per DT-FM case, seconds")

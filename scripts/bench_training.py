@@ -29,8 +29,9 @@ PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
 def run(label: str, steps: int, codecs: str, threads: int, skip: int, timeout: float) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="potluck-bench-train-") as tmp:
         job = demo_job(steps, Path(tmp) / "checkpoints")
-        comp = job.compression.model_copy(update={"activations": codecs, "gradients": codecs,
-                                                   "error_feedback": codecs != "none"})  # fmt: skip
+        comp = job.compression.model_copy(
+            update={"activations": codecs, "gradients": codecs, "error_feedback": codecs != "none"}
+        )
         job = job.model_copy(update={"compression": comp})
         summary, watcher = asyncio.run(run_local_job(job, Path(tmp), timeout, threads))
     assert watcher.plan is not None
@@ -50,20 +51,32 @@ def run(label: str, steps: int, codecs: str, threads: int, skip: int, timeout: f
     plan, state = watcher.plan, watcher.swarm_state
     assert state is not None
     order = sorted(p for st in plan.stages for p in st.peers)
-    compute = {peer: statistics.mean(t.compute for s, t in by_step.items() if s > skip)
-               for peer, by_step in watcher.timings.items() if any(s > skip for s in by_step)}  # fmt: skip
+    compute = {
+        peer: statistics.mean(t.compute for s, t in by_step.items() if s > skip)
+        for peer, by_step in watcher.timings.items()
+        if any(s > skip for s in by_step)
+    }
     tflops = calibrated_tflops(plan, job, compute)
     devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
     net, net_note = network(state, order)
     model = predict_step(plan, job, devices, net, order)
     return {
-        "label": label, "codecs": codecs, "steps": summary["steps"], "tokens_per_s": summary["tokens_per_s"],
-        "loss_first": summary["loss_first"], "loss_last": summary["loss_last"],
-        "bytes_per_step": summary["bytes_per_step"], "step_s": measured, "predicted_step_s": predicted,
-        "prediction_error": (predicted - measured) / measured, "peers": per_peer,
-        "calibrated_step_s": model.total, "calibrated_error": (model.total - measured) / measured,
-        "links": net_note, "calibrated_tflops": tflops,
-    }  # fmt: skip
+        "label": label,
+        "codecs": codecs,
+        "steps": summary["steps"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "loss_first": summary["loss_first"],
+        "loss_last": summary["loss_last"],
+        "bytes_per_step": summary["bytes_per_step"],
+        "step_s": measured,
+        "predicted_step_s": predicted,
+        "prediction_error": (predicted - measured) / measured,
+        "peers": per_peer,
+        "calibrated_step_s": model.total,
+        "calibrated_error": (model.total - measured) / measured,
+        "links": net_note,
+        "calibrated_tflops": tflops,
+    }
 
 
 def table(results: list[dict[str, object]]) -> str:

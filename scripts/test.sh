@@ -22,7 +22,7 @@ fi
 source "$ROOT/scripts/_setup.sh" dev
 
 start=$(date +%s)
-echo "==> ruff";  ruff check potluck tests scripts
+echo "==> ruff";  ruff check potluck tests scripts && ruff format --check potluck tests scripts
 echo "==> mypy";  mypy
 echo "==> pytest"
 pytest -q -p no:cacheprovider "$@"

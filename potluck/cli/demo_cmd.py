@@ -34,15 +34,21 @@ STOP_TIMEOUT_S = 15.0  # bound on stopping the coordinator service when the demo
 
 def demo_job(steps: int, checkpoint_dir: Path) -> JobSpec:
     """The embedded job: small enough for 2 CPU cores, big enough to learn the corpus visibly."""
-    return parse_job({
-        "name": "demo", "seed": 0, "steps": steps, "min_peers": STAGES * REPLICAS,
-        "model": {"n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 256, "seq_len": 64},
-        "batch": {"tokens_per_step": 64 * 32, "micro_batch_size": 4},
-        "data": {"source": "generated", "generated_chars": 400_000},
-        "optimizer": {"lr": 3e-3, "warmup_steps": 10, "min_lr_ratio": 0.1},
-        "checkpoint": {"dir": str(checkpoint_dir), "interval": max(10, steps // 4), "keep": 2},
-        "limits": {"stages": STAGES, "replicas": REPLICAS},
-    }, source="demo job")  # fmt: skip
+    return parse_job(
+        {
+            "name": "demo",
+            "seed": 0,
+            "steps": steps,
+            "min_peers": STAGES * REPLICAS,
+            "model": {"n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 256, "seq_len": 64},
+            "batch": {"tokens_per_step": 64 * 32, "micro_batch_size": 4},
+            "data": {"source": "generated", "generated_chars": 400_000},
+            "optimizer": {"lr": 3e-3, "warmup_steps": 10, "min_lr_ratio": 0.1},
+            "checkpoint": {"dir": str(checkpoint_dir), "interval": max(10, steps // 4), "keep": 2},
+            "limits": {"stages": STAGES, "replicas": REPLICAS},
+        },
+        source="demo job",
+    )
 
 
 def demo(
@@ -77,16 +83,29 @@ async def run_local_job(
     from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
 
     net = NetworkConfig(host_maddrs=(LOOPBACK,), bootstrap_timeout_s=30.0)
-    cfg = CoordinatorConfig(swarm_id="demo", identity_path=run_dir / "coordinator.pem", net=net,
-                            poll_interval_s=1.0)  # fmt: skip
+    cfg = CoordinatorConfig(
+        swarm_id="demo", identity_path=run_dir / "coordinator.pem", net=net, poll_interval_s=1.0
+    )
     service = CoordinatorService(cfg, job, Identity.load_or_create(cfg.identity_path))
-    peer_args = ("--probe-seconds", "0.2", "--threads", str(threads), "--link-interval", "30",
-                 "--link-probe-bytes", "262144", "--device", "cpu")  # fmt: skip
+    peer_args = (
+        "--probe-seconds",
+        "0.2",
+        "--threads",
+        str(threads),
+        "--link-interval",
+        "30",
+        "--link-probe-bytes",
+        "262144",
+        "--device",
+        "cpu",
+    )
     start = time.monotonic()
     verbose = 1 if logging.getLogger().getEffectiveLevel() <= logging.INFO else 0
     # On SIGINT / SIGTERM the peers end too, never left orphaned.
-    with stop_on_signals() as stop, LocalSwarm(run_dir, run_dir / "unused.toml", "demo", peer_args,
-                                               verbose=verbose) as swarm:  # fmt: skip
+    with (
+        stop_on_signals() as stop,
+        LocalSwarm(run_dir, run_dir / "unused.toml", "demo", peer_args, verbose=verbose) as swarm,
+    ):
         swarm.invite = await service.start()
         try:
             n = job.min_peers

@@ -24,8 +24,11 @@ from potluck.protocol.training import StepTiming, TrainPlan
 
 
 def plan_table(plan: TrainPlan, reason: str) -> Table:
-    table = Table(title=f"plan epoch {plan.epoch}: {len(plan.stages)} stages x {plan.n_replicas} replicas, "
-                        f"from step {plan.start_step}", caption=reason[:200])  # fmt: skip
+    table = Table(
+        title=f"plan epoch {plan.epoch}: {len(plan.stages)} stages x {plan.n_replicas} replicas, "
+        f"from step {plan.start_step}",
+        caption=reason[:200],
+    )
     table.add_column("stage")
     table.add_column("layers")
     table.add_column("replicas (peer ids)")
@@ -57,9 +60,14 @@ class JobWatcher:
     def __enter__(self) -> JobWatcher:
         if self.bar:
             self._progress = Progress(
-                TextColumn("[bold]training[/]"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=err_console, transient=False,
-            )  # fmt: skip
+                TextColumn("[bold]training[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=False,
+            )
             self._progress.start()
             self._task = self._progress.add_task("steps", total=self.job.steps, info="waiting for the plan")
         return self

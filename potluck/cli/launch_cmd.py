@@ -97,8 +97,9 @@ async def _run(service: CoordinatorService, invite_file: Path | None, as_json: b
         await _serve(service, stop, invite_file, as_json)
 
 
-async def _serve(service: CoordinatorService, stop: asyncio.Event, invite_file: Path | None,
-                 as_json: bool) -> None:  # fmt: skip
+async def _serve(
+    service: CoordinatorService, stop: asyncio.Event, invite_file: Path | None, as_json: bool
+) -> None:
     """Print the invite, follow the job until it ends or ``stop`` is set, then stop the service."""
     cfg, job = service.cfg, service.job
     invite = await service.start()

@@ -138,8 +138,9 @@ class DeltaCoder:
         if self.enabled and self.lookups >= self.warmup and self.hit_rate < self.min_hit_rate:
             logger.info(
                 "activation-delta cache off: hit rate %.3f after %d lookups (samples are not revisited)",
-                self.hit_rate, self.lookups,
-            )  # fmt: skip
+                self.hit_rate,
+                self.lookups,
+            )
             self.enabled = False
             self.cache.clear()
 
@@ -173,8 +174,16 @@ class DeltaCoder:
         self._apply(SectionReader(sections[1:]), sample_ids, modes, rows.shape[1], base, ctx)
         if self._zstd is not None:
             sections = self._zstd.compress(sections)
-        return pack(Header(acts.dtype if acts.dtype.is_floating_point else torch.float32, tuple(acts.shape),
-                           self.spec, None, 0), sections)  # fmt: skip
+        return pack(
+            Header(
+                acts.dtype if acts.dtype.is_floating_point else torch.float32,
+                tuple(acts.shape),
+                self.spec,
+                None,
+                0,
+            ),
+            sections,
+        )
 
     def _apply(
         self,

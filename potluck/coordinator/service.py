@@ -60,9 +60,12 @@ class CoordinatorService:
         """Start the DHT node, store the signed job, and return the invite for peers."""
         logs.bind(peer_id=self.identity.peer_id, swarm_id=self.cfg.swarm_id)
         self.node = await SwarmNode.start(
-            self.identity, self.policy, self.cfg.net, self.cfg.initial_peers,
+            self.identity,
+            self.policy,
+            self.cfg.net,
+            self.cfg.initial_peers,
             key_dir=self.cfg.identity_path.parent,
-        )  # fmt: skip
+        )
         if not await self.node.publish(JOB.name, self.job, self.cfg.job_ttl_s):
             logger.warning("job spec stored by no DHT node yet (a lone coordinator stores it locally)")
         bootstrap = tuple(await self.node.visible_maddrs()) + tuple(self.cfg.initial_peers)
@@ -163,9 +166,15 @@ class CoordinatorService:
                     logger.error("%s", self.error)
                     self.finished.set()
                 elif action == "done" and self.plan is not None:
-                    await self._publish_plan(self.plan.model_copy(
-                        update={"epoch": self.plan.epoch + 1, "status": "done", "issued_at": get_dht_time()}
-                    ))  # fmt: skip
+                    await self._publish_plan(
+                        self.plan.model_copy(
+                            update={
+                                "epoch": self.plan.epoch + 1,
+                                "status": "done",
+                                "issued_at": get_dht_time(),
+                            }
+                        )
+                    )
                     self.last_reason = reason
                     logger.info("job %s done: %s", self.job.name, reason)
                     self.finished.set()

@@ -40,8 +40,18 @@ from potluck.protocol.checkpoints import (
 )
 from potluck.protocol.errors import CheckpointError
 
-__all__ = ["MAX_MANIFEST_BYTES", "CheckpointError", "CheckpointRef", "StageMeta", "check_step",
-           "latest_complete", "load_stage", "prune", "save_stage", "step_dir"]  # fmt: skip
+__all__ = [
+    "MAX_MANIFEST_BYTES",
+    "CheckpointError",
+    "CheckpointRef",
+    "StageMeta",
+    "check_step",
+    "latest_complete",
+    "load_stage",
+    "prune",
+    "save_stage",
+    "step_dir",
+]
 
 logger = logging.getLogger(__name__)
 

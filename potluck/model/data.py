@@ -137,11 +137,13 @@ def generated_corpus(n_chars: int, seed: int) -> str:
     while size < n_chars:
         a, b = rng.randrange(100), rng.randrange(100)
         who = rng.choice(names)
-        line = rng.choice([
-            f"{who} adds {a} and {b} to get {a + b}.",
-            f"{a} plus {b} is {a + b}.",
-            f"{who} says {max(a, b)} is more than {min(a, b)}." if a != b else f"{a} equals {b}.",
-        ])  # fmt: skip
+        line = rng.choice(
+            [
+                f"{who} adds {a} and {b} to get {a + b}.",
+                f"{a} plus {b} is {a + b}.",
+                f"{who} says {max(a, b)} is more than {min(a, b)}." if a != b else f"{a} equals {b}.",
+            ]
+        )
         parts.append(line)
         size += len(line) + 1
     return "\n".join(parts)[:n_chars]
@@ -227,8 +229,12 @@ def load_dataset(spec: DataSpec, seq_len: int, vocab_size: int, seed: int) -> tu
     tokens = encode_corpus(tokenizer, text)
     logger.info(
         "data: %s source, %d chars -> %d tokens (vocab %d) in %.1f s",
-        spec.source, len(text), len(tokens), tokenizer.vocab_size, time.monotonic() - started,
-    )  # fmt: skip
+        spec.source,
+        len(text),
+        len(tokens),
+        tokenizer.vocab_size,
+        time.monotonic() - started,
+    )
     return TokenDataset(tokens, seq_len), tokenizer
 
 

@@ -17,9 +17,13 @@ from potluck.protocol.jobspec import JobSpec
 
 
 def reference_run(
-    job: JobSpec, dataset: TokenDataset, n_replicas: int, steps: int | None = None, start: int = 0,
+    job: JobSpec,
+    dataset: TokenDataset,
+    n_replicas: int,
+    steps: int | None = None,
+    start: int = 0,
     runner: StageRunner | None = None,
-) -> tuple[list[float], StageRunner]:  # fmt: skip
+) -> tuple[list[float], StageRunner]:
     """Per-step losses of steps [start, start + steps) and the runner holding the final weights."""
     runner = runner or StageRunner(job.model, 0, job.model.n_layers, job.seed, job.optimizer)
     per_step = job.sequences_per_step

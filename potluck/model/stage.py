@@ -121,9 +121,9 @@ class StageRunner:
 
     def grad_vector(self) -> torch.Tensor:
         """All parameter gradients as one flat fp32 vector (zeros where a parameter got none)."""
-        return torch.cat([
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in self.params
-        ])  # fmt: skip
+        return torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in self.params]
+        )
 
     def set_grad_vector(self, flat: torch.Tensor) -> None:
         offset = 0

@@ -31,9 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 class Mailbox:
-    def __init__(
-        self, p2p: P2P, protocol: str, cfg: TransportConfig, pacer: Pacer | None = None
-    ) -> None:
+    def __init__(self, p2p: P2P, protocol: str, cfg: TransportConfig, pacer: Pacer | None = None) -> None:
         self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
         self.pacer = pacer  # paces sends to configured link rates (benchmarks, upload caps)
         self.peer_id = p2p.peer_id.to_base58()

@@ -171,9 +171,13 @@ class Tag:
 
 
 def make_tag(
-    round_no: Round | int, stream: Stream, *, index: int = 0, chunk: int = 0,
+    round_no: Round | int,
+    stream: Stream,
+    *,
+    index: int = 0,
+    chunk: int = 0,
     direction: Direction = Direction.NONE,
-) -> Tag:  # fmt: skip
+) -> Tag:
     """The tag of one message: ``round_no`` a Round or its packed form; ``index`` the tree or segment."""
     _check("stream index", index, INDEX_BITS)
     packed = round_no.pack() if isinstance(round_no, Round) else round_no

@@ -32,7 +32,7 @@ from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, PLAN, PROGRESS
-from potluck.protocol.training import Progress, StepTiming, TrainPlan
+from potluck.protocol.training import Progress, ProgressState, StepTiming, TrainPlan
 
 logger = logging.getLogger(__name__)
 
@@ -125,13 +125,15 @@ class PlanWorker:
         except (PeerError, ProtocolError, OSError, ValueError) as e:  # expected: the reason says it all
             logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
             step = trainer.step if trainer is not None else plan.start_step
-            await self._publish(plan, stage, replica, step, state="failed", message=str(e)[:REASON_CHARS],
-                                force=True)  # fmt: skip
+            await self._publish(
+                plan, stage, replica, step, state="failed", message=str(e)[:REASON_CHARS], force=True
+            )
         except Exception as e:  # a bug or the device (KeyError, CUDA out of memory): same record, + traceback
             logger.exception("training under plan epoch %d failed", plan.epoch)
             step = trainer.step if trainer is not None else plan.start_step
-            await self._publish(plan, stage, replica, step, state="failed", message=failure_reason(e),
-                                force=True)  # fmt: skip
+            await self._publish(
+                plan, stage, replica, step, state="failed", message=failure_reason(e), force=True
+            )
 
     def _on_step(self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport) -> None:
         self.steps_done += 1
@@ -142,15 +144,23 @@ class PlanWorker:
             self._checkpoint = r.step + 1
         self._last_report = r
         assert self._tasks is not None
-        task = self._tasks.start(f"progress-{r.step + 1}", self._publish(plan, stage, replica, r.step + 1,
-                                                                         force=force))  # fmt: skip
+        task = self._tasks.start(
+            f"progress-{r.step + 1}", self._publish(plan, stage, replica, r.step + 1, force=force)
+        )
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
     async def _publish(
-        self, plan: TrainPlan, stage: int, replica: int, step: int, *, state: str = "training",
-        message: str = "", force: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        plan: TrainPlan,
+        stage: int,
+        replica: int,
+        step: int,
+        *,
+        state: ProgressState = "training",
+        message: str = "",
+        force: bool = False,
+    ) -> None:
         """Publish this peer's state; the last step's loss, timing and bytes and the newest checkpoint
         ride along on every record, so the final "done" record still carries them."""
         now = time.monotonic()
@@ -159,12 +169,21 @@ class PlanWorker:
         self._last_progress = now
         last = self._last_report if self._last_report is not None and self.plan is plan else None
         record = Progress(
-            peer_id=self.peer_id, job=plan.job, epoch=plan.epoch, stage=stage, replica=replica, step=step,
-            loss=None if last is None else max(0.0, min(last.loss, 1e6)), tokens_per_s=self._tokens_per_s,
-            timing=last.timing if last else StepTiming(), bytes_sent_per_step=last.bytes_sent if last else 0,
+            peer_id=self.peer_id,
+            job=plan.job,
+            epoch=plan.epoch,
+            stage=stage,
+            replica=replica,
+            step=step,
+            loss=None if last is None else max(0.0, min(last.loss, 1e6)),
+            tokens_per_s=self._tokens_per_s,
+            timing=last.timing if last else StepTiming(),
+            bytes_sent_per_step=last.bytes_sent if last else 0,
             checkpoint_step=self._checkpoint,
-            state=state, message=message, issued_at=get_dht_time(),  # type: ignore[arg-type]
-        )  # fmt: skip
+            state=state,
+            message=message,
+            issued_at=get_dht_time(),
+        )
         try:
             await self.node.publish(PROGRESS.name, record, self.cfg.progress_ttl_s, self.peer_id)
         except Exception:  # progress is best effort; training goes on

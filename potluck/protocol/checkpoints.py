@@ -83,8 +83,9 @@ class StageMeta(BaseModel):
             faults = [f"meta lacks {missing}"] if missing else []
             faults += [
                 f"meta field `{'.'.join(map(str, err['loc'])) or '(object)'}`: {err['msg']}"
-                for err in e.errors() if err["type"] != "missing"
-            ]  # fmt: skip
+                for err in e.errors()
+                if err["type"] != "missing"
+            ]
             raise CheckpointError(f"{where}: {'; '.join(faults)}") from None
 
     def to_dict(self) -> dict[str, Any]:

@@ -117,6 +117,9 @@ class StepTiming(BaseModel):
     total: Seconds = 0.0
 
 
+ProgressState = Literal["waiting", "training", "done", "failed"]
+
+
 class Progress(Record):
     """A peer's latest completed step. Stored under the progress key, subkey = peer id."""
 
@@ -133,6 +136,6 @@ class Progress(Record):
     timing: StepTiming = Field(default_factory=StepTiming)
     bytes_sent_per_step: int = Field(default=0, ge=0, le=2**50)
     checkpoint_step: int | None = Field(default=None, ge=0, le=10**9)  # latest checkpoint written
-    state: Literal["waiting", "training", "done", "failed"] = "training"
+    state: ProgressState = "training"
     message: ShortText = ""
     issued_at: NonNegFloat

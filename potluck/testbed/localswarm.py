@@ -72,9 +72,12 @@ class LocalSwarm:
         with open(log, "wb") as out:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "potluck", *(["-v"] * self.verbose), *args],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
-            )  # fmt: skip
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
         proc = Proc(name, popen, log)
         self.procs[name] = proc
         logger.info("started %s (pid %d)", name, popen.pid)
@@ -83,11 +86,24 @@ class LocalSwarm:
     def start_coordinator(self, timeout_s: float = 60.0) -> Invite:
         invite_file = self.root / "invite.txt"
         invite_file.unlink(missing_ok=True)
-        proc = self._spawn("coordinator", [
-            "launch", str(self.job_file), "--invite-file", str(invite_file), "--swarm-id", self.swarm_id,
-            "--identity", str(self.root / "coordinator.pem"), "--host-maddrs", LOOPBACK,
-            "--poll-interval", "1", *self.coordinator_args,
-        ])  # fmt: skip
+        proc = self._spawn(
+            "coordinator",
+            [
+                "launch",
+                str(self.job_file),
+                "--invite-file",
+                str(invite_file),
+                "--swarm-id",
+                self.swarm_id,
+                "--identity",
+                str(self.root / "coordinator.pem"),
+                "--host-maddrs",
+                LOOPBACK,
+                "--poll-interval",
+                "1",
+                *self.coordinator_args,
+            ],
+        )
         deadline = time.monotonic() + timeout_s
         while not invite_file.exists() or not invite_file.read_text().strip():
             if not proc.alive():
@@ -100,10 +116,20 @@ class LocalSwarm:
 
     def start_peer(self, name: str, *extra: str) -> Proc:
         assert self.invite is not None, "start the coordinator first"
-        return self._spawn(name, [
-            "peer", "--join", self.invite.encode(), "--identity", str(self.root / name / "identity.pem"),
-            "--host-maddrs", LOOPBACK, *self.peer_args, *extra,
-        ])  # fmt: skip
+        return self._spawn(
+            name,
+            [
+                "peer",
+                "--join",
+                self.invite.encode(),
+                "--identity",
+                str(self.root / name / "identity.pem"),
+                "--host-maddrs",
+                LOOPBACK,
+                *self.peer_args,
+                *extra,
+            ],
+        )
 
     def live_peers(self, timeout_s: float = 15.0) -> list[PeerView]:
         assert self.invite is not None

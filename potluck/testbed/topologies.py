@@ -19,8 +19,22 @@ PCIE_GBPS = 10.0
 
 # (gpu, gpu): number of NVLinks, from `nvidia-smi topo -m` on a DGX-1V.
 DGX1V_LINKS: dict[tuple[int, int], int] = {
-    (0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2, (2, 3): 2,
-    (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2, (5, 7): 1, (6, 7): 2,
+    (0, 1): 1,
+    (0, 2): 1,
+    (0, 3): 2,
+    (0, 4): 2,
+    (1, 2): 2,
+    (1, 3): 1,
+    (1, 5): 2,
+    (2, 3): 2,
+    (2, 6): 1,
+    (3, 7): 1,
+    (4, 5): 1,
+    (4, 6): 1,
+    (4, 7): 2,
+    (5, 6): 2,
+    (5, 7): 1,
+    (6, 7): 2,
 }
 DGX1P_LINKS: dict[tuple[int, int], int] = {
     **{(a, b): 1 for a, b in itertools.combinations(range(4), 2)},
@@ -56,8 +70,15 @@ def connected_subsets(cap: np.ndarray, sizes: range = range(3, 9)) -> list[tuple
     return out
 
 
-def lognormal_graph(n: int, seed: int, *, sigma: float = 1.0, density: float = 1.0,
-                    median: float = 1.0, symmetric: bool = False) -> np.ndarray:
+def lognormal_graph(
+    n: int,
+    seed: int,
+    *,
+    sigma: float = 1.0,
+    density: float = 1.0,
+    median: float = 1.0,
+    symmetric: bool = False,
+) -> np.ndarray:
     """Random capacities: lognormal(log median, sigma) per direction; each pair kept with `density`.
 
     A ring 0 -> 1 -> ... -> 0 is always kept so the graph is connected. symmetric=True draws one rate

@@ -29,7 +29,8 @@ def gloo_mean(tensors: list[torch.Tensor], timeout_s: float = 60.0) -> torch.Ten
         for rank, t in enumerate(tensors):
             torch.save(t, root / f"in{rank}.pt")
             p = ctx.Process(
-                target=_worker, args=(rank, len(tensors), str(root / "store"), root / f"in{rank}.pt", root / f"out{rank}.pt")
+                target=_worker,
+                args=(rank, len(tensors), str(root / "store"), root / f"in{rank}.pt", root / f"out{rank}.pt"),
             )
             p.start()
             procs.append(p)

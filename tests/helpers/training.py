@@ -40,21 +40,35 @@ def tiny_dataset(job: JobSpec) -> TokenDataset:
     return TokenDataset(ByteTokenizer().encode(generated_corpus(40_000, job.seed)), job.model.seq_len)
 
 
-def make_plan(job: JobSpec, grid: list[list[str]], splits: list[tuple[int, int]], epoch: int = 1,
-              start_step: int = 0) -> TrainPlan:  # fmt: skip
+def make_plan(
+    job: JobSpec, grid: list[list[str]], splits: list[tuple[int, int]], epoch: int = 1, start_step: int = 0
+) -> TrainPlan:
     """grid[j][i]: the peer of stage j, replica i."""
     stages = [
         StageAssignment(first_layer=a, last_layer=b, peers=row)
         for (a, b), row in zip(splits, grid, strict=True)
     ]
-    return TrainPlan(job=job.name, epoch=epoch, start_step=start_step, stages=stages, micro_batches=2,
-                     issued_at=get_dht_time())  # fmt: skip
+    return TrainPlan(
+        job=job.name,
+        epoch=epoch,
+        start_step=start_step,
+        stages=stages,
+        micro_batches=2,
+        issued_at=get_dht_time(),
+    )
 
 
 async def train_swarm(
-    job: JobSpec, n_stages: int, n_replicas: int, splits: list[tuple[int, int]], checkpoint_root: Path,
-    start_step: int = 0, stop_after: int | None = None, epoch: int = 1, cfg: TrainerConfig | None = None,
-) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:  # fmt: skip
+    job: JobSpec,
+    n_stages: int,
+    n_replicas: int,
+    splits: list[tuple[int, int]],
+    checkpoint_root: Path,
+    start_step: int = 0,
+    stop_after: int | None = None,
+    epoch: int = 1,
+    cfg: TrainerConfig | None = None,
+) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:
     """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers."""
     dataset = tiny_dataset(job)
     async with p2p_group(n_stages * n_replicas) as nodes:

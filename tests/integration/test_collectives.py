@@ -60,13 +60,18 @@ async def run_group(n: int, inputs: list[torch.Tensor], sched_fn, cfg: AllReduce
         for box in boxes:
             await box.start()
         sched = sched_fn([b.peer_id for b in boxes])
-        results = await asyncio.gather(*(tree_allreduce(b, sched, x, round_no, cfg) for b, x in zip(boxes, inputs, strict=True)))
+        results = await asyncio.gather(
+            *(tree_allreduce(b, sched, x, round_no, cfg) for b, x in zip(boxes, inputs, strict=True))
+        )
         for box in boxes:
             await box.close()
         return sched, [b.peer_id for b in boxes], results
 
 
-@pytest.mark.parametrize(("n", "n_trees", "numel", "chunk"), [(2, 1, 1000, 64), (3, 2, 5000, 777), (5, 3, 20000, 4096), (8, 4, 30000, 2500)])
+@pytest.mark.parametrize(
+    ("n", "n_trees", "numel", "chunk"),
+    [(2, 1, 1000, 64), (3, 2, 5000, 777), (5, 3, 20000, 4096), (8, 4, 30000, 2500)],
+)
 def test_uncompressed_tree_allreduce_equals_gloo(n, n_trees, numel, chunk):
     rng = random.Random(n * 100 + n_trees)
     gen = torch.Generator().manual_seed(n)
@@ -104,7 +109,9 @@ def test_ring_allreduce_equals_gloo_and_is_identical_everywhere(n, codec):
             for box in boxes:
                 await box.start()
             order = tuple(b.peer_id for b in boxes)
-            out = await asyncio.gather(*(ring_allreduce(b, order, x, 1, cfg) for b, x in zip(boxes, inputs, strict=True)))
+            out = await asyncio.gather(
+                *(ring_allreduce(b, order, x, 1, cfg) for b, x in zip(boxes, inputs, strict=True))
+            )
             for box in boxes:
                 await box.close()
             return out

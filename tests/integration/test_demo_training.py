@@ -21,8 +21,9 @@ def test_demo_trains_and_generate_samples(tmp_path):
     assert summary["tokens_per_s"] > 0 and summary["bytes_per_step"] > 0
     ref = check_step(Path(summary["checkpoint"]))  # complete: both stages, hashes match
     assert ref.step == 12 and ref.n_stages == 2
-    out = potluck_cli("generate", summary["checkpoint"], "--prompt", "ada adds", "--max-tokens", "16",
-                      "--temperature", "0")  # fmt: skip
+    out = potluck_cli(
+        "generate", summary["checkpoint"], "--prompt", "ada adds", "--max-tokens", "16", "--temperature", "0"
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("ada adds") and len(out.stdout.strip()) > len("ada adds")
     # Peers ended cleanly (SIGTERM path), not with a crash.

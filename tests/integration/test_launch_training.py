@@ -38,8 +38,9 @@ def test_launch_trains_to_the_end_and_explains_spares(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(JOB.format(ckpt=tmp_path / "ckpt"))
     peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
-    with LocalSwarm(tmp_path / "run", job, swarm_id="launch-test", peer_args=peer_args,
-                    coordinator_args=("--json",)) as swarm:  # fmt: skip
+    with LocalSwarm(
+        tmp_path / "run", job, swarm_id="launch-test", peer_args=peer_args, coordinator_args=("--json",)
+    ) as swarm:
         swarm.start_coordinator()
         swarm.start_peer("small", "--max-memory", "1MiB")  # cannot hold one 128-wide layer
         swarm.start_peer("a")

@@ -62,9 +62,14 @@ def test_forged_records_from_a_raw_node_are_never_shown(swarm):
     victim = peers[0]
     attacker = Identity.generate()
     fake_hw = Hardware(
-        device_kind="cuda", device_name="FORGED H100", memory_total_bytes=80 << 30, memory_free_bytes=80 << 30,
-        cpu_cores=64, tflops_fp32=60.0, tflops_bf16=990.0,
-    )  # fmt: skip
+        device_kind="cuda",
+        device_name="FORGED H100",
+        memory_total_bytes=80 << 30,
+        memory_free_bytes=80 << 30,
+        cpu_cores=64,
+        tflops_fp32=60.0,
+        tflops_bf16=990.0,
+    )
     now = time.time()
     # 1. the attacker signs a record that claims the victim's identity
     impostor = PeerRecord(peer_id=victim.peer_id, hardware=fake_hw, issued_at=now)
@@ -123,9 +128,18 @@ def test_unreachable_bootstrap_fails_with_advice(tmp_path):
     invite = Invite("itest", (dead,), Identity.generate().public_key)
     start = time.monotonic()
     result = potluck_cli(
-        "peer", "--join", invite.encode(), "--identity", str(tmp_path / "id.pem"),
-        "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--bootstrap-timeout", "3", "--probe-seconds", "0",
-    )  # fmt: skip
+        "peer",
+        "--join",
+        invite.encode(),
+        "--identity",
+        str(tmp_path / "id.pem"),
+        "--host-maddrs",
+        "/ip4/127.0.0.1/tcp/0",
+        "--bootstrap-timeout",
+        "3",
+        "--probe-seconds",
+        "0",
+    )
     assert result.returncode == 2, result.stderr
     assert dead in result.stderr and "--announce-maddrs" in result.stderr
     assert time.monotonic() - start < 30

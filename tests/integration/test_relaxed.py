@@ -44,7 +44,10 @@ def test_late_peer_is_dropped_and_the_rest_agree():
                 await asyncio.sleep(2.5)  # ready long after the deadline
                 return await relaxed_allreduce(box, sched, x, Round(0, 3), cfg, relax)
 
-            runs = [relaxed_allreduce(b, sched, x, Round(0, 3), cfg, relax) for b, x in zip(boxes[:3], inputs[:3], strict=True)]
+            runs = [
+                relaxed_allreduce(b, sched, x, Round(0, 3), cfg, relax)
+                for b, x in zip(boxes[:3], inputs[:3], strict=True)
+            ]
             out = await asyncio.gather(*runs, late(boxes[3], inputs[3]), return_exceptions=True)
             for box in boxes:
                 await box.close()
@@ -73,14 +76,18 @@ def test_peer_killed_mid_round_leaves_survivors_with_the_same_renormalised_mean(
             victim = next(i for i in range(1, n) if any(t.children(peers[i], peers) for t in sched.trees))
 
             async def crash():
-                task = asyncio.create_task(relaxed_allreduce(boxes[victim], sched, inputs[victim], Round(0, 1), cfg, relax))
+                task = asyncio.create_task(
+                    relaxed_allreduce(boxes[victim], sched, inputs[victim], Round(0, 1), cfg, relax)
+                )
                 await asyncio.sleep(0.3)  # past the decision, inside the tree all-reduce
                 task.cancel()
                 await nodes[victim].shutdown()  # its daemon is gone: streams to it break
                 return "killed"
 
             runs = [
-                crash() if i == victim else relaxed_allreduce(boxes[i], sched, inputs[i], Round(0, 1), cfg, relax)
+                crash()
+                if i == victim
+                else relaxed_allreduce(boxes[i], sched, inputs[i], Round(0, 1), cfg, relax)
                 for i in range(n)
             ]
             out = await asyncio.gather(*runs, return_exceptions=True)

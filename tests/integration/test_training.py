@@ -34,8 +34,9 @@ def test_uncompressed_2x2_equals_single_process_reference(tmp_path):
 
 def test_compressed_default_codecs_stay_within_2_percent(tmp_path):
     plain = tiny_job()
-    packed = tiny_job(compression={"activations": "int8:block=64", "gradients": "int8:block=64",
-                                   "error_feedback": True})  # fmt: skip
+    packed = tiny_job(
+        compression={"activations": "int8:block=64", "gradients": "int8:block=64", "error_feedback": True}
+    )
     base, _ = asyncio.run(train_swarm(plain, 2, 2, SPLITS, tmp_path / "a"))
     comp, _ = asyncio.run(train_swarm(packed, 2, 2, SPLITS, tmp_path / "b"))
     last_plain, last_comp = base[(1, 0)][-1].loss, comp[(1, 0)][-1].loss

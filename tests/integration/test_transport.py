@@ -80,7 +80,9 @@ def test_pending_bytes_are_bounded_with_backpressure():
             cfg = TransportConfig(timeout_s=10.0, max_pending_bytes=1 << 20)
             a, b = await mailboxes(nodes, cfg)
             chunk = os.urandom(400 << 10)
-            sends = asyncio.ensure_future(asyncio.gather(*(a.send(b.peer_id, Tag(1, 0, i), chunk) for i in range(6))))
+            sends = asyncio.ensure_future(
+                asyncio.gather(*(a.send(b.peer_id, Tag(1, 0, i), chunk) for i in range(6)))
+            )
             await asyncio.sleep(1.0)
             assert b._pending_bytes <= cfg.max_pending_bytes  # at most 2 of the 6 chunks buffered
             got = [await b.recv(a.peer_id, Tag(1, 0, i)) for i in range(6)]

@@ -118,7 +118,9 @@ def _imports(module: str) -> list[Import]:
             fn = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
             tc = type_checking or (isinstance(child, ast.If) and _is_type_checking(child))
             if isinstance(child, ast.Import):
-                out.extend(Import(module, a.name, child.lineno, in_function, type_checking) for a in child.names)
+                out.extend(
+                    Import(module, a.name, child.lineno, in_function, type_checking) for a in child.names
+                )
             elif isinstance(child, ast.ImportFrom):
                 targets = _resolve(module, child)
                 out.extend(Import(module, t, child.lineno, in_function, type_checking) for t in targets)
@@ -236,7 +238,9 @@ def test_light_modules_load_neither_torch_nor_hivemind():
         f"for m in {list(LIGHT)!r}: __import__(m)\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'hivemind'})))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     heavy = out.stdout.strip()
     if heavy:  # say which of them pulls it in
         culprits = []

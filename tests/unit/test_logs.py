@@ -103,7 +103,9 @@ def test_adopt_routes_a_library_through_our_handler(root):
     lib.addHandler(own)
     lib.propagate = False
     out = io.StringIO()
-    logs.configure(1, stream=out)  # -v (info); adopts hivemind if it is imported already, or when a node starts
+    logs.configure(
+        1, stream=out
+    )  # -v (info); adopts hivemind if it is imported already, or when a node starts
     lib.addHandler(own)  # as hivemind does when it is imported after configure()
     lib.propagate = False
     logs.adopt("hivemind")

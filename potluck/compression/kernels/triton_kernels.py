@@ -39,10 +39,22 @@ def _hash32(idx, seed_lo, seed_hi):
 
 @triton.jit
 def _quant_kernel(
-    g_ptr, e_ptr, r_ptr, code_ptr, scale_ptr, nblocks, seed_lo, seed_hi, start,
-    BLOCK: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr,
-    HAS_E: tl.constexpr, WANT_R: tl.constexpr, STOCHASTIC: tl.constexpr,
-):  # fmt: skip
+    g_ptr,
+    e_ptr,
+    r_ptr,
+    code_ptr,
+    scale_ptr,
+    nblocks,
+    seed_lo,
+    seed_hi,
+    start,
+    BLOCK: tl.constexpr,
+    BITS: tl.constexpr,
+    ROWS: tl.constexpr,
+    HAS_E: tl.constexpr,
+    WANT_R: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+):
     K: tl.constexpr = 8 // BITS
     QMAX: tl.constexpr = (1 << (BITS - 1)) - 1
     OFF: tl.constexpr = 1 << (BITS - 1)
@@ -84,9 +96,15 @@ def _quant_kernel(
 
 @triton.jit
 def _dequant_kernel(
-    code_ptr, scale_ptr, out_ptr, nblocks,
-    BLOCK: tl.constexpr, BITS: tl.constexpr, ROWS: tl.constexpr, ACCUM: tl.constexpr,
-):  # fmt: skip
+    code_ptr,
+    scale_ptr,
+    out_ptr,
+    nblocks,
+    BLOCK: tl.constexpr,
+    BITS: tl.constexpr,
+    ROWS: tl.constexpr,
+    ACCUM: tl.constexpr,
+):
     K: tl.constexpr = 8 // BITS
     OFF: tl.constexpr = 1 << (BITS - 1)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -108,9 +126,18 @@ def _dequant_kernel(
 
 @triton.jit
 def _randk_kernel(
-    x_ptr, out_ptr, pos_ptr, vals_ptr, n, k, stride, seed_lo, seed_hi,
-    TILE: tl.constexpr, MODE: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    out_ptr,
+    pos_ptr,
+    vals_ptr,
+    n,
+    k,
+    stride,
+    seed_lo,
+    seed_hi,
+    TILE: tl.constexpr,
+    MODE: tl.constexpr,
+):
     # MODE 0: positions only; 1: gather x[pos] -> vals; 2: out[pos] += vals (positions are unique)
     j = tl.program_id(0) * TILE + tl.arange(0, TILE)
     m = j < k
@@ -153,10 +180,22 @@ def quantize_pack(
     grid = (triton.cdiv(nb, rows),)
     dummy = scales  # never read when the matching flag is off
     _quant_kernel[grid](
-        g, e if e is not None else dummy, resid if resid is not None else dummy, codes, scales, nb,
-        lo, hi, start, BLOCK=block, BITS=bits, ROWS=rows,
-        HAS_E=e is not None, WANT_R=want_resid, STOCHASTIC=seed is not None,
-    )  # fmt: skip
+        g,
+        e if e is not None else dummy,
+        resid if resid is not None else dummy,
+        codes,
+        scales,
+        nb,
+        lo,
+        hi,
+        start,
+        BLOCK=block,
+        BITS=bits,
+        ROWS=rows,
+        HAS_E=e is not None,
+        WANT_R=want_resid,
+        STOCHASTIC=seed is not None,
+    )
     return scales, codes, resid
 
 
@@ -181,9 +220,18 @@ def _randk(
     tile = 1024
     dummy = torch.empty(1, device=device)
     _randk_kernel[(triton.cdiv(k, tile),)](
-        t.get("x", dummy), t.get("out", dummy), t.get("pos", dummy), t.get("vals", dummy),
-        n, k, stride, seed[0], seed[1], TILE=tile, MODE=mode,
-    )  # fmt: skip
+        t.get("x", dummy),
+        t.get("out", dummy),
+        t.get("pos", dummy),
+        t.get("vals", dummy),
+        n,
+        k,
+        stride,
+        seed[0],
+        seed[1],
+        TILE=tile,
+        MODE=mode,
+    )
 
 
 def randk_positions(n: int, stride: int, seed: tuple[int, int], device: torch.device | str) -> torch.Tensor:

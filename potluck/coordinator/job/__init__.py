@@ -1,2 +1,1 @@
-"""One job's lifecycle, pure: records -> placement -> TrainPlan, and what to do next from peers' progress.
-"""
+"""One job's lifecycle, pure: records -> placement -> TrainPlan, and what to do next from peers' progress."""

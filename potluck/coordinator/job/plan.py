@@ -58,8 +58,10 @@ def step_job(job: JobSpec) -> StepJob:
     shape = ModelShape.from_spec(job.model)  # the spec's arithmetic, shared with the transformer
     # Bytes on the wire per byte of fp16 payload, as the codec library itself estimates them.
     probe = (1 << 16,)
-    act, grad = (get_codec(spec).estimate_bytes(probe) / (2.0 * probe[0])
-                 for spec in (job.compression.activations, job.compression.gradients))  # fmt: skip
+    act, grad = (
+        get_codec(spec).estimate_bytes(probe) / (2.0 * probe[0])
+        for spec in (job.compression.activations, job.compression.gradients)
+    )
     ratios = CodecRatios(act, act, grad, grad)
     return StepJob(
         shape, BatchSpec(job.sequences_per_step, job.batch.micro_batch_size), ratios, recompute=False
@@ -76,9 +78,11 @@ def network(state: SwarmState, peers: list[str]) -> tuple[NetModel, str]:
     inside = set(peers)
     measured = [
         (rep.peer_id, s.dst, max(s.rtt_ms, 1e-3), s.bandwidth_gbps)
-        for rep in state.links.values() if rep.peer_id in inside
-        for s in rep.links if s.dst in inside and s.bandwidth_gbps > 0
-    ]  # fmt: skip
+        for rep in state.links.values()
+        if rep.peer_id in inside
+        for s in rep.links
+        if s.dst in inside and s.bandwidth_gbps > 0
+    ]
     if measured:
         try:
             return build_netmodel(peers, measured), f"{len(measured)} measured links"
@@ -122,10 +126,15 @@ def stage_trees(
 
 
 def make_train_plan(
-    state: SwarmState, job: JobSpec, now: float, epoch: int, start_step: int,
-    previous: PlacementPlan | None = None, cfg: JobPlanConfig | None = None,
+    state: SwarmState,
+    job: JobSpec,
+    now: float,
+    epoch: int,
+    start_step: int,
+    previous: PlacementPlan | None = None,
+    cfg: JobPlanConfig | None = None,
     measured_tflops: dict[str, float] | None = None,
-) -> tuple[TrainPlan | None, PlacementPlan | None, str]:  # fmt: skip
+) -> tuple[TrainPlan | None, PlacementPlan | None, str]:
     """(plan, the planner's placement, reason). None when the swarm cannot run the job yet.
 
     ``measured_tflops``: peers' effective speed on this job from earlier steps (``calibrated_tflops``);
@@ -154,9 +163,16 @@ def make_train_plan(
     net, net_note = network(state, usable)
     pstate = PlanningState(tuple(usable), tuple(device(p) for p in usable), net)
     lim = job.limits
-    pcfg = PlannerConfig(**{**cfg.planner.__dict__, "seed": job.seed, "stages": lim.stages,
-                            "replicas": lim.replicas, "max_stages": lim.max_stages,
-                            "max_replicas": lim.max_replicas})  # fmt: skip
+    pcfg = PlannerConfig(
+        **{
+            **cfg.planner.__dict__,
+            "seed": job.seed,
+            "stages": lim.stages,
+            "replicas": lim.replicas,
+            "max_stages": lim.max_stages,
+            "max_replicas": lim.max_replicas,
+        }
+    )
     placement, reason = plan(pstate, sj, now, previous, pcfg)  # falls back to a fresh plan itself
     if placement is None:
         return None, None, reason
@@ -175,15 +191,21 @@ def make_train_plan(
         first += n_layers
     spares += [Spare(peer_id=str(p), reason="spare: the plan is faster without it") for p in placement.spares]
     train = TrainPlan(
-        job=job.name, epoch=epoch, start_step=start_step, stages=stages,
-        micro_batches=max(1, placement.micro_batches), spares=spares,
-        predicted_step_s=float(min(placement.cost, 1e9)), issued_at=now,
-    )  # fmt: skip
+        job=job.name,
+        epoch=epoch,
+        start_step=start_step,
+        stages=stages,
+        micro_batches=max(1, placement.micro_batches),
+        spares=spares,
+        predicted_step_s=float(min(placement.cost, 1e9)),
+        issued_at=now,
+    )
     return train, placement, f"{reason}; {net_note}"
 
 
-def predict_step(plan: TrainPlan, job: JobSpec, devices: dict[str, DeviceSpec], net: NetModel,
-                 order: list[str]) -> StepBreakdown:  # fmt: skip
+def predict_step(
+    plan: TrainPlan, job: JobSpec, devices: dict[str, DeviceSpec], net: NetModel, order: list[str]
+) -> StepBreakdown:
     """The step-time model evaluated on a fixed plan (its placement and layer split), for checking the
     model against measured steps. ``order`` names the peers of ``net``'s rows."""
     sj = step_job(job)

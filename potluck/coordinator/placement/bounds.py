@@ -118,8 +118,13 @@ def dtfm_milp(obj: DtfmObjective, devices: np.ndarray, time_limit_s: float) -> t
     upper[:nz] = 1.0
     lower = np.zeros(nv)
     lower[g_idx] = _dtfm_terms(obj, devices)[0]  # a valid cut that lifts the root relaxation
-    res = milp(cost, constraints=LinearConstraint(a.tocsr(), lo, hi), integrality=integrality,
-               bounds=Bounds(lower, upper), options={"time_limit": time_limit_s, "disp": False})
+    res = milp(
+        cost,
+        constraints=LinearConstraint(a.tocsr(), lo, hi),
+        integrality=integrality,
+        bounds=Bounds(lower, upper),
+        options={"time_limit": time_limit_s, "disp": False},
+    )
     bound = getattr(res, "mip_dual_bound", None)
     if res.status == 0 and res.fun is not None:
         return float(res.fun), True

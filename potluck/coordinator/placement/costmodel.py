@@ -291,6 +291,13 @@ def step_time(
     hidden = np.concatenate([[0.0], np.cumsum(compute * 2.0 / 3.0 + np.append(links, 0.0))[:-1]])
     exposed = float(np.maximum(sync - hidden, 0.0).max())
     return StepBreakdown(
-        pipeline + exposed, pipeline, exposed, tuple(compute.tolist()), tuple(links.tolist()),
-        tuple(sync.tolist()), tuple(int(x) for x in layers), mb, True,
+        pipeline + exposed,
+        pipeline,
+        exposed,
+        tuple(compute.tolist()),
+        tuple(links.tolist()),
+        tuple(sync.tolist()),
+        tuple(int(x) for x in layers),
+        mb,
+        True,
     )

@@ -55,8 +55,11 @@ class NetModel:
         ix = np.asarray(idx, dtype=np.int64)
         grid = np.ix_(ix, ix)
         return NetModel(
-            self.latency_ms[grid], self.bandwidth_gbps[grid], self.measured[grid],
-            self.upload_gbps[ix], self.download_gbps[ix],
+            self.latency_ms[grid],
+            self.bandwidth_gbps[grid],
+            self.measured[grid],
+            self.upload_gbps[ix],
+            self.download_gbps[ix],
         )
 
 
@@ -81,7 +84,12 @@ def from_matrices(
 
 
 def fit_coordinates(
-    n: int, src: np.ndarray, dst: np.ndarray, latency_ms: np.ndarray, dims: int = 3, iters: int = 400,
+    n: int,
+    src: np.ndarray,
+    dst: np.ndarray,
+    latency_ms: np.ndarray,
+    dims: int = 3,
+    iters: int = 400,
     seed: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fit positions x (n x dims) and heights h (n) so that |x_i - x_j| + h_i + h_j ~ latency.
@@ -236,6 +244,9 @@ def holdout_error(
     if not lat_err:
         raise NetModelError("every held-out pair was measured in the reverse direction")
     return EstimationError(
-        len(lat_err), float(np.median(lat_err)), float(np.quantile(lat_err, 0.9)),
-        float(np.median(bw_err)), float(np.quantile(bw_err, 0.9)),
+        len(lat_err),
+        float(np.median(lat_err)),
+        float(np.quantile(lat_err, 0.9)),
+        float(np.median(bw_err)),
+        float(np.quantile(bw_err, 0.9)),
     )

@@ -56,8 +56,9 @@ def _moved(before: dict[int, int], groups: np.ndarray) -> int:
     return sum(1 for d, j in after.items() if before.get(d) != j)
 
 
-def repair(state: PlanningState, job: Job, previous: PlacementPlan, cfg: PlannerConfig
-           ) -> tuple[PlacementPlan | None, str]:
+def repair(
+    state: PlanningState, job: Job, previous: PlacementPlan, cfg: PlannerConfig
+) -> tuple[PlacementPlan | None, str]:
     deadline = time.monotonic() + cfg.repair_time_limit_s
     rng = np.random.default_rng(cfg.seed)
     index = {p: k for k, p in enumerate(state.peers)}
@@ -102,7 +103,7 @@ def repair(state: PlanningState, job: Job, previous: PlacementPlan, cfg: Planner
     groups = np.array([[index.get(p, -1) for p in row] for row in grid], dtype=np.int64)
     for (j, i), d in zip(holes, fill, strict=True):
         groups[j, i] = d
-    rest = spares_arr[len(holes):]
+    rest = spares_arr[len(holes) :]
     cand = evaluate_in_order(obj, groups, rest)
     where = np.arange(s)
     for j, i in holes:
@@ -135,8 +136,9 @@ def repair(state: PlanningState, job: Job, previous: PlacementPlan, cfg: Planner
         lower, method = dtfm_combinatorial(obj, everyone), "combinatorial"
     else:
         lower, method = step_lower_bound(state.devices, job), "perfect-scaling"  # type: ignore[arg-type]
-    plan = to_plan(obj, cand, state, job, lower, method, "repair",
-                   {"moved_peers": moved, "filled_cost": filled_cost})
+    plan = to_plan(
+        obj, cand, state, job, lower, method, "repair", {"moved_peers": moved, "filled_cost": filled_cost}
+    )
     notes.append(f"moved {moved} peer(s); cost {previous.cost:.3f} -> {plan.cost:.3f} s")
     return plan, "repair: " + "; ".join(notes)
 

@@ -74,8 +74,11 @@ def _step_job(job: dict[str, Any]) -> StepJob:
     step = job.get("step", {})
     layers = int(step.get("layers", int(job.get("D_PP", 8)) * int(job.get("layers_per_stage", 3))))
     model = ModelShape(
-        layers=layers, d_model=int(step.get("d_model", 2048)), heads=int(step.get("heads", 16)),
-        vocab=int(step.get("vocab", 50257)), seq_len=int(step.get("seq_len", 2048)),
+        layers=layers,
+        d_model=int(step.get("d_model", 2048)),
+        heads=int(step.get("heads", 16)),
+        vocab=int(step.get("vocab", 50257)),
+        seq_len=int(step.get("seq_len", 2048)),
     )
     batch = BatchSpec(int(step.get("sequences_per_step", 1024)), int(step.get("micro_batch", 1)))
     codecs = CodecRatios(**step.get("codecs", {}))
@@ -92,7 +95,8 @@ def load_scenario(name_or_path: str) -> Scenario:
         ups = [d.get("upload_gbps") for d in devices]
         downs = [d.get("download_gbps") for d in devices]
         net = from_matrices(
-            links["latency_ms"], links["bandwidth_gbps"],
+            links["latency_ms"],
+            links["bandwidth_gbps"],
             [float("inf") if u is None else float(u) for u in ups],
             [float("inf") if v is None else float(v) for v in downs],
         )
@@ -101,8 +105,12 @@ def load_scenario(name_or_path: str) -> Scenario:
         if "D_PP" in job:
             dtfm = DtfmJob(int(job["D_PP"]), int(job["D_DP"]), float(job["c_dp_GB"]), float(job["c_pp_GB"]))
         return Scenario(
-            name=str(raw.get("name", path.stem)), description=str(raw.get("description", "")), state=state,
-            dtfm_job=dtfm, step_job=_step_job(job), groups=tuple(str(d.get("group", "")) for d in devices),
+            name=str(raw.get("name", path.stem)),
+            description=str(raw.get("description", "")),
+            state=state,
+            dtfm_job=dtfm,
+            step_job=_step_job(job),
+            groups=tuple(str(d.get("group", "")) for d in devices),
         )
     except (OSError, ValueError, KeyError, TypeError, NetModelError) as exc:
         raise ScenarioError(f"{path}: {type(exc).__name__}: {exc}") from exc

@@ -51,8 +51,9 @@ def pair_matrix(obj: Objective, groups: np.ndarray) -> np.ndarray:
     return pair
 
 
-def evaluate(obj: Objective, groups: np.ndarray, spares: np.ndarray, exact_limit: int = EXACT_LIMIT
-             ) -> Candidate:
+def evaluate(
+    obj: Objective, groups: np.ndarray, spares: np.ndarray, exact_limit: int = EXACT_LIMIT
+) -> Candidate:
     """Full evaluation: group summaries, all matched links, best stage order (both directions tried).
 
     The order is exact (Held-Karp) up to `exact_limit` stages; screening passes a small limit.
@@ -66,8 +67,9 @@ def evaluate(obj: Objective, groups: np.ndarray, spares: np.ndarray, exact_limit
         edges = np.array([pair[path[k], path[k + 1]] for k in range(len(path) - 1)])
         cost = obj.combine([stats[o] for o in path], edges)
         if best is None or cost < best.cost:
-            best = Candidate(groups.copy(), np.asarray(spares, dtype=np.int64).copy(), stats, list(path),
-                             edges, cost)
+            best = Candidate(
+                groups.copy(), np.asarray(spares, dtype=np.int64).copy(), stats, list(path), edges, cost
+            )
     assert best is not None
     return best
 
@@ -76,12 +78,13 @@ def evaluate_in_order(obj: Objective, groups: np.ndarray, spares: np.ndarray) ->
     """Evaluation that keeps row j of `groups` at stage j (re-planning must not reshuffle stages)."""
     groups = np.asarray(groups, dtype=np.int64)
     stats = [obj.group_stat(g) for g in groups]
-    edges = np.array([
-        bottleneck_matching(obj.link[np.ix_(groups[k], groups[k + 1])])[0] for k in range(len(groups) - 1)
-    ])
+    edges = np.array(
+        [bottleneck_matching(obj.link[np.ix_(groups[k], groups[k + 1])])[0] for k in range(len(groups) - 1)]
+    )
     cost = obj.combine(stats, edges)
-    return Candidate(groups.copy(), np.asarray(spares, dtype=np.int64).copy(), stats,
-                     list(range(len(groups))), edges, cost)
+    return Candidate(
+        groups.copy(), np.asarray(spares, dtype=np.int64).copy(), stats, list(range(len(groups))), edges, cost
+    )
 
 
 def pipelines(obj: Objective, cand: Candidate) -> np.ndarray:
@@ -98,8 +101,16 @@ def _affected_edges(position: int, s: int) -> list[int]:
     return [k for k in (position - 1, position) if 0 <= k < s - 1]
 
 
-def try_move(obj: Objective, cand: Candidate, where: np.ndarray, a_g: int, a_i: int, b_g: int, b_i: int,
-             cutoff: float = np.inf) -> tuple[float, np.ndarray, np.ndarray | None, list[Any], np.ndarray]:
+def try_move(
+    obj: Objective,
+    cand: Candidate,
+    where: np.ndarray,
+    a_g: int,
+    a_i: int,
+    b_g: int,
+    b_i: int,
+    cutoff: float = np.inf,
+) -> tuple[float, np.ndarray, np.ndarray | None, list[Any], np.ndarray]:
     """Cost after swapping groups[a_g][a_i] with groups[b_g][b_i] (b_g < 0: with spares[b_i]).
 
     `where[g]` is group g's position in the stage order. Returns (cost, new A, new B, stats, edges).
@@ -175,8 +186,14 @@ def _moves(
 
 
 def local_search(
-    obj: Objective, cand: Candidate, rng: np.random.Generator, deadline: float, max_passes: int = 50,
-    move_limit: int = 4000, reorder: bool = True, counter: list[int] | None = None,
+    obj: Objective,
+    cand: Candidate,
+    rng: np.random.Generator,
+    deadline: float,
+    max_passes: int = 50,
+    move_limit: int = 4000,
+    reorder: bool = True,
+    counter: list[int] | None = None,
 ) -> Candidate:
     """First-improvement swap descent on the true objective; order re-optimised after each pass.
 
@@ -271,7 +288,11 @@ class GaConfig:
 
 
 def genetic_search(
-    obj: Objective, seeds: list[Candidate], rng: np.random.Generator, deadline: float, cfg: GaConfig,
+    obj: Objective,
+    seeds: list[Candidate],
+    rng: np.random.Generator,
+    deadline: float,
+    cfg: GaConfig,
     target: float = 0.0,
 ) -> tuple[Candidate, int, float]:
     """Steady-state GA seeded with `seeds`; returns (best candidate, generations run, when it was found).

@@ -33,8 +33,10 @@ def set_partitions(n: int) -> np.ndarray:
     labels = np.zeros((1, 1), dtype=np.int8)
     for _ in range(1, n):
         top = labels.max(axis=1)
-        rows = [np.column_stack([labels[top + 1 >= k], np.full((int((top + 1 >= k).sum()), 1), k)])
-                for k in range(int(top.max()) + 2)]
+        rows = [
+            np.column_stack([labels[top + 1 >= k], np.full((int((top + 1 >= k).sum()), 1), k)])
+            for k in range(int(top.max()) + 2)
+        ]
         labels = np.vstack(rows).astype(np.int8)
     labels.setflags(write=False)
     return labels
@@ -101,8 +103,9 @@ def _flow_graph(cap: np.ndarray) -> nx.DiGraph:
     graph = nx.DiGraph()
     graph.add_nodes_from(range(cap.shape[0]))
     src, dst = np.nonzero(cap > 0)
-    graph.add_weighted_edges_from(zip(src.tolist(), dst.tolist(), cap[src, dst].tolist(), strict=True),
-                                  weight="capacity")
+    graph.add_weighted_edges_from(
+        zip(src.tolist(), dst.tolist(), cap[src, dst].tolist(), strict=True), weight="capacity"
+    )
     return graph
 
 
@@ -125,8 +128,10 @@ def min_broadcast_bound(cap: np.ndarray) -> float:
     """
     unit = float(cap.max()) / _FLOW_UNITS
     graph = csr_matrix(np.ceil(cap / unit).astype(np.int32))
-    flows = [min(maximum_flow(graph, 0, v).flow_value, maximum_flow(graph, v, 0).flow_value)
-             for v in range(1, cap.shape[0])]
+    flows = [
+        min(maximum_flow(graph, 0, v).flow_value, maximum_flow(graph, v, 0).flow_value)
+        for v in range(1, cap.shape[0])
+    ]
     return min(flows) * unit
 
 

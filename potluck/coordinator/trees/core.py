@@ -103,16 +103,22 @@ def mwu(oracle: Oracle, n_resources: int, *, eps: float, max_iterations: int) ->
         flow[index[col.key]] += amount
         prices *= 1.0 + eps * amount * col.usage
     weights = _scale_to_feasible(columns, np.array(flow))
-    logger.debug("mwu: %d iterations, %d columns, value %.6g, bound %.6g",
-                 iterations, len(columns), weights.sum(), bound)
+    logger.debug(
+        "mwu: %d iterations, %d columns, value %.6g, bound %.6g",
+        iterations,
+        len(columns),
+        weights.sum(),
+        bound,
+    )
     return Solution(tuple(columns), weights, bound, iterations, prices)
 
 
 def solve_lp(columns: list[Column]) -> tuple[np.ndarray, np.ndarray]:
     """max sum(w) s.t. usage @ w <= 1, w >= 0; returns (weights, dual prices >= 0)."""
     a_ub = np.stack([c.usage for c in columns], axis=1)
-    res = linprog(-np.ones(len(columns)), A_ub=a_ub, b_ub=np.ones(a_ub.shape[0]),
-                  bounds=(0, None), method="highs-ipm")  # ~3x faster than simplex at N = 64; crossover
+    res = linprog(
+        -np.ones(len(columns)), A_ub=a_ub, b_ub=np.ones(a_ub.shape[0]), bounds=(0, None), method="highs-ipm"
+    )  # ~3x faster than simplex at N = 64; crossover
     # runs by default, so the solution is basic (few non-zero columns) and the duals are exact.
     if res.status != 0:  # cannot happen for a bounded, feasible (w = 0) packing LP; fail loudly
         raise RuntimeError(f"HiGHS failed on the packing LP: {res.message}")
@@ -124,9 +130,15 @@ def solve_lp(columns: list[Column]) -> tuple[np.ndarray, np.ndarray]:
 _DROP_REDUCED_COST = 0.05
 
 
-def colgen(oracle: Oracle, start: Solution, *, max_rounds: int, gap: float,
-           seeds: list[Column] | None = None,
-           extra_bound: Callable[[np.ndarray], float] | None = None) -> Solution:
+def colgen(
+    oracle: Oracle,
+    start: Solution,
+    *,
+    max_rounds: int,
+    gap: float,
+    seeds: list[Column] | None = None,
+    extra_bound: Callable[[np.ndarray], float] | None = None,
+) -> Solution:
     """LP re-optimisation over start's columns (and seeds), then column generation until the gap closes.
 
     Each round adds two columns: the cheapest under the LP duals (the classic pricing step, which also
@@ -167,8 +179,9 @@ def colgen(oracle: Oracle, start: Solution, *, max_rounds: int, gap: float,
     else:  # out of rounds: the columns changed after the last LP
         weights, prices = solve_lp(columns)
     bound = max(bound, float(weights.sum()))  # rounding in the duals must not put the bound below a primal
-    logger.debug("colgen: %d rounds, %d columns, value %.6g, bound %.6g",
-                 rounds, len(columns), weights.sum(), bound)
+    logger.debug(
+        "colgen: %d rounds, %d columns, value %.6g, bound %.6g", rounds, len(columns), weights.sum(), bound
+    )
     return Solution(tuple(columns), weights, bound, start.iterations + rounds, prices)
 
 
@@ -189,10 +202,14 @@ def _milp_fewest(columns: list[Column], target: float) -> list[int] | None:
         LinearConstraint(np.concatenate([np.ones(k), np.zeros(k)])[None, :], target, np.inf),
         LinearConstraint(np.hstack([np.eye(k), -np.diag(caps)]), -np.inf, 0.0),
     ]
-    res = milp(cost, constraints=rows, integrality=np.concatenate([np.zeros(k), np.ones(k)]),
-               bounds=Bounds(np.zeros(2 * k), np.concatenate([caps, np.ones(k)])),
-               # presolve off: HiGHS 1.x prints debug lines to stdout from its presolved-MIP path
-               options={"node_limit": _MILP_NODE_LIMIT, "presolve": False})
+    res = milp(
+        cost,
+        constraints=rows,
+        integrality=np.concatenate([np.zeros(k), np.ones(k)]),
+        bounds=Bounds(np.zeros(2 * k), np.concatenate([caps, np.ones(k)])),
+        # presolve off: HiGHS 1.x prints debug lines to stdout from its presolved-MIP path
+        options={"node_limit": _MILP_NODE_LIMIT, "presolve": False},
+    )
     if res.x is None:
         return None
     return [i for i in range(k) if res.x[k + i] > 0.5]
@@ -230,8 +247,10 @@ def swap_improve(oracle: Oracle, chosen: list[Column], *, rounds: int) -> tuple[
         usage = np.stack([c.usage for c in chosen], axis=1)
         residual = np.maximum(1.0 - usage @ weights, 0.0)
         alive = residual > _REL_EPS
-        candidates = [oracle(prices),
-                      oracle(np.where(alive, 1.0 / np.where(alive, residual, 1.0), _SATURATED_PRICE))]
+        candidates = [
+            oracle(prices),
+            oracle(np.where(alive, 1.0 / np.where(alive, residual, 1.0), _SATURATED_PRICE)),
+        ]
         keys = {c.key for c in chosen}
         improved = False
         for new in candidates:
@@ -240,7 +259,7 @@ def swap_improve(oracle: Oracle, chosen: list[Column], *, rounds: int) -> tuple[
             grown = [*chosen, new]
             grown_w, _ = solve_lp(grown)
             drop = int(np.argmin(grown_w))
-            trial = grown[:drop] + grown[drop + 1:]
+            trial = grown[:drop] + grown[drop + 1 :]
             trial_w, trial_p = solve_lp(trial)
             if trial_w.sum() > weights.sum() * (1 + _REL_EPS):
                 chosen, weights, prices, improved = trial, trial_w, trial_p, True
@@ -254,8 +273,14 @@ def swap_improve(oracle: Oracle, chosen: list[Column], *, rounds: int) -> tuple[
 _SWAP_ROUNDS_PER_COLUMN = 1
 
 
-def fewest(solution: Solution, *, tol: float, max_count: int, extra: list[Column] | None = None,
-           oracle: Oracle | None = None) -> Solution:
+def fewest(
+    solution: Solution,
+    *,
+    tol: float,
+    max_count: int,
+    extra: list[Column] | None = None,
+    oracle: Oracle | None = None,
+) -> Solution:
     """Few columns keeping >= (1 - tol) of the LP value when max_count allows it, else the best found.
 
     extra: another candidate set (e.g. from ``greedy``), used instead when its LP value is higher.

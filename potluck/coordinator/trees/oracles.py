@@ -36,7 +36,7 @@ class TreeResources:
         use[edge_ids] = 1.0 / self.edge_cap[edge_ids]
         if len(self.capped):
             deg = np.bincount(self.edges[edge_ids].ravel(), minlength=self.n)
-            use[len(self.edges):] = deg[self.capped] / self.node_cap
+            use[len(self.edges) :] = deg[self.capped] / self.node_cap
         return use
 
     def column(self, edge_ids: np.ndarray) -> Column:
@@ -48,7 +48,7 @@ class TreeResources:
         cost = prices[: len(self.edges)] / self.edge_cap
         if len(self.capped):
             per_node = np.zeros(self.n)
-            per_node[self.capped] = prices[len(self.edges):] / self.node_cap
+            per_node[self.capped] = prices[len(self.edges) :] / self.node_cap
             cost = cost + per_node[self.edges[:, 0]] + per_node[self.edges[:, 1]]
         return cost
 
@@ -101,16 +101,16 @@ class ArborescenceResources:
         base = len(self.arcs)
         out_deg = np.bincount(self.arcs[ids, 0], minlength=self.n)
         in_deg = np.bincount(self.arcs[ids, 1], minlength=self.n)
-        use[base: base + len(self.up_rows)] = out_deg[self.up_rows] / self.up_cap
-        use[base + len(self.up_rows):] = in_deg[self.down_rows] / self.down_cap
+        use[base : base + len(self.up_rows)] = out_deg[self.up_rows] / self.up_cap
+        use[base + len(self.up_rows) :] = in_deg[self.down_rows] / self.down_cap
         return Column(key=tuple(int(i) for i in ids), usage=use)
 
     def oracle(self, prices: np.ndarray) -> Column:
         base = len(self.arcs)
         per_up = np.zeros(self.n)
         per_down = np.zeros(self.n)
-        per_up[self.up_rows] = prices[base: base + len(self.up_rows)] / self.up_cap
-        per_down[self.down_rows] = prices[base + len(self.up_rows):] / self.down_cap
+        per_up[self.up_rows] = prices[base : base + len(self.up_rows)] / self.up_cap
+        per_down[self.down_rows] = prices[base + len(self.up_rows) :] / self.down_cap
         cost = prices[:base] / self.arc_cap + per_up[self.arcs[:, 0]] + per_down[self.arcs[:, 1]]
         graph = nx.DiGraph()
         graph.add_nodes_from(range(self.n))

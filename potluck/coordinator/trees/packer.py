@@ -106,20 +106,38 @@ _COLGEN_ROUNDS = 24
 _COLGEN_GAP_PER_TOLERANCE = 0.2
 
 
-def _run(oracle: core.Oracle, n_resources: int, *, n: int, eps: float, max_iterations: int | None,
-         colgen_rounds: int | None, tolerance: float, max_trees: int | None,
-         extra_bound: Callable[[np.ndarray], float] | None = None,
-         ) -> tuple[core.Solution, core.Solution, PackingStats]:
+def _run(
+    oracle: core.Oracle,
+    n_resources: int,
+    *,
+    n: int,
+    eps: float,
+    max_iterations: int | None,
+    colgen_rounds: int | None,
+    tolerance: float,
+    max_trees: int | None,
+    extra_bound: Callable[[np.ndarray], float] | None = None,
+) -> tuple[core.Solution, core.Solution, PackingStats]:
     iterations = max_iterations if max_iterations is not None else _MWU_ITERATIONS_PER_PEER * n
     count = max_trees if max_trees is not None else 2 * n
     widest = core.greedy(oracle, n_resources, count=count)
     raw = core.mwu(oracle, n_resources, eps=eps, max_iterations=iterations)
-    lp = core.colgen(oracle, raw, max_rounds=colgen_rounds if colgen_rounds is not None else _COLGEN_ROUNDS,
-                     gap=_COLGEN_GAP_PER_TOLERANCE * tolerance, seeds=widest, extra_bound=extra_bound)
+    lp = core.colgen(
+        oracle,
+        raw,
+        max_rounds=colgen_rounds if colgen_rounds is not None else _COLGEN_ROUNDS,
+        gap=_COLGEN_GAP_PER_TOLERANCE * tolerance,
+        seeds=widest,
+        extra_bound=extra_bound,
+    )
     few = core.fewest(lp, tol=tolerance, max_count=count, extra=widest, oracle=oracle)
     stats = PackingStats(
-        mwu_iterations=raw.iterations, mwu_rate=raw.value, mwu_trees=len(raw.columns),
-        lp_rate=lp.value, lp_trees=int((lp.weights > 1e-12 * lp.value).sum()), lp_columns=len(lp.columns),
+        mwu_iterations=raw.iterations,
+        mwu_rate=raw.value,
+        mwu_trees=len(raw.columns),
+        lp_rate=lp.value,
+        lp_trees=int((lp.weights > 1e-12 * lp.value).sum()),
+        lp_columns=len(lp.columns),
         colgen_rounds=lp.iterations - raw.iterations,
     )
     return few, lp, stats
@@ -160,12 +178,21 @@ def pack_allreduce(
     if one_hop and len(res.star_centers()) == 0:
         raise PackingError("no peer has a two-way link to every other peer: no one-hop (star) tree exists")
     oracle = res.star_oracle if one_hop else res.mst_oracle
+
     def partition_bound(prices: np.ndarray) -> float:  # in LP units
         return bounds.level_set_bound(net, res.edge_costs(prices))[0] / scale
 
-    sol, lp, stats = _run(oracle, res.n_resources, n=net.n, eps=eps, max_iterations=max_iterations,
-                          colgen_rounds=colgen_rounds, tolerance=tolerance, max_trees=max_trees,
-                          extra_bound=partition_bound)
+    sol, lp, stats = _run(
+        oracle,
+        res.n_resources,
+        n=net.n,
+        eps=eps,
+        max_iterations=max_iterations,
+        colgen_rounds=colgen_rounds,
+        tolerance=tolerance,
+        max_trees=max_trees,
+        extra_bound=partition_bound,
+    )
     rate = sol.value * scale
     if net.n <= bounds.MAX_ENUMERATED:
         part_value, labels = bounds.exact_strength(net)
@@ -177,23 +204,43 @@ def pack_allreduce(
     bcast = bounds.min_broadcast_bound(net.cap) if certify_broadcast else math.inf
     nodeb = bounds.node_bound(net)
     upper = min(part_value, bcast, nodeb, math.inf if one_hop else dual)
-    cert = Certificate(upper_bound=upper, dual_bound=dual, partition_bound=part_value,
-                       partition=_partition(net, labels), partition_exact=exact,
-                       broadcast_bound=bcast, node_bound=nodeb)
+    cert = Certificate(
+        upper_bound=upper,
+        dual_bound=dual,
+        partition_bound=part_value,
+        partition=_partition(net, labels),
+        partition_exact=exact,
+        broadcast_bound=bcast,
+        node_bound=nodeb,
+    )
     trees = [
         (float(w) * scale, [(net.nodes[int(edges[e, 0])], net.nodes[int(edges[e, 1])]) for e in col.key])
         for w, col in sorted(zip(sol.weights, sol.columns, strict=True), key=lambda t: -t[0])
     ]
     if rate > upper * (1 + 1e-6):
         logger.warning("packing rate %.6g exceeds its certificate %.6g: numerical trouble", rate, upper)
-    return Packing(nodes=net.nodes, trees=trees, rate=rate, upper_bound=upper, certificate=cert,
-                   collective="allreduce", one_hop=one_hop, stats=_rescaled(stats, scale))
+    return Packing(
+        nodes=net.nodes,
+        trees=trees,
+        rate=rate,
+        upper_bound=upper,
+        certificate=cert,
+        collective="allreduce",
+        one_hop=one_hop,
+        stats=_rescaled(stats, scale),
+    )
 
 
 def _rescaled(stats: PackingStats, scale: float) -> PackingStats:
-    return PackingStats(mwu_iterations=stats.mwu_iterations, mwu_rate=stats.mwu_rate * scale,
-                        mwu_trees=stats.mwu_trees, lp_rate=stats.lp_rate * scale, lp_trees=stats.lp_trees,
-                        lp_columns=stats.lp_columns, colgen_rounds=stats.colgen_rounds)
+    return PackingStats(
+        mwu_iterations=stats.mwu_iterations,
+        mwu_rate=stats.mwu_rate * scale,
+        mwu_trees=stats.mwu_trees,
+        lp_rate=stats.lp_rate * scale,
+        lp_trees=stats.lp_trees,
+        lp_columns=stats.lp_columns,
+        colgen_rounds=stats.colgen_rounds,
+    )
 
 
 def pack_broadcast(
@@ -223,16 +270,41 @@ def pack_broadcast(
         raise PackingError(f"some peer cannot be reached from root {root!r}: no spanning arborescence")
     scale = _scale(net)
     res = ArborescenceResources(net.cap / scale, net.up / scale, net.down / scale, r)
-    sol, _, stats = _run(res.oracle, res.n_resources, n=net.n, eps=eps, max_iterations=max_iterations,
-                      colgen_rounds=colgen_rounds, tolerance=tolerance, max_trees=max_trees)
+    sol, _, stats = _run(
+        res.oracle,
+        res.n_resources,
+        n=net.n,
+        eps=eps,
+        max_iterations=max_iterations,
+        colgen_rounds=colgen_rounds,
+        tolerance=tolerance,
+        max_trees=max_trees,
+    )
     dual = sol.dual_bound * scale
     upper = min(bcast, dual)
-    cert = Certificate(upper_bound=upper, dual_bound=dual, partition_bound=math.inf, partition=(),
-                       partition_exact=False, broadcast_bound=bcast, node_bound=math.inf)
+    cert = Certificate(
+        upper_bound=upper,
+        dual_bound=dual,
+        partition_bound=math.inf,
+        partition=(),
+        partition_exact=False,
+        broadcast_bound=bcast,
+        node_bound=math.inf,
+    )
     trees = [
-        (float(w) * scale,
-         [(net.nodes[int(res.arcs[a, 0])], net.nodes[int(res.arcs[a, 1])]) for a in col.key])
+        (
+            float(w) * scale,
+            [(net.nodes[int(res.arcs[a, 0])], net.nodes[int(res.arcs[a, 1])]) for a in col.key],
+        )
         for w, col in sorted(zip(sol.weights, sol.columns, strict=True), key=lambda t: -t[0])
     ]
-    return Packing(nodes=net.nodes, trees=trees, rate=sol.value * scale, upper_bound=upper,
-                   certificate=cert, collective="broadcast", one_hop=False, stats=_rescaled(stats, scale))
+    return Packing(
+        nodes=net.nodes,
+        trees=trees,
+        rate=sol.value * scale,
+        upper_bound=upper,
+        certificate=cert,
+        collective="broadcast",
+        one_hop=False,
+        stats=_rescaled(stats, scale),
+    )

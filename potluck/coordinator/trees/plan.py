@@ -285,9 +285,14 @@ def to_schedule(plan: TreePlan) -> AllReduceSchedule:
 
 
 def choose_tree_plan(
-    nodes: Sequence[Hashable], capacity: CapacityInput, nbytes: float, *, chunk_bytes: float,
-    node_capacity: NodeCapacityInput | None = None, max_trees: int | None = None,
-) -> TreePlan:  # fmt: skip
+    nodes: Sequence[Hashable],
+    capacity: CapacityInput,
+    nbytes: float,
+    *,
+    chunk_bytes: float,
+    node_capacity: NodeCapacityInput | None = None,
+    max_trees: int | None = None,
+) -> TreePlan:
     """The faster, by the time model, of the packed trees and the one-hop (butterfly) stars.
 
     Packing maximises the rate; on small groups or small buffers a plan of deeper trees can lose more

@@ -78,14 +78,17 @@ class _RingResources:
         arcs = src * self.n + dst
         use = np.zeros(self.n_resources)
         use[arcs] = 1.0 / self.cap[src, dst]
-        use[self.n_arcs: self.n_arcs + len(self.up_rows)] = 1.0 / self.up
-        use[self.n_arcs + len(self.up_rows):] = 1.0 / self.down
+        use[self.n_arcs : self.n_arcs + len(self.up_rows)] = 1.0 / self.up
+        use[self.n_arcs + len(self.up_rows) :] = 1.0 / self.down
         return Column(key=order, usage=use)
 
     def widest_tour(self, prices: np.ndarray, start: int) -> tuple[int, ...] | None:
         """Greedy tour from start: always the cheapest (price / capacity) arc to an unvisited peer."""
-        cost = np.where(self.cap > 0, prices[: self.n_arcs].reshape(self.n, self.n) / np.where(
-            self.cap > 0, self.cap, 1.0), np.inf)
+        cost = np.where(
+            self.cap > 0,
+            prices[: self.n_arcs].reshape(self.n, self.n) / np.where(self.cap > 0, self.cap, 1.0),
+            np.inf,
+        )
         order, seen = [start], {start}
         while len(order) < self.n:
             row = cost[order[-1]].copy()
@@ -124,7 +127,9 @@ def pack_rings(capacity: CapacityInput, *, node_capacity: NodeCapacityInput | No
     if not columns:
         return RingPacking(nodes=net.nodes, rings=[], rate=0.0, exact=exact)
     weights, _ = solve_lp(columns)
-    kept = sorted(((float(w) * scale, c) for w, c in zip(weights, columns, strict=True) if w > 1e-12),
-                  key=lambda t: -t[0])
+    kept = sorted(
+        ((float(w) * scale, c) for w, c in zip(weights, columns, strict=True) if w > 1e-12),
+        key=lambda t: -t[0],
+    )
     rings = [(w, [net.nodes[i] for i in c.key]) for w, c in kept]
     return RingPacking(nodes=net.nodes, rings=rings, rate=sum(w for w, _ in rings), exact=exact)

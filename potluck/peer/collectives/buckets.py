@@ -48,9 +48,15 @@ def _bucketize(sizes: list[int], cap: int) -> list[list[int]]:
 
 class BucketSync:
     def __init__(
-        self, runner: StageRunner, box: Mailbox, schedule: AllReduceSchedule, cfg: AllReduceConfig,
-        bucket_elements: int, error_feedback: bool, overlap: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        runner: StageRunner,
+        box: Mailbox,
+        schedule: AllReduceSchedule,
+        cfg: AllReduceConfig,
+        bucket_elements: int,
+        error_feedback: bool,
+        overlap: bool = True,
+    ) -> None:
         self.runner, self.box, self.schedule, self.cfg, self.overlap = runner, box, schedule, cfg, overlap
         sizes = [p.numel() for p in runner.params]
         self.buckets = _bucketize(sizes, max(bucket_elements, math.ceil(sum(sizes) / MAX_BUCKETS)))

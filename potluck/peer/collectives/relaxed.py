@@ -87,9 +87,7 @@ async def relaxed_allreduce(
                 if not members:
                     raise CollectiveError(f"round {rnd}: too few contributors")
                 if me not in members:
-                    raise LateError(
-                        f"round {rnd}: contribution missed the {relax.deadline_s:.1f} s deadline"
-                    )
+                    raise LateError(f"round {rnd}: contribution missed the {relax.deadline_s:.1f} s deadline")
             result: torch.Tensor | None = None
             try:
                 result = await tree_allreduce(box, restrict(schedule, members), tensor, tag_round, cfg)

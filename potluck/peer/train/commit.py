@@ -70,9 +70,13 @@ def _parse_ready(data: bytes, who: str, expect: tuple[int, int]) -> Ready:
     obj = _loads(data, who)
     try:
         ready = Ready(
-            int(obj["stage"]), int(obj["replica"]), float(obj["sq_norm"]), float(obj["loss"]),
-            bool(obj["ok"]), str(obj.get("reason", ""))[:200],
-        )  # fmt: skip
+            int(obj["stage"]),
+            int(obj["replica"]),
+            float(obj["sq_norm"]),
+            float(obj["loss"]),
+            bool(obj["ok"]),
+            str(obj.get("reason", ""))[:200],
+        )
     except (KeyError, TypeError, ValueError):
         raise WireError(f"READY from {who} lacks fields or has wrong types") from None
     if (ready.stage, ready.replica) != expect:
@@ -100,9 +104,7 @@ def _decide(plan: TrainPlan, readies: dict[str, Ready]) -> Decision:
     return Decision(True, tuple(math.sqrt(s) for s in sq), loss)
 
 
-async def commit_step(
-    box: Mailbox, plan: TrainPlan, rnd: Round, ready: Ready, timeout_s: float
-) -> Decision:
+async def commit_step(box: Mailbox, plan: TrainPlan, rnd: Round, ready: Ready, timeout_s: float) -> Decision:
     """Run the commit for one step; returns the COMMIT decision or raises ``StepAborted``."""
     me, leader = box.peer_id, plan.leader
     peers = [p for st in plan.stages for p in st.peers]
@@ -118,8 +120,14 @@ async def commit_step(
 
         await asyncio.gather(*(collect(p, plan.position(p) or (-1, -1)) for p in peers if p != me))
         decision = _decide(plan, readies)
-        payload = _dumps({"committed": decision.committed, "norms": list(decision.norms),
-                          "loss": decision.loss, "reason": decision.reason})  # fmt: skip
+        payload = _dumps(
+            {
+                "committed": decision.committed,
+                "norms": list(decision.norms),
+                "loss": decision.loss,
+                "reason": decision.reason,
+            }
+        )
         results = await asyncio.gather(
             *(box.send(p, tag_decision, payload) for p in peers if p != me), return_exceptions=True
         )

@@ -69,9 +69,14 @@ class StepReport:
 
 class Trainer:
     def __init__(
-        self, box: Mailbox, job: JobSpec, plan: TrainPlan, dataset: TokenDataset, cfg: TrainerConfig,
+        self,
+        box: Mailbox,
+        job: JobSpec,
+        plan: TrainPlan,
+        dataset: TokenDataset,
+        cfg: TrainerConfig,
         checkpoint_root: Path | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         pos = plan.position(box.peer_id)
         if pos is None:
             raise ValueError(f"peer {box.peer_id} is not placed by plan epoch {plan.epoch}")
@@ -80,14 +85,19 @@ class Trainer:
         self.assignment = plan.stages[self.stage]
         n = len(plan.stages)
         self.where = Neighbours(
-            self.stage, n,
+            self.stage,
+            n,
             plan.stages[self.stage - 1].peers[self.replica] if self.stage > 0 else None,
             plan.stages[self.stage + 1].peers[self.replica] if self.stage + 1 < n else None,
-        )  # fmt: skip
+        )
         self.runner = StageRunner(
-            job.model, self.assignment.first_layer, self.assignment.last_layer, job.seed, job.optimizer,
+            job.model,
+            self.assignment.first_layer,
+            self.assignment.last_layer,
+            job.seed,
+            job.optimizer,
             torch.device(cfg.device),
-        )  # fmt: skip
+        )
         self.checkpoint_root = checkpoint_root or Path(job.checkpoint.dir).expanduser()
         comp = job.compression
         self.act_codec = get_codec(comp.activations)
@@ -99,9 +109,14 @@ class Trainer:
         self.sync: BucketSync | None = None
         if self.diloco is None and plan.n_replicas > 1:
             self.sync = BucketSync(
-                self.runner, box, self.schedule, self._allreduce_cfg(average=False), cfg.bucket_elements,
-                comp.error_feedback, cfg.overlap,
-            )  # fmt: skip
+                self.runner,
+                box,
+                self.schedule,
+                self._allreduce_cfg(average=False),
+                cfg.bucket_elements,
+                comp.error_feedback,
+                cfg.overlap,
+            )
         self.step = plan.start_step  # the next step to run
 
     def restore(self) -> None:
@@ -127,10 +142,14 @@ class Trainer:
         out = []
         for inputs, targets in self.dataset.micro_batches(batch, self.job.batch.micro_batch_size):
             n = inputs.shape[0]
-            out.append(MicroBatch(
-                inputs if self.runner.is_first else None, targets if self.runner.is_last else None,
-                weight=n / denom, share=n / per_step,
-            ))  # fmt: skip
+            out.append(
+                MicroBatch(
+                    inputs if self.runner.is_first else None,
+                    targets if self.runner.is_last else None,
+                    weight=n / denom,
+                    share=n / per_step,
+                )
+            )
         return out
 
     def _allreduce_cfg(self, average: bool) -> AllReduceConfig:
@@ -190,9 +209,13 @@ class Trainer:
         total = time.perf_counter() - timing.started
         busy = timing.compute + timing.send + timing.recv + timing.allreduce
         st = StepTiming(
-            compute=timing.compute, send=timing.send, recv=timing.recv, allreduce=timing.allreduce,
-            idle=max(0.0, total - busy), total=total,
-        )  # fmt: skip
+            compute=timing.compute,
+            send=timing.send,
+            recv=timing.recv,
+            allreduce=timing.allreduce,
+            idle=max(0.0, total - busy),
+            total=total,
+        )
         return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint)
 
     async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
@@ -213,11 +236,17 @@ class Trainer:
         if self.diloco is not None and done % self.job.compression.sync_every and done != self.job.steps:
             return None  # between syncs the replicas differ: only synced states are checkpointed
         meta = StageMeta(
-            job=self.job.name, step=done, stage=self.stage, n_stages=len(self.plan.stages),
-            first_layer=self.assignment.first_layer, last_layer=self.assignment.last_layer,
-            model=self.job.model, seed=self.job.seed, tokenizer=self.job.data.tokenizer,
+            job=self.job.name,
+            step=done,
+            stage=self.stage,
+            n_stages=len(self.plan.stages),
+            first_layer=self.assignment.first_layer,
+            last_layer=self.assignment.last_layer,
+            model=self.job.model,
+            seed=self.job.seed,
+            tokenizer=self.job.data.tokenizer,
             epoch=self.plan.epoch,
-        )  # fmt: skip
+        )
         tensors = self.runner.state_tensors()
         root = self.checkpoint_root
         path = await asyncio.to_thread(save_stage, root, tensors, meta)

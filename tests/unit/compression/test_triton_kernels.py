@@ -21,8 +21,12 @@ def _run_interpreted() -> dict[str, str]:
     root = Path(__file__).resolve().parents[3]
     proc = subprocess.run(
         [sys.executable, "-m", "tests.unit.compression.triton_check"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=170,
-    )  # fmt: skip
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result: dict[str, str] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result

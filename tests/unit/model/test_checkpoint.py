@@ -26,9 +26,17 @@ SPEC = ModelSpec(n_layers=8, d_model=32, n_heads=2, vocab_size=256, seq_len=16)
 def meta_for(step: int, stage: int, n_stages: int, **changes: object) -> StageMeta:
     """The meta the trainer would write for ``stage`` (layer ``stage`` alone) of ``n_stages`` at ``step``."""
     fields: dict[str, object] = {
-        "job": "j", "step": step, "stage": stage, "n_stages": n_stages, "first_layer": 0, "last_layer": 1,
-        "model": SPEC, "seed": 0, "tokenizer": None, "epoch": 1,
-    }  # fmt: skip
+        "job": "j",
+        "step": step,
+        "stage": stage,
+        "n_stages": n_stages,
+        "first_layer": 0,
+        "last_layer": 1,
+        "model": SPEC,
+        "seed": 0,
+        "tokenizer": None,
+        "epoch": 1,
+    }
     if 0 <= stage < SPEC.n_layers:
         fields.update(first_layer=stage, last_layer=stage + 1)
     return StageMeta(**{**fields, **changes})  # type: ignore[arg-type]

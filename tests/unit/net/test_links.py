@@ -32,7 +32,9 @@ def test_link_reports_keep_newest_of_live_peers_and_live_destinations():
     a, b, c = IDS[:3]
 
     def report(src, dsts, exp):
-        rec = LinkReport(peer_id=src, links=[LinkSample(dst=d, rtt_ms=1, bandwidth_gbps=1) for d in dsts], issued_at=0)
+        rec = LinkReport(
+            peer_id=src, links=[LinkSample(dst=d, rtt_ms=1, bandwidth_gbps=1) for d in dsts], issued_at=0
+        )
         return Verified("links", src, rec, b"", exp)
 
     records = [report(a, [b, c], 10), report(a, [b], 20), report(b, [a, c, b], 20), report(c, [a], 20)]

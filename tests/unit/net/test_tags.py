@@ -50,7 +50,9 @@ def test_pack_unpack_round_trip(r):
     assert Round.unpack(r.pack()) == r
 
 
-@given(rounds, st.integers(0, (1 << INDEX_BITS) - 1), st.integers(0, (1 << 32) - 1), st.sampled_from(Direction))
+@given(
+    rounds, st.integers(0, (1 << INDEX_BITS) - 1), st.integers(0, (1 << 32) - 1), st.sampled_from(Direction)
+)
 def test_tag_wire_round_trip(r, index, chunk, direction):
     tag = make_tag(r, Stream.TREE, index=index, chunk=chunk, direction=direction)
     data = tag.pack()
@@ -136,7 +138,9 @@ def test_forgetting_a_round_keeps_later_rounds():
         # a relaxed round of bucket 3 ends: its attempts go, bucket 4 (still running) and later steps stay
         assert await box.forget(bucket3.attempts()) == 2
         for r in later:
-            assert await box.recv("me", make_tag(r, Stream.TREE, chunk=1), 0.1) == r.pack().to_bytes(8, "little")
+            assert await box.recv("me", make_tag(r, Stream.TREE, chunk=1), 0.1) == r.pack().to_bytes(
+                8, "little"
+            )
         with pytest.raises(WireError, match="no message"):
             await box.recv("me", make_tag(bucket3, Stream.TREE, chunk=1), 0.05)
         # step 10 ends: everything before step 11 goes, step 11's early arrival stays

@@ -59,14 +59,19 @@ async def _nothing(*args: object) -> None:
 
 
 def _job(tmp_path) -> JobSpec:
-    return JobSpec.model_validate({
-        "name": "worker-test", "seed": 1, "steps": 6, "min_peers": 1,
-        "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "vocab_size": 256, "seq_len": 16},
-        "batch": {"tokens_per_step": 64, "micro_batch_size": 2},
-        "data": {"generated_chars": 20_000},
-        "compression": {"activations": "none", "gradients": "none", "error_feedback": False},
-        "checkpoint": {"dir": str(tmp_path / "ckpt"), "interval": 100},
-    })  # fmt: skip
+    return JobSpec.model_validate(
+        {
+            "name": "worker-test",
+            "seed": 1,
+            "steps": 6,
+            "min_peers": 1,
+            "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "vocab_size": 256, "seq_len": 16},
+            "batch": {"tokens_per_step": 64, "micro_batch_size": 2},
+            "data": {"generated_chars": 20_000},
+            "compression": {"activations": "none", "gradients": "none", "error_feedback": False},
+            "checkpoint": {"dir": str(tmp_path / "ckpt"), "interval": 100},
+        }
+    )
 
 
 def _failing_trainer(error: BaseException, after_steps: int) -> type[Trainer]:
@@ -104,8 +109,14 @@ async def _run_until_failed(node: FakeNode, cfg: WorkerConfig, peer_id: str) -> 
 def test_an_unexpected_error_is_published_as_failed_and_logged(tmp_path, monkeypatch, caplog, error, reason):
     peer = Identity.generate().peer_id
     job = _job(tmp_path)
-    plan = TrainPlan(job=job.name, epoch=1, start_step=0, micro_batches=2, issued_at=time.time(),
-                     stages=[StageAssignment(first_layer=0, last_layer=2, peers=[peer])])  # fmt: skip
+    plan = TrainPlan(
+        job=job.name,
+        epoch=1,
+        start_step=0,
+        micro_batches=2,
+        issued_at=time.time(),
+        stages=[StageAssignment(first_layer=0, last_layer=2, peers=[peer])],
+    )
     node = FakeNode(peer, {PLAN.name: [plan], JOB.name: [job]})
     monkeypatch.setattr(worker_mod, "Trainer", _failing_trainer(error, after_steps=2))
     cfg = WorkerConfig(plan_poll_s=0.05, progress_interval_s=0.0, checkpoint_root=tmp_path / "ckpt")
@@ -125,8 +136,14 @@ def test_an_unexpected_error_is_published_as_failed_and_logged(tmp_path, monkeyp
 def test_an_expected_error_is_published_without_a_traceback(tmp_path, monkeypatch, caplog):
     peer = Identity.generate().peer_id
     job = _job(tmp_path)
-    plan = TrainPlan(job=job.name, epoch=3, start_step=0, micro_batches=2, issued_at=time.time(),
-                     stages=[StageAssignment(first_layer=0, last_layer=2, peers=[peer])])  # fmt: skip
+    plan = TrainPlan(
+        job=job.name,
+        epoch=3,
+        start_step=0,
+        micro_batches=2,
+        issued_at=time.time(),
+        stages=[StageAssignment(first_layer=0, last_layer=2, peers=[peer])],
+    )
     node = FakeNode(peer, {PLAN.name: [plan], JOB.name: [job]})
     monkeypatch.setattr(worker_mod, "Trainer", _failing_trainer(StepAborted("peer X left"), after_steps=0))
     cfg = WorkerConfig(plan_poll_s=0.05, progress_interval_s=0.0, checkpoint_root=tmp_path / "ckpt")

@@ -10,9 +10,14 @@ NOW = 1_800_000_000.0
 
 def make_hardware(**kw):
     base = dict(
-        device_kind="cpu", device_name="test cpu", memory_total_bytes=8 << 30, memory_free_bytes=4 << 30,
-        cpu_cores=2, tflops_fp32=0.2, tflops_bf16=0.4,
-    )  # fmt: skip
+        device_kind="cpu",
+        device_name="test cpu",
+        memory_total_bytes=8 << 30,
+        memory_free_bytes=4 << 30,
+        cpu_cores=2,
+        tflops_fp32=0.2,
+        tflops_bf16=0.4,
+    )
     base.update(kw)
     return Hardware(**base)
 

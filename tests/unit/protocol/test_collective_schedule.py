@@ -52,7 +52,10 @@ def test_split_elements():
 
 
 def test_records_round_trip_through_a_schedule():
-    records = [TreeRecord(share=0.75, parents=[-1, 0, 0, 1, 3]), TreeRecord(share=0.25, parents=[2, 2, -1, 2, 2])]
+    records = [
+        TreeRecord(share=0.75, parents=[-1, 0, 0, 1, 3]),
+        TreeRecord(share=0.25, parents=[2, 2, -1, 2, 2]),
+    ]
     sched = records_to_schedule(records, PEERS)
     assert sched.peers == PEERS
     assert sched.trees[0] == TreeSpec("a", {"a": None, "b": "a", "c": "a", "d": "b", "e": "d"}, 0.75)
@@ -81,7 +84,9 @@ def test_schedule_round_trips_in_any_replica_order():
 
 
 def test_record_shares_are_clamped_into_the_records_range():
-    sched = AllReduceSchedule(("a", "b"), (TreeSpec("a", {"a": None, "b": "a"}, 1e-12), TreeSpec("b", {"a": "b", "b": None}, 2.0)))
+    sched = AllReduceSchedule(
+        ("a", "b"), (TreeSpec("a", {"a": None, "b": "a"}, 1e-12), TreeSpec("b", {"a": "b", "b": None}, 2.0))
+    )
     assert [r.share for r in schedule_to_records(sched, ["a", "b"])] == [1e-9, 1.0]
 
 

@@ -124,11 +124,17 @@ def test_random_bytes_never_pass(data):
 
 
 _msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats()
+    | st.text(max_size=20)
     | st.binary(max_size=64),
-    lambda children: st.lists(children, max_size=8) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=8) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
-)  # fmt: skip
+)
 
 
 @settings(max_examples=300, deadline=None)

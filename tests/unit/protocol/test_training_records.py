@@ -16,10 +16,16 @@ A, B, C, D = (Identity.generate().peer_id for _ in range(4))
 
 def plan(**kw) -> TrainPlan:
     base = dict(
-        job="tiny", epoch=1, start_step=0, micro_batches=2, issued_at=NOW,
-        stages=[StageAssignment(first_layer=0, last_layer=1, peers=[A, B]),
-                StageAssignment(first_layer=1, last_layer=2, peers=[C, D])],
-    )  # fmt: skip
+        job="tiny",
+        epoch=1,
+        start_step=0,
+        micro_batches=2,
+        issued_at=NOW,
+        stages=[
+            StageAssignment(first_layer=0, last_layer=1, peers=[A, B]),
+            StageAssignment(first_layer=1, last_layer=2, peers=[C, D]),
+        ],
+    )
     base.update(kw)
     return TrainPlan(**base)
 
@@ -33,14 +39,29 @@ def test_plan_positions_and_leader():
 @pytest.mark.parametrize(
     ("stages", "words"),
     [
-        ([StageAssignment(first_layer=0, last_layer=1, peers=[A, B]),
-          StageAssignment(first_layer=2, last_layer=3, peers=[C, D])], "do not follow on"),
-        ([StageAssignment(first_layer=0, last_layer=1, peers=[A, B]),
-          StageAssignment(first_layer=1, last_layer=2, peers=[C])], "replicas"),
-        ([StageAssignment(first_layer=0, last_layer=1, peers=[A, B]),
-          StageAssignment(first_layer=1, last_layer=2, peers=[B, C])], "repeats a peer"),
+        (
+            [
+                StageAssignment(first_layer=0, last_layer=1, peers=[A, B]),
+                StageAssignment(first_layer=2, last_layer=3, peers=[C, D]),
+            ],
+            "do not follow on",
+        ),
+        (
+            [
+                StageAssignment(first_layer=0, last_layer=1, peers=[A, B]),
+                StageAssignment(first_layer=1, last_layer=2, peers=[C]),
+            ],
+            "replicas",
+        ),
+        (
+            [
+                StageAssignment(first_layer=0, last_layer=1, peers=[A, B]),
+                StageAssignment(first_layer=1, last_layer=2, peers=[B, C]),
+            ],
+            "repeats a peer",
+        ),
     ],
-)  # fmt: skip
+)
 def test_inconsistent_plans_are_refused(stages, words):
     with pytest.raises(ValidationError, match=words):
         plan(stages=stages)
@@ -68,18 +89,27 @@ def test_plan_signed_by_another_key_is_rejected(policy, coordinator):
 def test_progress_only_under_its_own_peer_id(policy):
     me, other = Identity.generate(), Identity.generate()
     rec = Progress(peer_id=me.peer_id, job="tiny", epoch=1, stage=0, replica=0, step=3, issued_at=NOW)
-    v = check(policy, seal(me, "swarm-a", "progress", rec, NOW + 30, me.peer_id), subkey=me.peer_id,
-              name="progress")  # fmt: skip
+    v = check(
+        policy, seal(me, "swarm-a", "progress", rec, NOW + 30, me.peer_id), subkey=me.peer_id, name="progress"
+    )
     assert v.record == rec
     with pytest.raises(RecordError):
-        check(policy, seal(other, "swarm-a", "progress", rec, NOW + 30, me.peer_id), subkey=me.peer_id,
-              name="progress")  # fmt: skip
+        check(
+            policy,
+            seal(other, "swarm-a", "progress", rec, NOW + 30, me.peer_id),
+            subkey=me.peer_id,
+            name="progress",
+        )
 
 
 def test_commit_decision_sums_norms_per_replica_and_loss_over_the_last_stage():
     p = plan()
-    readies = {A: Ready(0, 0, 4.0, 0.0), B: Ready(0, 1, 4.0, 0.0), C: Ready(1, 0, 5.0, 1.25),
-               D: Ready(1, 1, 5.0, 1.5)}  # fmt: skip
+    readies = {
+        A: Ready(0, 0, 4.0, 0.0),
+        B: Ready(0, 1, 4.0, 0.0),
+        C: Ready(1, 0, 5.0, 1.25),
+        D: Ready(1, 1, 5.0, 1.5),
+    }
     d = _decide(p, readies)
     assert d.committed and d.norms == (3.0, 3.0) and d.loss == 2.75
     missing = _decide(p, {k: v for k, v in readies.items() if k != D})

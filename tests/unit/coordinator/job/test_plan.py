@@ -7,17 +7,27 @@ from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.membership import PeerView
 from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
 
-JOB = JobSpec.model_validate({
-    "name": "t", "min_peers": 4,
-    "model": {"n_layers": 4, "d_model": 64, "n_heads": 4, "vocab_size": 256, "seq_len": 32},
-    "batch": {"tokens_per_step": 32 * 16, "micro_batch_size": 2},
-    "limits": {"stages": 2, "replicas": 2},
-})  # fmt: skip
+JOB = JobSpec.model_validate(
+    {
+        "name": "t",
+        "min_peers": 4,
+        "model": {"n_layers": 4, "d_model": 64, "n_heads": 4, "vocab_size": 256, "seq_len": 32},
+        "batch": {"tokens_per_step": 32 * 16, "micro_batch_size": 2},
+        "limits": {"stages": 2, "replicas": 2},
+    }
+)
 
 
 def peer(pid: str, memory: int = 8 << 30, tflops: float = 0.1) -> PeerView:
-    hw = Hardware(device_kind="cpu", device_name="cpu", memory_total_bytes=memory, memory_free_bytes=memory,
-                  cpu_cores=2, tflops_fp32=tflops, tflops_bf16=tflops)  # fmt: skip
+    hw = Hardware(
+        device_kind="cpu",
+        device_name="cpu",
+        memory_total_bytes=memory,
+        memory_free_bytes=memory,
+        cpu_cores=2,
+        tflops_fp32=tflops,
+        tflops_bf16=tflops,
+    )
     return PeerView(PeerRecord(peer_id=pid, hardware=hw, issued_at=100.0), expiration=200.0)
 
 
@@ -53,8 +63,14 @@ def test_waits_for_min_peers_and_uses_measured_links():
         SwarmState("s", 100.0, {p: peer(p) for p in pids[:3]}), JOB, 100.0, 1, 0
     )
     assert plan is None and "waiting for peers: 3 usable of the 4" in reason
-    links = {a: LinkReport(peer_id=a, issued_at=100.0, links=[LinkSample(dst=b, rtt_ms=1.0, bandwidth_gbps=5.0)
-             for b in pids if b != a]) for a in pids}  # fmt: skip
+    links = {
+        a: LinkReport(
+            peer_id=a,
+            issued_at=100.0,
+            links=[LinkSample(dst=b, rtt_ms=1.0, bandwidth_gbps=5.0) for b in pids if b != a],
+        )
+        for a in pids
+    }
     state = SwarmState("s", 100.0, {p: peer(p) for p in pids}, links)
     plan, _, reason = make_train_plan(state, JOB, 100.0, epoch=3, start_step=40)
     assert plan is not None and plan.epoch == 3 and plan.start_step == 40
@@ -63,6 +79,11 @@ def test_waits_for_min_peers_and_uses_measured_links():
 
 def test_codec_choice_reaches_the_step_model():
     packed = step_job(JOB)
-    raw = step_job(JOB.model_copy(update={"compression": JOB.compression.model_copy(
-        update={"activations": "none", "gradients": "none"})}))  # fmt: skip
+    raw = step_job(
+        JOB.model_copy(
+            update={
+                "compression": JOB.compression.model_copy(update={"activations": "none", "gradients": "none"})
+            }
+        )
+    )
     assert packed.codecs.activation_wan < raw.codecs.activation_wan

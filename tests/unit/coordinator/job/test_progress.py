@@ -13,17 +13,34 @@ from potluck.protocol.training import Progress, StageAssignment, TrainPlan
 from tests.unit.coordinator.job.test_plan import JOB, ids, peer
 
 P = ids(4)
-PLAN = TrainPlan(job="t", epoch=2, start_step=0, micro_batches=1, issued_at=1.0, stages=[
-    StageAssignment(first_layer=0, last_layer=2, peers=P[:2]),
-    StageAssignment(first_layer=2, last_layer=4, peers=P[2:]),
-])  # fmt: skip
+PLAN = TrainPlan(
+    job="t",
+    epoch=2,
+    start_step=0,
+    micro_batches=1,
+    issued_at=1.0,
+    stages=[
+        StageAssignment(first_layer=0, last_layer=2, peers=P[:2]),
+        StageAssignment(first_layer=2, last_layer=4, peers=P[2:]),
+    ],
+)
 STATE = SwarmState("s", 1.0, {p: peer(p) for p in P})
 
 
 def rec(pid: str, step: int, state: str = "training", epoch: int = 2, ckpt: int | None = None) -> Progress:
     pos = PLAN.position(pid) or (0, 0)
-    return Progress(peer_id=pid, job="t", epoch=epoch, stage=pos[0], replica=pos[1], step=step, state=state,
-                    checkpoint_step=ckpt, issued_at=float(step), message="boom" if state == "failed" else "")  # fmt: skip
+    return Progress(
+        peer_id=pid,
+        job="t",
+        epoch=epoch,
+        stage=pos[0],
+        replica=pos[1],
+        step=step,
+        state=state,
+        checkpoint_step=ckpt,
+        issued_at=float(step),
+        message="boom" if state == "failed" else "",
+    )
 
 
 def test_plan_wait_done():
@@ -68,8 +85,18 @@ def test_complete_checkpoint_needs_every_stage():
 
 def test_resume_step_reads_the_newest_complete_checkpoint_of_the_same_job(tmp_path):
     for step in (10, 20):
-        meta = StageMeta(job=JOB.name, step=step, stage=0, n_stages=1, first_layer=0, last_layer=4,
-                         model=JOB.model, seed=JOB.seed, tokenizer=None, epoch=1)  # fmt: skip
+        meta = StageMeta(
+            job=JOB.name,
+            step=step,
+            stage=0,
+            n_stages=1,
+            first_layer=0,
+            last_layer=4,
+            model=JOB.model,
+            seed=JOB.seed,
+            tokenizer=None,
+            epoch=1,
+        )
         save_stage(tmp_path, {"w": torch.zeros(2)}, meta)
     cfg = CoordinatorConfig(swarm_id="s", checkpoint_root=tmp_path)
     svc = CoordinatorService(cfg, JOB, Identity.generate())

@@ -9,9 +9,17 @@ from tests.unit.coordinator.job.test_plan import JOB
 
 def on_disk(step: int, **changes: object) -> StageMeta:
     fields: dict[str, object] = {
-        "job": JOB.name, "step": step, "stage": 0, "n_stages": 2, "first_layer": 0, "last_layer": 2,
-        "model": JOB.model, "seed": JOB.seed, "tokenizer": None, "epoch": 3,
-    }  # fmt: skip
+        "job": JOB.name,
+        "step": step,
+        "stage": 0,
+        "n_stages": 2,
+        "first_layer": 0,
+        "last_layer": 2,
+        "model": JOB.model,
+        "seed": JOB.seed,
+        "tokenizer": None,
+        "epoch": 3,
+    }
     return StageMeta(**{**fields, **changes})  # type: ignore[arg-type]
 
 

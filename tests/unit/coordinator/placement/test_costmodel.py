@@ -75,18 +75,34 @@ def test_step_time_of_a_uniform_pipeline_by_hand() -> None:
     s, r = 2, 2
     m = micro_batches(job, r)  # 64 sequences / (2 replicas x 1) = 32
     link = 0.01
-    out = step_time(np.array([100.0, 100.0]), np.array([80.0, 80.0]), np.array([link]),
-                    np.zeros((s, r)), np.zeros((s, r)), job, r)
+    out = step_time(
+        np.array([100.0, 100.0]),
+        np.array([80.0, 80.0]),
+        np.array([link]),
+        np.zeros((s, r)),
+        np.zeros((s, r)),
+        job,
+        r,
+    )
     mdl = job.model
     work = 4.0 * mdl.flops_per_token_layer * mdl.seq_len  # recompute: forward x4, micro-batch of 1
     head = 3.0 * 2.0 * mdl.embed_params * mdl.seq_len  # the LM head weighs on the last stage...
     assert head > work
-    assert out.feasible and out.layers == (3, 1) and out.micro_batches == m == 32  # ...so it gets fewer layers
+    assert (
+        out.feasible and out.layers == (3, 1) and out.micro_batches == m == 32
+    )  # ...so it gets fewer layers
     t0, t1 = 3 * work / 100e12, (1 * work + head) / 100e12
     assert out.pipeline == pytest.approx(t0 + t1 + 2 * link + (m - 1) * max(t0, t1, link))
     assert out.dp_exposed == 0.0 and out.total == pytest.approx(out.pipeline)
-    slower = step_time(np.array([100.0, 50.0]), np.array([80.0, 80.0]), np.array([link]),
-                       np.zeros((s, r)), np.zeros((s, r)), job, r)
+    slower = step_time(
+        np.array([100.0, 50.0]),
+        np.array([80.0, 80.0]),
+        np.array([link]),
+        np.zeros((s, r)),
+        np.zeros((s, r)),
+        job,
+        r,
+    )
     assert slower.total > out.total
 
 
@@ -107,6 +123,11 @@ def test_shape_from_a_spec_is_the_spec_arithmetic(shape: tuple[int, int, int, in
     assert generic.params_per_layer == pytest.approx(m.params_per_layer, rel=1e-12)
     assert generic.flops_per_token_layer == pytest.approx(m.flops_per_token_layer, rel=1e-12)
     # The planner's view of a job uses that shape.
-    job = JobSpec.model_validate({"name": "t", "model": spec.model_dump(),
-                                  "batch": {"tokens_per_step": seq_len, "micro_batch_size": 1}})  # fmt: skip
+    job = JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": spec.model_dump(),
+            "batch": {"tokens_per_step": seq_len, "micro_batch_size": 1},
+        }
+    )
     assert step_job(job).model == m

@@ -89,8 +89,21 @@ def _app() -> typer.Typer:
 
 
 def test_cli_prints_json_plan() -> None:
-    out = CliRunner().invoke(_app(), ["plan", "--scenario", "dtfm-case1", "--objective", "dtfm",
-                                      "--time-limit", "0.3", "--bound-time-limit", "0", "--json"])
+    out = CliRunner().invoke(
+        _app(),
+        [
+            "plan",
+            "--scenario",
+            "dtfm-case1",
+            "--objective",
+            "dtfm",
+            "--time-limit",
+            "0.3",
+            "--bound-time-limit",
+            "0",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
     assert len(doc["stages"]) == 8 and all(len(row) == 8 for row in doc["stages"])

@@ -23,8 +23,9 @@ def _write(tmp_path: Path, n: int = 4, **job: object) -> Path:
     np.fill_diagonal(lat, 0.0)
     doc = {
         "name": "tiny",
-        "devices": [{"id": f"d{i}", "gpu": "RTX-4090-24GB", "tflops": 80 + i, "upload_gbps": 1.0}
-                    for i in range(n)],
+        "devices": [
+            {"id": f"d{i}", "gpu": "RTX-4090-24GB", "tflops": 80 + i, "upload_gbps": 1.0} for i in range(n)
+        ],
         "links": {"latency_ms": lat.tolist(), "bandwidth_gbps": np.ones((n, n)).tolist()},
         "job": {"D_PP": 2, "D_DP": 2, "c_dp_GB": 0.1, "c_pp_GB": 0.05, **job},
     }
@@ -34,8 +35,21 @@ def _write(tmp_path: Path, n: int = 4, **job: object) -> Path:
 
 
 def test_scenario_file_with_optional_fields(tmp_path: Path) -> None:
-    sc = load_scenario(str(_write(tmp_path, step={"layers": 6, "d_model": 256, "heads": 4, "vocab": 1000,
-                                                  "seq_len": 128, "sequences_per_step": 8})))
+    sc = load_scenario(
+        str(
+            _write(
+                tmp_path,
+                step={
+                    "layers": 6,
+                    "d_model": 256,
+                    "heads": 4,
+                    "vocab": 1000,
+                    "seq_len": 128,
+                    "sequences_per_step": 8,
+                },
+            )
+        )
+    )
     assert sc.state.peers == ("d0", "d1", "d2", "d3")
     assert sc.state.devices[2] == DeviceSpec(82.0, 24.0)  # memory read from the GPU name
     assert sc.state.net.upload_gbps[0] == 1.0 and np.isinf(sc.state.net.download_gbps[0])
@@ -108,10 +122,30 @@ def test_uniform_links_make_any_layout_optimal() -> None:
     n = 8
     lat = np.full((n, n), 10.0)
     np.fill_diagonal(lat, 0.0)
-    state = PlanningState(tuple(range(n)), tuple(DeviceSpec(50.0, 24.0) for _ in range(n)),
-                          from_matrices(lat, np.ones((n, n))))
+    state = PlanningState(
+        tuple(range(n)), tuple(DeviceSpec(50.0, 24.0) for _ in range(n)), from_matrices(lat, np.ones((n, n)))
+    )
     result, _ = plan(state, DtfmJob(2, 4, 1.0, 0.5), 0.0, None, PlannerConfig(time_limit_s=1.0))
     assert result is not None
     dp = 3 * 2 * (0.010 + 8.0 / 4)
     assert result.cost == pytest.approx(dp + 2 * (0.010 + 4.0))
     assert result.gap == pytest.approx(0.0, abs=1e-9)
+
+
+def test_repair_that_cannot_keep_a_pipeline_falls_back_to_a_fresh_plan(tmp_path: Path) -> None:
+    """plan() owns the fallback: when repair gives up, the answer is a fresh plan, and the reason says both."""
+    sc = load_scenario(str(_write(tmp_path, n=4)))
+    assert sc.step_job is not None
+    first, _ = plan(sc.state, sc.step_job, 0.0, None, PlannerConfig(time_limit_s=0.5, stages=2, replicas=2))
+    assert first is not None and first.n_stages == 2 and first.n_replicas == 2 and not first.spares
+    # Three of the four leave and there are no spares: repair cannot keep a whole pipeline.
+    keep = [0]
+    left = PlanningState(
+        tuple(sc.state.peers[i] for i in keep),
+        tuple(sc.state.devices[i] for i in keep),
+        sc.state.net.subset(keep),
+    )
+    result, reason = plan(left, sc.step_job, 1.0, first, FAST)
+    assert "plan afresh" in reason and "fresh plan" in reason
+    assert result is not None and result.n_stages == 1 and result.n_replicas == 1
+    assert result.stages == ((sc.state.peers[0],),) and result.detail["planned_at"] == 1.0

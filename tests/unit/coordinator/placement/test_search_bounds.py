@@ -19,7 +19,9 @@ from tests.helpers.planning import clustered_net
 
 def _brute_force(obj: DtfmObjective, n: int, r: int) -> float:
     empty = np.array([], dtype=np.int64)
-    return min(evaluate(obj, np.array(p), empty).cost for p in exhaustive.balanced_partitions(list(range(n)), r))
+    return min(
+        evaluate(obj, np.array(p), empty).cost for p in exhaustive.balanced_partitions(list(range(n)), r)
+    )
 
 
 @pytest.mark.parametrize(("n", "s", "r", "seed"), [(6, 3, 2, 0), (6, 2, 3, 4), (8, 2, 4, 1), (8, 4, 2, 2)])
@@ -29,7 +31,10 @@ def test_search_and_bound_bracket_the_optimum(n: int, s: int, r: int, seed: int)
     devices = np.arange(n)
     best = _brute_force(obj, n, r)
     rng = np.random.default_rng(0)
-    cands = [evaluate(obj, g, np.array([], dtype=np.int64)) for _, g in template_partitions(obj.link, devices, s, r)]
+    cands = [
+        evaluate(obj, g, np.array([], dtype=np.int64))
+        for _, g in template_partitions(obj.link, devices, s, r)
+    ]
     found = local_search(obj, min(cands, key=lambda c: c.cost), rng, time.monotonic() + 5)
     assert found.cost >= best - 1e-9
     assert dtfm_combinatorial(obj, devices) <= best + 1e-9
@@ -65,7 +70,9 @@ def test_dtfm_with_more_peers_than_slots_uses_spares_and_a_valid_bound() -> None
     net, job = clustered_net(n, 3, 11), DtfmJob(s, r, 0.65, 0.47)
     obj = DtfmObjective(net, job)
     # Brute force over every choice of the 8 active devices.
-    best = min(_brute_force_subset(obj, list(active), r) for active in itertools.combinations(range(n), s * r))
+    best = min(
+        _brute_force_subset(obj, list(active), r) for active in itertools.combinations(range(n), s * r)
+    )
     assert dtfm_combinatorial(obj, np.arange(n)) <= best + 1e-9
     from potluck.coordinator.placement import PlannerConfig, PlanningState, plan
     from potluck.coordinator.placement.costmodel import DeviceSpec
@@ -80,5 +87,7 @@ def test_dtfm_with_more_peers_than_slots_uses_spares_and_a_valid_bound() -> None
 
 def _brute_force_subset(obj: DtfmObjective, active: list[int], r: int) -> float:
     empty = np.array([], dtype=np.int64)
-    return min(evaluate(obj, np.array(active)[np.array(p)], empty).cost
-               for p in exhaustive.balanced_partitions(list(range(len(active))), r))
+    return min(
+        evaluate(obj, np.array(active)[np.array(p)], empty).cost
+        for p in exhaustive.balanced_partitions(list(range(len(active))), r)
+    )

@@ -89,14 +89,17 @@ def test_labels_from_a_mapping_are_kept() -> None:
     assert p.rate == pytest.approx(2.5)  # (2 + 1 + 2) / 2
 
 
-@pytest.mark.parametrize("cap, reason", [
-    ([[0.0]], "at least 2"),
-    ([[0, 1, 0], [1, 0, 0], [0, 0, 0]], "not connected"),
-    ([[0, 1], [0, 0]], "not connected"),  # one-way link only: no tree edge can carry both phases
-    ([[0, -1], [1, 0]], "non-negative"),
-    ([[0, math.nan], [1, 0]], "finite"),
-    ([[0, 1, 1]], "square"),
-])
+@pytest.mark.parametrize(
+    "cap, reason",
+    [
+        ([[0.0]], "at least 2"),
+        ([[0, 1, 0], [1, 0, 0], [0, 0, 0]], "not connected"),
+        ([[0, 1], [0, 0]], "not connected"),  # one-way link only: no tree edge can carry both phases
+        ([[0, -1], [1, 0]], "non-negative"),
+        ([[0, math.nan], [1, 0]], "finite"),
+        ([[0, 1, 1]], "square"),
+    ],
+)
 def test_bad_inputs_raise(cap: list[list[float]], reason: str) -> None:
     with pytest.raises(PackingError, match=reason):
         pack_allreduce(cap)

@@ -106,8 +106,9 @@ def test_model_time_ring_vs_tree_on_fragment_without_nvlink_ring() -> None:
     rings = pack_rings(pcie, node_capacity=[10.0] * 5)  # PCIe: one shared 10 GB/s per GPU
     trees = pack_allreduce(cap)
     d = 1e3  # GB, chunk 1 MB: fill is negligible
-    t_ring = predict_allreduce_time(ring_plan(rings.nodes, rings.rings), d, pcie, chunk_bytes=1e-3,
-                                    node_capacity=[10.0] * 5)
+    t_ring = predict_allreduce_time(
+        ring_plan(rings.nodes, rings.rings), d, pcie, chunk_bytes=1e-3, node_capacity=[10.0] * 5
+    )
     t_tree = predict_allreduce_time(tree_plan(trees.nodes, trees.trees), d, cap, chunk_bytes=1e-3)
     assert t_ring / t_tree == pytest.approx(8.0, rel=1e-3)
 

@@ -83,7 +83,9 @@ def test_h1_lr1_no_momentum_is_plain_data_parallel_sgd():
     opt = torch.optim.SGD(ref.parameters(), lr=0.05)
     for step in range(5):
         opt.zero_grad()
-        loss = sum(torch.nn.functional.mse_loss(ref(data[i][step][0]), data[i][step][1]) for i in range(2)) / 2
+        loss = (
+            sum(torch.nn.functional.mse_loss(ref(data[i][step][0]), data[i][step][1]) for i in range(2)) / 2
+        )
         loss.backward()
         opt.step()
     for a, b in zip(reps[0].parameters(), ref.parameters(), strict=True):
