@@ -46,7 +46,8 @@ from potluck.coordinator.trees.rings import pack_rings  # noqa: E402
 from potluck.net.config import TransportConfig  # noqa: E402
 from potluck.net.mailbox import Mailbox  # noqa: E402
 from potluck.net.tags import Stream, make_tag  # noqa: E402
-from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce  # noqa: E402
+from potluck.peer.collectives.tree import ring_allreduce, tree_allreduce  # noqa: E402
+from potluck.peer.config import AllReduceConfig  # noqa: E402
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec  # noqa: E402
 from potluck.testbed.shaping import LinkShaper  # noqa: E402
 from potluck.testbed.topologies import lognormal_graph  # noqa: E402

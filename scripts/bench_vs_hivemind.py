@@ -218,7 +218,8 @@ def worker_main(args: argparse.Namespace) -> None:
 
     from potluck.net.config import TransportConfig
     from potluck.net.mailbox import Mailbox
-    from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce
+    from potluck.peer.collectives.tree import ring_allreduce, tree_allreduce
+    from potluck.peer.config import AllReduceConfig
     from potluck.protocol.collective import AllReduceSchedule, TreeSpec
 
     n, me = args.n, args.index

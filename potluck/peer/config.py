@@ -1,4 +1,9 @@
-"""The peer daemon's one typed config. Defaults are what a volunteer on a home connection wants."""
+"""The peer daemon's typed configs, one tree, no torch: the daemon's PeerConfig composes the network's
+configs (``potluck.net.config``) and the training side's (worker -> trainer -> collectives).
+
+Defaults are what a volunteer on a home connection wants, and each is written once: a config that
+passes a value down to another takes that one's default.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +16,64 @@ from potluck.protocol.invite import Invite
 
 
 @dataclass(frozen=True)
+class AllReduceConfig:
+    """One tree or ring all-reduce (``peer.collectives.tree``)."""
+
+    codec: str = "none"  # any potluck.compression spec; applied on every hop
+    chunk_elements: int = 1 << 18  # elements moved per pipeline step, summed over all trees
+    timeout_s: float = 30.0  # bound on each wait for a chunk
+    average: bool = True  # mean over the group (else the sum)
+    # Reduce chunks a peer may have sent up per tree before the broadcast of the chunk ``window`` back
+    # has reached it (0: no limit). Unbounded, a peer hands its whole share to the transport at once and
+    # the broadcast chunks everyone waits on queue behind that backlog on a capped uplink.
+    window: int = 4
+
+
+@dataclass(frozen=True)
+class RelaxedConfig:
+    """Partial participation (``peer.collectives.relaxed``)."""
+
+    deadline_s: float = 10.0  # contributions not ready this long after the leader starts are dropped
+    max_attempts: int = 3  # re-runs after a member fails mid-collective
+    min_members: int = 1  # fewer contributors than this: the round fails for everyone
+
+
+@dataclass(frozen=True)
+class DiLoCoConfig:
+    """Local steps with an outer step (``peer.collectives.diloco``)."""
+
+    inner_steps: int = 32  # H: inner optimizer steps between syncs
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9  # Nesterov momentum of the outer SGD
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """One stage's networked step (``peer.train.trainer``)."""
+
+    device: str = "cpu"  # a torch device string, already resolved ("auto" is decided by the caller)
+    step_timeout_s: float = 120.0  # bound on each pipeline receive and on the commit
+    allreduce_timeout_s: float = 60.0  # bound on each all-reduce chunk
+    chunk_elements: int = AllReduceConfig.chunk_elements  # all-reduce pipelining granularity
+    bucket_elements: int = 1 << 17  # gradient bucket size (elements) for overlap with the backward
+    overlap: bool = True  # start each bucket's all-reduce as soon as the backward finished it
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """The training side (``peer.worker``): how often it reads the plan and reports, how long it waits."""
 
-    device: str = "cpu"  # resolved torch device string
+    device: str = TrainerConfig.device  # resolved torch device string
     plan_poll_s: float = 1.0  # how often the plan key is read
     progress_interval_s: float = 1.0  # least time between two progress records (the last is always sent)
     progress_ttl_s: float = 120.0
-    step_timeout_s: float = 120.0  # bound on each pipeline receive and on the step commit
-    allreduce_timeout_s: float = 60.0
+    step_timeout_s: float = TrainerConfig.step_timeout_s  # each pipeline receive and the step commit
+    allreduce_timeout_s: float = TrainerConfig.allreduce_timeout_s
     checkpoint_root: Path | None = None  # overrides the job's checkpoint.dir
+
+    def trainer(self) -> TrainerConfig:
+        """The trainer's config for this worker's device and bounds."""
+        return TrainerConfig(self.device, self.step_timeout_s, self.allreduce_timeout_s)
 
 
 @dataclass(frozen=True)

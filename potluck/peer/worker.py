@@ -28,7 +28,7 @@ from potluck.net.node import SwarmNode
 from potluck.net.tags import before
 from potluck.peer.config import WorkerConfig
 from potluck.peer.errors import PeerError
-from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig
+from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, PLAN, PROGRESS
@@ -116,8 +116,7 @@ class PlanWorker:
                     load_dataset, job.data, job.model.seq_len, job.model.vocab_size, job.seed
                 )
             dataset = self._datasets[job.name]
-            tcfg = TrainerConfig(self.cfg.device, self.cfg.step_timeout_s, self.cfg.allreduce_timeout_s)
-            trainer = Trainer(self.box, job, plan, dataset, tcfg, self.cfg.checkpoint_root)
+            trainer = Trainer(self.box, job, plan, dataset, self.cfg.trainer(), self.cfg.checkpoint_root)
             await trainer.run(lambda r: self._on_step(plan, stage, replica, job, r))
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)

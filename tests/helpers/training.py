@@ -10,7 +10,8 @@ from hivemind.utils import get_dht_time
 from potluck.model.data import ByteTokenizer, TokenDataset, generated_corpus
 from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
-from potluck.peer.train.trainer import StepReport, Trainer, TrainerConfig
+from potluck.peer.config import TrainerConfig
+from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StageAssignment, TrainPlan
 from tests.helpers.p2p import p2p_group

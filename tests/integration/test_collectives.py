@@ -10,7 +10,8 @@ import torch
 from potluck.compression import get_codec
 from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
-from potluck.peer.collectives.tree import AllReduceConfig, ring_allreduce, tree_allreduce
+from potluck.peer.collectives.tree import ring_allreduce, tree_allreduce
+from potluck.peer.config import AllReduceConfig
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from tests.helpers.gloo import gloo_mean
 from tests.helpers.p2p import p2p_group

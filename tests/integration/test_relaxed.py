@@ -10,8 +10,8 @@ import torch
 from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round
-from potluck.peer.collectives.relaxed import LateError, RelaxedConfig, relaxed_allreduce
-from potluck.peer.collectives.tree import AllReduceConfig
+from potluck.peer.collectives.relaxed import LateError, relaxed_allreduce
+from potluck.peer.config import AllReduceConfig, RelaxedConfig
 from tests.helpers.p2p import p2p_group
 from tests.integration.test_collectives import random_schedule
 

@@ -61,8 +61,9 @@ def test_resume_continues_the_loss_curve_even_with_new_stage_boundaries(tmp_path
 def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
     from potluck.net.config import TransportConfig
     from potluck.net.mailbox import Mailbox
+    from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StepAborted
-    from potluck.peer.train.trainer import Trainer, TrainerConfig
+    from potluck.peer.train.trainer import Trainer
     from tests.helpers.p2p import p2p_group
     from tests.helpers.training import PROTOCOL, make_plan
 
@@ -106,7 +107,7 @@ def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
 
 
 def test_bucketed_allreduce_overlaps_the_backward_and_keeps_the_result(tmp_path):
-    from potluck.peer.train.trainer import TrainerConfig
+    from potluck.peer.config import TrainerConfig
 
     job = tiny_job(steps=4)
     cfg = TrainerConfig(step_timeout_s=60, bucket_elements=3000)

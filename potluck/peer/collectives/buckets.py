@@ -23,7 +23,8 @@ from potluck.compression import ErrorFeedback, decode, get_codec
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import BUCKET_PHASES, Round
-from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
+from potluck.peer.collectives.tree import tree_allreduce
+from potluck.peer.config import AllReduceConfig
 from potluck.protocol.collective import AllReduceSchedule
 
 MAX_BUCKETS = 12  # aim: buckets of at least 1/12 of the stage's gradients (fewer, larger messages)

@@ -14,18 +14,12 @@ relaxed round, or an in-process reference with the same code.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 
 import torch
 
+from potluck.peer.config import DiLoCoConfig
+
 AllReduce = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
-
-
-@dataclass(frozen=True)
-class DiLoCoConfig:
-    inner_steps: int = 32  # H: inner optimizer steps between syncs
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9  # Nesterov momentum of the outer SGD
 
 
 class DiLoCo:

@@ -25,26 +25,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 import msgpack
 import torch
 
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import ATTEMPTS, Round, Stream, Tag, make_tag
-from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
+from potluck.peer.collectives.tree import tree_allreduce
+from potluck.peer.config import AllReduceConfig, RelaxedConfig
 from potluck.peer.errors import CollectiveError, LateError
 from potluck.protocol.collective import AllReduceSchedule, restrict
 from potluck.protocol.errors import WireError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RelaxedConfig:
-    deadline_s: float = 10.0  # contributions not ready this long after the leader starts are dropped
-    max_attempts: int = 3  # re-runs after a member fails mid-collective
-    min_members: int = 1  # fewer contributors than this: the round fails for everyone
 
 
 async def relaxed_allreduce(

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -27,21 +26,10 @@ from potluck.compression import Codec, get_codec
 from potluck.compression.errors import CompressionError
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Direction, Stream, Tag, make_tag
+from potluck.peer.config import AllReduceConfig
 from potluck.peer.errors import CollectiveError
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from potluck.protocol.errors import WireError
-
-
-@dataclass(frozen=True)
-class AllReduceConfig:
-    codec: str = "none"  # any potluck.compression spec; applied on every hop
-    chunk_elements: int = 1 << 18  # elements moved per pipeline step, summed over all trees
-    timeout_s: float = 30.0  # bound on each wait for a chunk
-    average: bool = True  # mean over the group (else the sum)
-    # Reduce chunks a peer may have sent up per tree before the broadcast of the chunk ``window`` back
-    # has reached it (0: no limit). Unbounded, a peer hands its whole share to the transport at once and
-    # the broadcast chunks everyone waits on queue behind that backlog on a capped uplink.
-    window: int = 4
 
 
 async def tree_allreduce(

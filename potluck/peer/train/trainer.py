@@ -32,8 +32,9 @@ from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Phase, Round, before
 from potluck.peer.collectives.buckets import BucketSync
-from potluck.peer.collectives.diloco import DiLoCo, DiLoCoConfig
-from potluck.peer.collectives.tree import AllReduceConfig, tree_allreduce
+from potluck.peer.collectives.diloco import DiLoCo
+from potluck.peer.collectives.tree import tree_allreduce
+from potluck.peer.config import AllReduceConfig, DiLoCoConfig, TrainerConfig
 from potluck.peer.errors import CollectiveError, PipelineError, StepAborted
 from potluck.peer.state.resume import load_layers
 from potluck.peer.train.commit import Ready, commit_step
@@ -44,16 +45,6 @@ from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    device: str = "cpu"  # a torch device string, already resolved ("auto" is decided by the caller)
-    step_timeout_s: float = 120.0  # bound on each pipeline receive and on the commit
-    allreduce_timeout_s: float = 60.0  # bound on each all-reduce chunk
-    chunk_elements: int = 1 << 18  # all-reduce pipelining granularity
-    bucket_elements: int = 1 << 17  # gradient bucket size (elements) for overlap with the backward
-    overlap: bool = True  # start each bucket's all-reduce as soon as the backward finished it
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ import asyncio
 
 import torch
 
-from potluck.peer.collectives.diloco import DiLoCo, DiLoCoConfig
+from potluck.peer.collectives.diloco import DiLoCo
+from potluck.peer.config import DiLoCoConfig
 
 
 def make_replicas(n, seed=0):
