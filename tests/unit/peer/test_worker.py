@@ -99,6 +99,19 @@ async def _run_until_failed(node: FakeNode, cfg: WorkerConfig, peer_id: str) -> 
     return node.published
 
 
+def _one_peer_swarm(peer: str, job, epoch: int) -> FakeNode:
+    """A swarm whose plan puts this one peer on the whole (2-layer) model."""
+    plan = TrainPlan(
+        job=job.name,
+        epoch=epoch,
+        start_step=0,
+        micro_batches=2,
+        issued_at=time.time(),
+        stages=[StageAssignment(first_layer=0, last_layer=2, peers=[peer])],
+    )
+    return FakeNode(peer, {PLAN.name: [plan], JOB.name: [job]})
+
+
 @pytest.mark.parametrize(
     ("error", "reason"),
     [
@@ -109,15 +122,7 @@ async def _run_until_failed(node: FakeNode, cfg: WorkerConfig, peer_id: str) -> 
 def test_an_unexpected_error_is_published_as_failed_and_logged(tmp_path, monkeypatch, caplog, error, reason):
     peer = Identity.generate().peer_id
     job = _job(tmp_path)
-    plan = TrainPlan(
-        job=job.name,
-        epoch=1,
-        start_step=0,
-        micro_batches=2,
-        issued_at=time.time(),
-        stages=[StageAssignment(first_layer=0, last_layer=2, peers=[peer])],
-    )
-    node = FakeNode(peer, {PLAN.name: [plan], JOB.name: [job]})
+    node = _one_peer_swarm(peer, job, epoch=1)
     monkeypatch.setattr(worker_mod, "Trainer", _failing_trainer(error, after_steps=2))
     cfg = WorkerConfig(plan_poll_s=0.05, progress_interval_s=0.0, checkpoint_root=tmp_path / "ckpt")
 
@@ -136,15 +141,7 @@ def test_an_unexpected_error_is_published_as_failed_and_logged(tmp_path, monkeyp
 def test_an_expected_error_is_published_without_a_traceback(tmp_path, monkeypatch, caplog):
     peer = Identity.generate().peer_id
     job = _job(tmp_path)
-    plan = TrainPlan(
-        job=job.name,
-        epoch=3,
-        start_step=0,
-        micro_batches=2,
-        issued_at=time.time(),
-        stages=[StageAssignment(first_layer=0, last_layer=2, peers=[peer])],
-    )
-    node = FakeNode(peer, {PLAN.name: [plan], JOB.name: [job]})
+    node = _one_peer_swarm(peer, job, epoch=3)
     monkeypatch.setattr(worker_mod, "Trainer", _failing_trainer(StepAborted("peer X left"), after_steps=0))
     cfg = WorkerConfig(plan_poll_s=0.05, progress_interval_s=0.0, checkpoint_root=tmp_path / "ckpt")
 
