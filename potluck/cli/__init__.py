@@ -12,7 +12,9 @@ import importlib
 import typer
 
 from potluck import __version__, logs
+from potluck.cli.common import fail
 from potluck.compat import use_fork
+from potluck.errors import PotluckError
 
 # Subcommand modules, in the order `potluck --help` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -42,7 +44,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     verbose: int = typer.Option(
-        0, "--verbose", "-v", count=True, help="-v info, -vv debug; else POTLUCK_LOGLEVEL, default info."
+        0, "--verbose", "-v", count=True, help="-v info, -vv debug; else POTLUCK_LOGLEVEL, default warning."
     ),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print version."),
 ) -> None:
@@ -55,4 +57,7 @@ for _module in COMMANDS:
 
 def main() -> None:
     use_fork()  # before anything creates a hivemind process object (see potluck.compat)
-    app()
+    try:
+        app()
+    except PotluckError as e:  # the one type the CLI catches: its message says what to do
+        raise SystemExit(fail(str(e), code=1).exit_code) from None

@@ -3,10 +3,13 @@
 import logging
 import os
 
+import pytest
 from typer.testing import CliRunner
 
+import potluck.cli as cli
 from potluck import logs
 from potluck.cli import app
+from potluck.coordinator.errors import PlanningError
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 
@@ -58,3 +61,26 @@ def test_log_level_and_json_lines_from_the_environment(monkeypatch):
     finally:
         root.handlers[:], root.level = saved
         logs._handler = None
+
+
+def test_a_potluck_error_escaping_a_command_is_one_line_and_exit_1(monkeypatch, capsys):
+    """main() catches PotluckError (the root of every deliberate error): no traceback, its message."""
+
+    def command() -> None:
+        raise PlanningError("no feasible shape: add peers or shrink the model")
+
+    monkeypatch.setattr(cli, "app", command)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert "error:" in err and "no feasible shape: add peers" in err and "Traceback" not in err
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    def command() -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(cli, "app", command)
+    with pytest.raises(KeyError):
+        cli.main()
