@@ -17,6 +17,7 @@ went wrong and what to try::
     │   ├── ScenarioError, NetModelError, PlanningError, PackingError
     ├── PeerError                potluck.peer.errors: the networked step
     │   ├── CollectiveError (LateError), PipelineError, StepAborted
+    │   ├── StateError (TransferError)    fetching a stage's state from disk or live holders
     │   └── TrainingFailed
     ├── TaskFailed               here: a supervised task (potluck.aio) raised; its error is the cause
     └── DeadlineExceeded         here: a bounded wait (potluck.aio.bounded) ran out; also a TimeoutError

@@ -4,7 +4,8 @@ The coordinator runs in this process (so the demo can draw its progress); every 
 ``potluck peer`` process with its own p2p daemon, found through the invite like any volunteer. The job
 is embedded: a 4-layer byte-level model on the built-in arithmetic corpus, forced to 2 pipeline stages
 x 2 data-parallel replicas so every mechanism runs (activations and gradients cross processes, replicas
-all-reduce, steps commit). Peers are reaped by PID when it ends, however it ends.
+all-reduce, steps commit). Peers are reaped by PID when it ends; if this process is SIGKILLed (the OOM
+killer, a closed container) the kernel kills the peers and every p2pd daemon too (``potluck.lifeline``).
 """
 
 from __future__ import annotations

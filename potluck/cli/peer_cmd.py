@@ -61,6 +61,9 @@ def peer(
     step_timeout: float = typer.Option(
         120.0, min=1.0, help="Seconds to wait for a pipeline neighbour or a step commit."
     ),
+    swarm_gone_after: float = typer.Option(
+        120.0, min=1.0, help="Leave after this many seconds with no coordinator or other peer visible."
+    ),
 ) -> None:
     """Join a swarm with this machine: probe the hardware, announce it, keep a heartbeat."""
     from potluck.peer.daemon import PeerDaemon  # torch, hivemind: only once the command runs
@@ -79,6 +82,7 @@ def peer(
         max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
         train=train,
         worker=WorkerConfig(checkpoint_root=checkpoint_dir, step_timeout_s=step_timeout),
+        swarm_gone_after_s=swarm_gone_after,
     )
     try:
         asyncio.run(_run(PeerDaemon(cfg)))

@@ -22,3 +22,5 @@ class CoordinatorConfig:
     checkpoint_root: Path | None = None  # where the coordinator looks for checkpoints (job's dir if None)
     train: bool = True  # plan and run the job (False: membership only, as before issue 6)
     link_wait_s: float = 15.0  # the first plan waits this long for link reports once enough peers are live
+    max_backoff_s: float = 30.0  # cap on the doubling wait before re-planning after failed plans
+    suspect_slack_s: float = 5.0  # a suspect's heartbeat may land this long after its interval

@@ -19,8 +19,8 @@ from hivemind.utils import get_dht_time
 from potluck import logs
 from potluck.aio import bounded, supervise
 from potluck.coordinator.config import CoordinatorConfig
-from potluck.coordinator.job.plan import calibrated_tflops, make_train_plan
-from potluck.coordinator.job.progress import JobProgress, next_action
+from potluck.coordinator.job.plan import calibrated_tflops, make_train_plan, usable_peers
+from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
 from potluck.coordinator.job.resume import resume_point
 from potluck.coordinator.placement import PlacementPlan
 from potluck.coordinator.state import SwarmState
@@ -32,7 +32,7 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, LINKS, PEERS, PLAN, PROGRESS
-from potluck.protocol.training import Progress, TrainPlan
+from potluck.protocol.training import Progress, Spare, TrainPlan
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +50,10 @@ class CoordinatorService:
         self.plan: TrainPlan | None = None
         self.placement: PlacementPlan | None = None
         self.progress = JobProgress()
+        self.retry = RetryPolicy(max_backoff_s=cfg.max_backoff_s, slack_s=cfg.suspect_slack_s)
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
+        self.last_action = ""  # the newest next_action verdict, so a hold is logged once
         self.error: str | None = None  # set when the job was given up (finished is set too)
         self._enough_since: float | None = None  # when min_peers were first live (monotonic s)
         self._running: asyncio.Task[None] | None = None  # the supervisor of the service's loops
@@ -158,7 +160,18 @@ class CoordinatorService:
                     self.progress.advanced(self.plan)
                 if self.plan is not None and self.on_progress is not None:
                     self.on_progress(self.plan, self.progress)
-                action, reason = next_action(self.state, self.job, self.plan, self.progress)
+                action, reason = next_action(
+                    self.state,
+                    self.job,
+                    self.plan,
+                    self.progress,
+                    get_dht_time(),
+                    usable=usable_peers(self.state, self.job)[0],
+                    retry=self.retry,
+                )
+                if action == "hold" and self.last_action != "hold":
+                    logger.info("%s", reason)  # once per broken plan; the next action says what follows
+                self.last_action = action
                 if action in ("plan", "replan"):
                     await self._replan(reason, failed=action == "replan")
                 elif action == "fail":
@@ -198,14 +211,24 @@ class CoordinatorService:
         epoch = 1 if self.plan is None else self.plan.epoch + 1
         start = self._resume_step()
         speeds = calibrated_tflops(self.plan, self.job, self.progress.compute_s) if self.plan else {}
+        now = get_dht_time()
+        # Suspects that did not heartbeat since a peer failed to reach them sit this plan out.
+        _, excluded = self.progress.verdicts(self.state, now, self.retry)
+        excluded = [p for p in excluded if p in self.state.peers]
+        state = self.state.without(excluded)
         plan, placement, reason = await asyncio.to_thread(
-            make_train_plan, self.state, self.job, get_dht_time(), epoch, start, self.placement, None, speeds
+            make_train_plan, state, self.job, now, epoch, start, self.placement, None, speeds
         )
         if plan is None:
             if reason != self.last_reason:
                 logger.info("not planning yet: %s", reason)
             self.last_reason = reason
             return
+        if excluded:
+            why = "suspected: unreachable, and no heartbeat since"
+            spares = plan.spares + [Spare(peer_id=p, reason=why) for p in excluded]
+            plan = plan.model_copy(update={"spares": spares})
+            reason = f"{reason}; left out {len(excluded)} suspect(s)"
         self.placement = placement
         self.progress.new_epoch(failed)
         await self._publish_plan(plan)

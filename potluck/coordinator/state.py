@@ -24,6 +24,19 @@ class SwarmState:
         peers = {p.peer_id: p for p in live_peers(peer_records, now)}
         return cls(swarm_id, now, peers, link_reports(link_records, peers, now))
 
+    def without(self, peer_ids: Iterable[str]) -> SwarmState:
+        """This state less ``peer_ids`` (and their link reports): the swarm a plan may use."""
+        drop = set(peer_ids)
+        if not drop:
+            return self
+        peers = {p: v for p, v in self.peers.items() if p not in drop}
+        links = {
+            p: r.model_copy(update={"links": [s for s in r.links if s.dst not in drop]})
+            for p, r in self.links.items()
+            if p not in drop
+        }
+        return SwarmState(self.swarm_id, self.as_of, peers, links)
+
     def diff(self, previous: SwarmState) -> tuple[list[str], list[str]]:
         """(joined, left) peer ids relative to ``previous``."""
         joined = sorted(set(self.peers) - set(previous.peers))

@@ -16,10 +16,11 @@ import struct
 import time
 from collections.abc import Sequence
 
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from potluck.net.config import LinkProbeConfig
+from potluck.net.dial import AddressBook, open_stream
 from potluck.protocol.errors import WireError
 from potluck.protocol.records import LinkSample
 from potluck.protocol.wire import MAX_PAYLOAD, Frame, MsgType, read_frame, write_frame
@@ -49,8 +50,11 @@ def choose_targets(self_id: str, peer_ids: Sequence[str], round_no: int, minimum
 
 
 class LinkProber:
-    def __init__(self, p2p: P2P, swarm_id: str, cfg: LinkProbeConfig) -> None:
+    def __init__(
+        self, p2p: P2P, swarm_id: str, cfg: LinkProbeConfig, addresses: AddressBook | None = None
+    ) -> None:
         self.p2p, self.cfg = p2p, cfg
+        self.addresses = addresses  # peers' announced addresses, for dials the daemon cannot route
         self.protocol = probe_protocol(swarm_id)
         if cfg.frame_bytes > MAX_PAYLOAD[MsgType.BULK]:
             raise ValueError(
@@ -89,12 +93,7 @@ class LinkProber:
     async def measure(self, peer_id: str) -> LinkSample:
         """RTT (median of ``pings``) and goodput to ``peer_id``; raises ``WireError`` on any failure."""
         cfg = self.cfg
-        try:
-            _, reader, writer = await asyncio.wait_for(
-                self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), self.protocol), cfg.timeout_s
-            )
-        except Exception as e:  # the daemon raises several types for unreachable peers
-            raise WireError(f"cannot open a probe stream to {peer_id}: {e or type(e).__name__}") from None
+        reader, writer = await open_stream(self.p2p, peer_id, self.protocol, cfg.timeout_s, self.addresses)
         try:
             rtts = []
             for i in range(cfg.pings):

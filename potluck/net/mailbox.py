@@ -7,6 +7,11 @@ the stream, which is the potluck peer id (same key), so a message cannot claim a
 Tags (``tags.py``) address messages by round, stream, chunk and direction; finished rounds are
 forgotten by span.
 
+Dialing (``dial.py``): the first send to a peer opens one stream, retrying with backoff over every
+address the peer announced, all within ``timeout_s``. A peer this mailbox could not open a stream to,
+write to, or hear from in time becomes a *suspect* (``take_suspects``): the worker names it in its
+"failed" progress record so the coordinator can check whether that peer is still heartbeating.
+
 Bounds: a message is at most the wire layer's TENSOR limit; messages that arrive before anyone waits
 for them are buffered up to ``max_pending_bytes`` in total, beyond which the handler stops reading (TCP
 backpressure on the sender) until space frees or ``timeout_s`` passes, and then drops the stream.
@@ -19,21 +24,32 @@ import contextlib
 import logging
 import time
 
-from hivemind.p2p import P2P, PeerID
+from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from potluck.net.config import Pacer, TransportConfig
+from potluck.net.dial import AddressBook, open_stream
 from potluck.net.tags import TAG_BYTES, RoundSpan, Tag
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 
+MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 16)
+
 
 class Mailbox:
-    def __init__(self, p2p: P2P, protocol: str, cfg: TransportConfig, pacer: Pacer | None = None) -> None:
+    def __init__(
+        self,
+        p2p: P2P,
+        protocol: str,
+        cfg: TransportConfig,
+        pacer: Pacer | None = None,
+        addresses: AddressBook | None = None,
+    ) -> None:
         self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
         self.pacer = pacer  # paces sends to configured link rates (benchmarks, upload caps)
+        self.addresses = addresses  # where a peer said it listens (its heartbeat); None: the daemon's route
         self.peer_id = p2p.peer_id.to_base58()
         self._pending: dict[tuple[str, Tag], bytes] = {}
         self._waiters: dict[tuple[str, Tag], asyncio.Future[bytes]] = {}
@@ -43,6 +59,7 @@ class Mailbox:
         self._opening: dict[str, asyncio.Lock] = {}
         self.bytes_sent = 0
         self.bytes_received = 0
+        self._suspects: dict[str, float] = {}  # peer -> when it last failed us (monotonic s)
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
@@ -73,6 +90,7 @@ class Mailbox:
             except (WireError, ConnectionError, OSError) as e:
                 self._out.pop(peer, None)
                 writer.close()
+                self.suspect(peer)
                 raise WireError(f"send to {peer} failed: {e}") from None
         self.bytes_sent += len(payload)
 
@@ -86,15 +104,27 @@ class Mailbox:
 
     async def _open(self, peer: str) -> tuple[asyncio.StreamWriter, asyncio.Lock]:
         try:
-            _, _, writer = await asyncio.wait_for(
-                self.p2p.call_binary_stream_handler(PeerID.from_base58(peer), self.protocol),
-                self.cfg.timeout_s,
-            )
-        except Exception as e:  # unreachable peers surface as several exception types
-            raise WireError(f"cannot open a stream to {peer}: {e or type(e).__name__}") from None
+            _, writer = await open_stream(self.p2p, peer, self.protocol, self.cfg.timeout_s, self.addresses)
+        except WireError:
+            self.suspect(peer)
+            raise
         entry = (writer, asyncio.Lock())
         self._out[peer] = entry
         return entry
+
+    # ---- suspects ----------------------------------------------------------------------------------
+
+    def suspect(self, peer: str) -> None:
+        """Note that ``peer`` failed us (a dial, a write, or a message that did not come in time)."""
+        if peer != self.peer_id:
+            self._suspects[peer] = time.monotonic()
+
+    def take_suspects(self) -> list[str]:
+        """The peers that failed us since the last call, most recent first (at most ``MAX_SUSPECTS``);
+        forgets them. A suspicion is a hint, not a verdict: the coordinator confirms it by heartbeat."""
+        out = sorted(self._suspects, key=self._suspects.__getitem__, reverse=True)[:MAX_SUSPECTS]
+        self._suspects.clear()
+        return out
 
     # ---- receiving ---------------------------------------------------------------------------------
 
@@ -111,6 +141,7 @@ class Mailbox:
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout)
         except TimeoutError:
+            self.suspect(peer)
             raise WireError(f"no message {tag} from {peer} within {timeout:.1f} s") from None
         finally:
             self._waiters.pop(key, None)

@@ -9,10 +9,13 @@ identity as its libp2p key, so the DHT peer id equals the potluck peer id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import shutil
+import signal
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.serializer import MSGPackSerializer
 
-from potluck import logs
+from potluck import lifeline, logs
 from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.validator import PotluckValidator
@@ -166,7 +169,10 @@ async def _start_p2p(initial_peers: list[str], kwargs: dict[str, Any], timeout_s
     delay, last_error = 0.5, ""
     while True:
         try:
-            return await P2P.create(initial_peers=initial_peers or None, **kwargs)
+            with p2pd_dies_with_this_process():
+                p2p = await P2P.create(initial_peers=initial_peers or None, **kwargs)
+            _guard_p2pd(p2p)
+            return p2p
         except Exception as e:
             last_error = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             if not initial_peers or "bootstrap" not in last_error or loop.time() + delay > deadline:
@@ -183,6 +189,69 @@ async def _start_p2p(initial_peers: list[str], kwargs: dict[str, Any], timeout_s
             "`--use-auto-relay` makes you reachable through a relay."
         )
     raise BootstrapError(f"the p2p daemon failed to start: {last_error}")
+
+
+# Set while hivemind's P2P.create runs in this task: the spawn hook below acts only then, so no other
+# subprocess of this process is touched.
+_SPAWNING_P2PD: contextvars.ContextVar[bool] = contextvars.ContextVar("potluck_spawning_p2pd", default=False)
+
+
+@contextlib.contextmanager
+def p2pd_dies_with_this_process() -> Iterator[None]:
+    """Make the p2pd daemons that hivemind's ``P2P.create`` spawns inside this block die with us.
+
+    Why: hivemind 1.1.12 (``hivemind/p2p/p2p_daemon.py``, ``P2P.create``) starts p2pd with
+    ``asyncio.subprocess.create_subprocess_exec`` and offers no
+    argument to pass a ``preexec_fn``; without one, a SIGKILLed potluck process (OOM killer, a closed
+    container) leaves its p2pd running for good. So we wrap that function, once, and while this block is
+    active in the current task the wrapper adds ``lifeline.preexec()`` (PR_SET_PDEATHSIG = SIGKILL: p2pd
+    holds no state worth a graceful exit). The loop thread forks p2pd, and it lives as long as the node.
+    Where the kernel lacks PDEATHSIG, ``lifeline.after_spawn`` starts a watchdog once the PID is known.
+    """
+    _install_spawn_hook()
+    token = _SPAWNING_P2PD.set(True)
+    try:
+        yield
+    finally:
+        _SPAWNING_P2PD.reset(token)
+
+
+_HOOKED_PIDS: set[int] = set()  # p2pd PIDs spawned through the hook with PR_SET_PDEATHSIG set
+
+
+def _guard_p2pd(p2p: P2P) -> None:
+    """If the hook did not see this p2pd (no PDEATHSIG here, or hivemind changed how it spawns), start
+    lifeline's watchdog for it instead, so the guarantee holds either way."""
+    child = getattr(p2p, "_child", None)
+    if child is None:
+        return
+    if child.pid in _HOOKED_PIDS:
+        _HOOKED_PIDS.discard(child.pid)
+        return
+    if lifeline.PDEATHSIG_AVAILABLE:
+        logger.warning(
+            "p2pd (pid %d) was not spawned through potluck's hook; guarding it with a watchdog", child.pid
+        )
+    lifeline.watch(child.pid)
+
+
+def _install_spawn_hook() -> None:
+    original: Callable[..., Coroutine[Any, Any, asyncio.subprocess.Process]]
+    original = asyncio.subprocess.create_subprocess_exec
+    if getattr(original, "_potluck_p2pd_hook", False):
+        return
+
+    async def create_subprocess_exec(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        hook = _SPAWNING_P2PD.get() and kwargs.get("preexec_fn") is None
+        if hook:
+            kwargs["preexec_fn"] = lifeline.preexec(signal.SIGKILL)
+        proc = await original(*args, **kwargs)
+        if hook and kwargs["preexec_fn"] is not None:
+            _HOOKED_PIDS.add(proc.pid)
+        return proc
+
+    create_subprocess_exec._potluck_p2pd_hook = True  # type: ignore[attr-defined]
+    asyncio.subprocess.create_subprocess_exec = create_subprocess_exec
 
 
 def _remove_tree(path: Path | None) -> None:

@@ -91,6 +91,9 @@ class PeerConfig:
     probe_budget_s: float = 0.5  # seconds per matmul benchmark at start-up
     withdraw_timeout_s: float = 2.0  # on shutdown: time allowed to store the "leaving" record
     shutdown_timeout_s: float = 5.0  # on SIGINT/SIGTERM: everything is done within this, or forced
+    # Leave once neither the coordinator nor any other peer has been visible (no libp2p connection, no
+    # live heartbeat in the DHT) for this many seconds, instead of running on alone; None: never.
+    swarm_gone_after_s: float | None = 120.0
 
     @property
     def heartbeat_interval_s(self) -> float:

@@ -21,6 +21,7 @@ from hivemind.utils import get_dht_time
 
 from potluck import logs
 from potluck.aio import bounded, supervise
+from potluck.net.dial import dht_addresses
 from potluck.net.links import LinkProber, choose_targets
 from potluck.net.node import SwarmNode
 from potluck.peer.config import PeerConfig
@@ -36,6 +37,7 @@ from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecor
 logger = logging.getLogger(__name__)
 
 TASK_GRACE_S = 1.0  # seconds a cancelled task may spend unwinding before the leave goes on without it
+SWARM_POLL_S = 5.0  # most seconds between two "is anyone still there?" checks
 
 
 class PeerDaemon:
@@ -50,6 +52,7 @@ class PeerDaemon:
         self.prober: LinkProber
         self.link_reports = 0  # link reports published so far
         self.worker: PlanWorker | None = None
+        self.swarm_gone = False  # set when the daemon left because nobody else was visible
 
     @property
     def peer_id(self) -> str:
@@ -78,15 +81,21 @@ class PeerDaemon:
                 await probe_task
             raise
         logger.info("peer %s joined swarm %s", self.peer_id, self.cfg.invite.swarm_id)
-        self.prober = LinkProber(self.node.p2p, self.cfg.invite.swarm_id, self.cfg.links)
+        self.prober = LinkProber(
+            self.node.p2p, self.cfg.invite.swarm_id, self.cfg.links, addresses=dht_addresses(self.node)
+        )
         await self.prober.serve()
         tasks: dict[str, Coroutine[Any, Any, None]] = {
             "heartbeat": self._heartbeat(),
             "links": self._measure_links(),
         }
+        if self.cfg.swarm_gone_after_s is not None:
+            tasks["swarm-watch"] = self._watch_swarm(self.cfg.swarm_gone_after_s)
         if self.cfg.train:
             wcfg = dataclasses.replace(self.cfg.worker, device=str(device))
-            self.worker = PlanWorker(self.node, self.peer_id, self.cfg.invite.swarm_id, wcfg)
+            self.worker = PlanWorker(
+                self.node, self.peer_id, self.cfg.invite.swarm_id, wcfg, identity=self.identity
+            )
             tasks["train"] = self.worker.run()
         try:
             await supervise(tasks, until=self.stop_event, grace_s=TASK_GRACE_S)
@@ -149,6 +158,42 @@ class PeerDaemon:
                 logger.exception("link measurement round %d failed", round_no)
             round_no += 1
             await asyncio.sleep(cfg.interval_s)
+
+    async def _watch_swarm(self, limit_s: float) -> None:
+        """Stop the daemon once nobody else has been visible for ``limit_s`` seconds.
+
+        Why: a peer whose coordinator and fellow peers are all gone (a crashed demo, a swarm shut down
+        while it was unreachable) would otherwise retry plan reads, pipeline receives and link rounds
+        forever, burning CPU for nobody. A failed check counts as "nobody", so a dead p2pd ends it too."""
+        poll_s = min(SWARM_POLL_S, limit_s / 4)
+        last_seen = time.monotonic()
+        while True:
+            await asyncio.sleep(poll_s)
+            try:
+                seen = await bounded(self._anyone_visible(), max(poll_s, 1.0), "swarm visibility check")
+            except Exception as e:  # p2pd gone, DHT unreachable: expected in exactly this situation
+                logger.info("swarm visibility check failed: %s", e)
+                seen = False
+            now = time.monotonic()
+            if seen:
+                last_seen = now
+            elif now - last_seen >= limit_s:
+                logger.warning(
+                    "swarm %s is gone: no coordinator and no other peer visible for %.0f s; leaving",
+                    self.cfg.invite.swarm_id,
+                    now - last_seen,
+                )
+                self.swarm_gone = True
+                self.stop()
+                return
+
+    async def _anyone_visible(self) -> bool:
+        """True if p2pd holds a connection to anyone, or another peer's heartbeat is live in the DHT."""
+        assert self.node is not None
+        if await self.node.p2p.list_peers():  # local RPC to our p2pd: the cheap check first
+            return True
+        peers = live_peers(await self.node.fetch(PEERS.name), get_dht_time())
+        return any(p.peer_id != self.peer_id for p in peers)
 
     async def _leave(self) -> None:
         """Withdraw the heartbeat, then stop the node; bounded by ``shutdown_timeout_s`` in total."""

@@ -6,6 +6,11 @@ one being followed is acted on, so a replayed old plan changes nothing. A new ep
 trainer and starts the new one from the plan's ``start_step`` (its checkpoint). Each completed step is
 published as a signed ``Progress`` record, which is how the coordinator sees the job move, fail or end.
 
+Live state (with an identity to sign manifests): when a training run ends (a new epoch, the job done, a
+failure), the worker keeps a copy of its stage's state and serves it (``peer/state/transfer.py``). A new
+run starting after step 0 takes its state from this copy, its own checkpoints, or the previous plan's
+peers over the swarm, in that order; each must be exactly the plan's ``start_step``.
+
 Any error that ends training, expected or not (a lost neighbour, a KeyError, CUDA out of memory), is
 published as a "failed" record that names it, so the coordinator re-plans at once instead of the other
 peers waiting out their step timeout; an unexpected one is also logged with its traceback. The
@@ -17,19 +22,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 from hivemind.utils import get_dht_time
 
 from potluck.aio import Supervisor
 from potluck.model.data import TokenDataset, load_dataset
 from potluck.net.config import TransportConfig
+from potluck.net.dial import dht_addresses
 from potluck.net.mailbox import Mailbox
 from potluck.net.node import SwarmNode
+from potluck.net.streams import Streams
 from potluck.net.tags import before
 from potluck.peer.config import WorkerConfig
 from potluck.peer.errors import PeerError
+from potluck.peer.state.source import DiskSource, Holder, LocalSource, PeerSource, StateSource
+from potluck.peer.state.transfer import StateServer, TransferConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.errors import ProtocolError
+from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, PLAN, PROGRESS
 from potluck.protocol.training import Progress, ProgressState, StepTiming, TrainPlan
@@ -41,10 +52,20 @@ CANCEL_GRACE_S = 5.0  # seconds a cancelled training run may spend unwinding bef
 
 
 class PlanWorker:
-    def __init__(self, node: SwarmNode, peer_id: str, swarm_id: str, cfg: WorkerConfig) -> None:
-        self.node, self.peer_id, self.cfg = node, peer_id, cfg
+    def __init__(
+        self,
+        node: SwarmNode,
+        peer_id: str,
+        swarm_id: str,
+        cfg: WorkerConfig,
+        identity: Identity | None = None,
+    ) -> None:
+        self.node, self.peer_id, self.cfg, self.swarm_id = node, peer_id, cfg, swarm_id
         self.box = Mailbox(
-            node.p2p, f"potluck/{swarm_id}/train/1", TransportConfig(timeout_s=cfg.step_timeout_s)
+            node.p2p,
+            f"potluck/{swarm_id}/train/1",
+            TransportConfig(timeout_s=cfg.step_timeout_s),
+            addresses=dht_addresses(node),  # dial peers at the addresses their heartbeats announce
         )
         self.plan: TrainPlan | None = None
         self._tasks: Supervisor | None = None  # set while run() runs
@@ -56,10 +77,18 @@ class PlanWorker:
         self._sending: set[asyncio.Task[None]] = set()  # progress records in flight
         self._last_report: StepReport | None = None  # the newest step under the current plan
         self._checkpoint: int | None = None  # the newest checkpoint this peer wrote
+        # Serving and fetching live state needs the key that signs manifests; without one, disk only.
+        self.streams = Streams(node.p2p)
+        self.transfer = TransferConfig()
+        self.state: StateServer | None = None
+        if identity is not None:
+            self.state = StateServer(self.streams, swarm_id, identity, self.transfer)
 
     async def run(self) -> None:
         """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""
         await self.box.start()
+        if self.state is not None:
+            await self.state.start()
         try:
             async with Supervisor(CANCEL_GRACE_S) as tasks:
                 self._tasks = tasks
@@ -72,6 +101,8 @@ class PlanWorker:
         finally:
             self._tasks = self._task = None
             await self.box.close()
+            if self.state is not None:
+                await self.state.close()
 
     async def _poll(self) -> None:
         plans = [v.record for v in await self.node.fetch(PLAN.name) if isinstance(v.record, TrainPlan)]
@@ -81,13 +112,14 @@ class PlanWorker:
         if self.plan is not None and plan.epoch <= self.plan.epoch:
             return
         await self._cancel()
-        self.plan, self._last_report = plan, None
+        previous, self.plan, self._last_report = self.plan, plan, None
         await self.box.forget(before(plan.epoch))  # stale messages of older epochs
+        self.box.take_suspects()  # and suspicions raised under them
         logger.info("plan epoch %d (%s) from step %d", plan.epoch, plan.status, plan.start_step)
         if plan.status == "done":
             return
         assert self._tasks is not None
-        self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan))
+        self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan, previous))
 
     async def _cancel(self) -> None:
         if self._task is not None and self._tasks is not None:
@@ -100,7 +132,22 @@ class PlanWorker:
             raise PeerError(f"the swarm's job spec for {plan.job!r} is not readable yet")
         return jobs[0]
 
-    async def _train(self, plan: TrainPlan) -> None:
+    def _sources(self, previous: TrainPlan | None, root: Path) -> list[StateSource]:
+        """Where a run gets its start state: this peer's copy, its disk, then the previous plan's peers."""
+        if self.state is None:
+            return []  # the trainer's own disk path, as before live state existed
+        sources: list[StateSource] = [LocalSource(self.state.offered), DiskSource(root)]
+        if previous is not None:
+            holders = [
+                Holder(peer, a.first_layer, a.last_layer)
+                for a in previous.stages
+                for peer in a.peers
+                if peer != self.peer_id
+            ]
+            sources.append(PeerSource(self.streams, self.swarm_id, holders, self.transfer))
+        return sources
+
+    async def _train(self, plan: TrainPlan, previous: TrainPlan | None = None) -> None:
         pos = plan.position(self.peer_id)
         if pos is None:
             why = next((s.reason for s in plan.spares if s.peer_id == self.peer_id), "not placed by the plan")
@@ -116,7 +163,17 @@ class PlanWorker:
                     load_dataset, job.data, job.model.seq_len, job.model.vocab_size, job.seed
                 )
             dataset = self._datasets[job.name]
-            trainer = Trainer(self.box, job, plan, dataset, self.cfg.trainer(), self.cfg.checkpoint_root)
+            trainer = Trainer(
+                self.box,
+                job,
+                plan,
+                dataset,
+                self.cfg.trainer(),
+                self.cfg.checkpoint_root,
+                sources=self._sources(
+                    previous, self.cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
+                ),
+            )
             await trainer.run(lambda r: self._on_step(plan, stage, replica, job, r))
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
@@ -133,6 +190,9 @@ class PlanWorker:
             await self._publish(
                 plan, stage, replica, step, state="failed", message=failure_reason(e), force=True
             )
+        finally:
+            if self.state is not None and trainer is not None and (held := trainer.snapshot()) is not None:
+                self.state.offer(held)  # served until the next run ends; a torn state is never offered
 
     def _on_step(self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport) -> None:
         self.steps_done += 1
@@ -181,6 +241,7 @@ class PlanWorker:
             checkpoint_step=self._checkpoint,
             state=state,
             message=message,
+            suspects=self.box.take_suspects() if state == "failed" else [],  # the coordinator checks them
             issued_at=get_dht_time(),
         )
         try:

@@ -138,4 +138,7 @@ class Progress(Record):
     checkpoint_step: int | None = Field(default=None, ge=0, le=10**9)  # latest checkpoint written
     state: ProgressState = "training"
     message: ShortText = ""
+    # With state "failed": peers this peer could not dial, write to or hear from in time. A hint for the
+    # coordinator, which re-plans without one only if it has not heartbeated since ``issued_at``.
+    suspects: list[PeerId] = Field(default_factory=list, max_length=16)
     issued_at: NonNegFloat

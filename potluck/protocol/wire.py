@@ -19,6 +19,8 @@ MAGIC = b"PLW1"
 VERSION = 1
 HEADER = struct.Struct("<4sBBHI")
 HEADER_BYTES = HEADER.size  # 12
+MAX_STATE_CHUNK_BYTES = 4 << 20  # largest raw chunk of a state transfer a manifest may declare, bytes
+STATE_ZSTD = 1  # frame flag of STATE_CHUNK: the chunk bytes are one zstd frame
 
 
 class MsgType(enum.IntEnum):
@@ -28,6 +30,11 @@ class MsgType(enum.IntEnum):
     BULK_DONE = 4  # payload: u64 total bytes received
     TENSOR = 16  # payload: a compression-library payload (activations, gradients, all-reduce chunks)
     CONTROL = 17  # payload: msgpack control message
+    # Live state transfer (peer/state/transfer.py): a request, the holder's signed manifest, then chunks.
+    STATE_REQUEST = 32  # payload: JSON {"job", "step", "first", "last"}: which layers at which step
+    STATE_MANIFEST = 33  # payload: 64-byte Ed25519 signature || canonical JSON manifest
+    STATE_CHUNKS = 34  # payload: JSON list of chunk indices to send, in order
+    STATE_CHUNK = 35  # payload: u32 chunk index || chunk bytes (zstd frame when flags & STATE_ZSTD)
     ERROR = 255  # payload: UTF-8 reason
 
 
@@ -39,6 +46,10 @@ MAX_PAYLOAD: dict[MsgType, int] = {
     MsgType.BULK_DONE: 8,
     MsgType.TENSOR: 256 << 20,
     MsgType.CONTROL: 1 << 16,
+    MsgType.STATE_REQUEST: 4096,
+    MsgType.STATE_MANIFEST: 16 << 20,  # ~200 B per tensor + 65 B per 1 MiB chunk: a 500 GB stage fits
+    MsgType.STATE_CHUNKS: 1 << 16,
+    MsgType.STATE_CHUNK: MAX_STATE_CHUNK_BYTES + 4 + 4096,  # index + zstd's worst-case framing growth
     MsgType.ERROR: 4096,
 }
 

@@ -2,7 +2,10 @@
 with its own p2pd. Used by ``potluck demo`` and by the integration tests.
 
 Each process starts in its own session, so its process group holds it and its p2pd child; stopping
-signals that group by the PID we recorded, never by name, and always reaps what it started.
+signals that group by the PID we recorded, never by name, and always reaps what it started. When the
+process that owns the swarm dies without stopping it (SIGKILL, the OOM killer), every child gets SIGKILL
+from the kernel (``potluck.lifeline``), and each child's p2pd dies with that child (``potluck.net.node``).
+Spawn from a long-lived thread: the kernel ties the signal to the thread that forked.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from potluck import lifeline
 from potluck.net.client import read_live_peers
 from potluck.net.config import NetworkConfig
 from potluck.protocol.invite import Invite, read_invite
@@ -77,7 +81,11 @@ class LocalSwarm:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
+                # SIGKILL, not SIGTERM: with its parent gone nobody would wait for a graceful leave, and a
+                # child stuck in a step must not outlive it; its p2pd follows it the same way.
+                preexec_fn=lifeline.preexec(signal.SIGKILL),
             )
+        lifeline.after_spawn(popen.pid, signal.SIGKILL, group=True)
         proc = Proc(name, popen, log)
         self.procs[name] = proc
         logger.info("started %s (pid %d)", name, popen.pid)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,3 +94,55 @@ class RawNode:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
             self.loop.close()
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """One process as /proc shows it; ``start`` (clock ticks after boot) tells a reused PID apart."""
+
+    pid: int
+    ppid: int
+    comm: str
+    state: str
+    start: int
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    """The process ``pid`` from /proc/<pid>/stat, or None once it is gone (Linux only)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # comm is in parentheses and may itself hold spaces or parentheses: split at the last ")".
+    comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return ProcInfo(pid, int(fields[1]), comm, fields[0], int(fields[19]))
+
+
+def descendants(root: int) -> list[ProcInfo]:
+    """Every live process below ``root`` (children, their children, ...), found by PPID in /proc."""
+    procs = [p for p in (proc_info(int(d)) for d in os.listdir("/proc") if d.isdigit()) if p is not None]
+    children: dict[int, list[ProcInfo]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p)
+    out: list[ProcInfo] = []
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child.pid)
+    return out
+
+
+def still_running(p: ProcInfo) -> bool:
+    """True while the very process ``p`` exists and is not a zombie (a zombie has already died)."""
+    now = proc_info(p.pid)
+    return now is not None and now.start == p.start and now.state not in ("Z", "X")
+
+
+def kill_recorded(procs: list[ProcInfo]) -> None:
+    """SIGKILL each recorded process that is still the same process (by PID and start time)."""
+    for p in procs:
+        if still_running(p):
+            with suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)

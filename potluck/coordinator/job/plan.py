@@ -125,6 +125,23 @@ def stage_trees(
     return schedule_to_records(sched, [str(i) for i in range(len(peers))])
 
 
+def usable_peers(state: SwarmState, job: JobSpec) -> tuple[list[str], list[Spare]]:
+    """(live peers that can hold at least one layer of the job, the others each with the reason)."""
+    sj = step_job(job)
+    state_bytes, act_bytes = layer_memory(sj)
+    one_layer_gb = (state_bytes + act_bytes) / 1e9
+    spares: list[Spare] = []
+    usable: list[str] = []
+    for pid in sorted(state.peers):
+        dev = device_of(state.peers[pid].record)
+        if dev.memory_gb * sj.memory_headroom < one_layer_gb:
+            why = f"too little memory: {dev.memory_gb:.2f} GB free, one layer needs {one_layer_gb:.2f} GB"
+            spares.append(Spare(peer_id=pid, reason=why[:128]))
+        else:
+            usable.append(pid)
+    return usable, spares
+
+
 def make_train_plan(
     state: SwarmState,
     job: JobSpec,
@@ -147,17 +164,7 @@ def make_train_plan(
 
     cfg = cfg or JobPlanConfig()
     sj = step_job(job)
-    state_bytes, act_bytes = layer_memory(sj)
-    one_layer_gb = (state_bytes + act_bytes) / 1e9
-    spares: list[Spare] = []
-    usable: list[str] = []
-    for pid in sorted(state.peers):
-        dev = device_of(state.peers[pid].record)
-        if dev.memory_gb * sj.memory_headroom < one_layer_gb:
-            why = f"too little memory: {dev.memory_gb:.2f} GB free, one layer needs {one_layer_gb:.2f} GB"
-            spares.append(Spare(peer_id=pid, reason=why[:128]))
-        else:
-            usable.append(pid)
+    usable, spares = usable_peers(state, job)
     if len(usable) < job.min_peers:
         return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
     net, net_note = network(state, usable)

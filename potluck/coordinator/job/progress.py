@@ -1,20 +1,48 @@
-"""What the coordinator does next with a running job. Pure: ``next_action(...) -> (action, reason)``.
+"""What the coordinator does next with a running job. Pure: ``next_action(..., now) -> (action, reason)``.
 
 Actions: "plan" (no plan yet: plan when enough peers), "replan" (a placed peer left or a step failed:
 restart everyone from the newest complete checkpoint under a new epoch), "done" (every placed peer
-finished the last step), "fail" (several plans in a row failed without completing a step: a missing
-dataset or a bad job, not churn), "wait" (training is moving). Progress records are the peers' signed reports;
-only those of the current epoch count, so a late report from an aborted epoch cannot end or fail a job.
+finished the last step), "fail" (plans keep failing and fewer than ``min_peers`` usable peers are left to
+try again with), "hold" (a broken plan waits out its backoff or the confirmation of a suspect), "wait"
+(training is moving). Progress records are the peers' signed reports; only those of the current epoch
+count, so a late report from an aborted epoch cannot end or fail a job.
+
+Transient faults never end a job while enough usable peers heartbeat: a failed plan is retried after an
+exponential backoff (``RetryPolicy``). A "failed" record may name *suspects* (peers the reporter could
+not reach); a suspect is left out of the next plan only if it has not heartbeated since the suspicion
+(its heartbeat interval plus ``slack_s`` gives it time to), and the re-plan waits for that verdict, so
+it never goes ahead with a peer that just failed unless the peer has heartbeated since. Times are DHT
+times (unix seconds), the clock peers sign their records with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.membership import PeerView
 from potluck.protocol.training import Progress, TrainPlan
+
+HEARTBEATS_PER_TTL = 3.0  # peers refresh their heartbeat every third of its lifetime (peer.config)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When failed plans are retried, and when retrying stops."""
+
+    first_backoff_s: float = 1.0  # wait before the second retry in a row; the first one goes at once
+    max_backoff_s: float = 30.0  # cap on the doubling wait between retries
+    slack_s: float = 5.0  # beyond a suspect's heartbeat interval, time for its next heartbeat to land
+    max_failures: int = 3  # failed plans in a row after which a swarm short of usable peers gives up
+
+    def backoff_s(self, failures: int) -> float:
+        """Wait before re-planning after a plan failed, ``failures`` failed plans in a row before it:
+        0, 1, 2, 4, ... seconds, capped at ``max_backoff_s``."""
+        if failures <= 0:
+            return 0.0
+        return min(self.max_backoff_s, self.first_backoff_s * 2.0 ** (failures - 1))
 
 
 @dataclass
@@ -27,6 +55,7 @@ class JobProgress:
     compute_s: dict[str, float] = field(default_factory=dict)  # peer -> compute seconds of its last step
     failures: int = 0  # re-plans in a row after which no step was completed
     best_step: int = 0  # most steps ever completed by the whole swarm
+    suspects: dict[str, float] = field(default_factory=dict)  # peer -> DHT time of the newest suspicion
 
     def update(self, plan: TrainPlan | None, records: Iterable[Progress]) -> None:
         if plan is None:
@@ -39,6 +68,10 @@ class JobProgress:
             old = self.latest.get(rec.peer_id)
             if old is None or (rec.step, rec.issued_at) >= (old.step, old.issued_at):
                 self.latest[rec.peer_id] = rec
+            if rec.state == "failed":
+                for s in rec.suspects:
+                    if s != rec.peer_id:  # a peer cannot get itself excluded
+                        self.suspects[s] = max(self.suspects.get(s, 0.0), rec.issued_at)
             if rec.checkpoint_step is not None and rec.replica == 0:
                 if self.checkpoint_stages != len(plan.stages):
                     self.checkpoints, self.checkpoint_stages = {}, len(plan.stages)
@@ -66,23 +99,73 @@ class JobProgress:
         placed = [p for st in plan.stages for p in st.peers]
         return min((self.latest[p].step if p in self.latest else plan.start_step) for p in placed)
 
+    def verdicts(
+        self, state: SwarmState, now: float, retry: RetryPolicy | None = None
+    ) -> tuple[list[str], list[str]]:
+        """(pending, excluded) suspects at ``now``. A suspect that heartbeated after its suspicion is
+        cleared (neither list); one that did not is pending for its heartbeat interval plus
+        ``slack_s``, then excluded; one with no live heartbeat at all is excluded at once."""
+        retry = retry or RetryPolicy()
+        pending, excluded = [], []
+        for peer, since in sorted(self.suspects.items()):
+            view = state.peers.get(peer)
+            if view is None:
+                excluded.append(peer)
+            elif view.record.issued_at > since:
+                continue
+            elif now - since > heartbeat_interval_s(view) + retry.slack_s:
+                excluded.append(peer)
+            else:
+                pending.append(peer)
+        return pending, excluded
+
+
+def heartbeat_interval_s(view: PeerView) -> float:
+    """How often this peer refreshes its heartbeat, read off the lifetime it gave its latest one."""
+    return max(0.0, view.expiration - view.record.issued_at) / HEARTBEATS_PER_TTL
+
 
 def next_action(
-    state: SwarmState, job: JobSpec, plan: TrainPlan | None, progress: JobProgress, max_failures: int = 3
+    state: SwarmState,
+    job: JobSpec,
+    plan: TrainPlan | None,
+    progress: JobProgress,
+    now: float,
+    *,
+    usable: Collection[str] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> tuple[str, str]:
-    if progress.failures >= max_failures:
-        return "fail", f"{progress.failures} plans in a row failed before completing a step"
+    """``usable``: the live peers able to hold a layer of the job (``plan.usable_peers``; None: all)."""
+    retry = retry or RetryPolicy()
     if plan is None:
         return "plan", "no plan yet"
     if plan.status == "done":
         return "wait", "the job is done"
     placed = [p for st in plan.stages for p in st.peers]
     gone = [p for p in placed if p not in state.peers]
-    if gone:
-        return "replan", f"{len(gone)} placed peer(s) left: {', '.join(p[:12] for p in gone)}"
     failed = [r for p in placed if (r := progress.latest.get(p)) is not None and r.state == "failed"]
+    if not gone and not failed:
+        if all((r := progress.latest.get(p)) is not None and r.state == "done" for p in placed):
+            return "done", f"all {len(placed)} placed peers finished step {job.steps}"
+        return "wait", f"training: step {progress.step(plan)} of {job.steps}"
+    if gone:
+        why = f"{len(gone)} placed peer(s) left: {', '.join(p[:12] for p in gone)}"
+    else:
+        why = f"step failed at {failed[0].peer_id[:12]}: {failed[0].message}"
+    pending, excluded = progress.verdicts(state, now, retry)
+    left = [p for p in (state.peers if usable is None else usable) if p in state.peers and p not in excluded]
+    if len(left) < job.min_peers:
+        if progress.failures >= retry.max_failures:
+            return "fail", (
+                f"{progress.failures} plans in a row failed before completing a step and only "
+                f"{len(left)} usable live peer(s) remain of the {job.min_peers} the job needs ({why})"
+            )
+        return "replan", why  # the planner waits for peers; a peer that comes back is planned at once
+    if pending:
+        return "hold", f"{why}; confirming suspect(s) {', '.join(p[:12] for p in pending)} by heartbeat"
     if failed:
-        return "replan", f"step failed at {failed[0].peer_id[:12]}: {failed[0].message}"
-    if all((r := progress.latest.get(p)) is not None and r.state == "done" for p in placed):
-        return "done", f"all {len(placed)} placed peers finished step {job.steps}"
-    return "wait", f"training: step {progress.step(plan)} of {job.steps}"
+        since = min(r.issued_at for r in failed)
+        wait = since + retry.backoff_s(progress.failures) - now
+        if wait > 0:
+            return "hold", f"{why}; retrying in {wait:.1f} s ({progress.failures} failed plans in a row)"
+    return "replan", why

@@ -9,25 +9,37 @@ norm and head keep their names: they belong to whichever stage holds layer 0 or 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from potluck.model.checkpoint import check_step, load_stage, step_dir
+from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import CheckpointError
 
 _LAYER = re.compile(r"^(model|optim)\.layers\.(\d+)\.(.+)$")
 
 
-def load_layers(root: Path, step: int, first: int, last: int, n_layers: int) -> dict[str, torch.Tensor]:
+def load_layers(
+    root: Path,
+    step: int,
+    first: int,
+    last: int,
+    n_layers: int,
+    check: Callable[[StageMeta], None] | None = None,
+) -> dict[str, torch.Tensor]:
     """The tensors of layers [first, last) (plus embedding/head where this stage holds them), named as
-    ``StageRunner.state_tensors`` names them for a stage starting at ``first``."""
+    ``StageRunner.state_tensors`` names them for a stage starting at ``first``. ``check`` sees every
+    stage's meta before its tensors are used and raises CheckpointError for a foreign one."""
     full = check_step(step_dir(root, step))  # every stage present and intact, or CheckpointError
     n_stages = full.n_stages
     out: dict[str, torch.Tensor] = {}
     covered: set[int] = set()
     for stage in range(n_stages):
         tensors, meta = load_stage(full, stage)
+        if check is not None:
+            check(meta)
         old_first, old_last = meta.first_layer, meta.last_layer  # validated by the manifest reader
         overlaps = old_first < last and old_last > first
         ends = (first == 0 and old_first == 0) or (last == n_layers and old_last == n_layers)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +36,10 @@ from potluck.peer.collectives.diloco import DiLoCo
 from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig, DiLoCoConfig, TrainerConfig
 from potluck.peer.errors import CollectiveError, PipelineError, StepAborted
+from potluck.peer.state.manifest import StateWant
 from potluck.peer.state.resume import load_layers
+from potluck.peer.state.snapshot import StageState
+from potluck.peer.state.source import StateSource, fetch_first
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
 from potluck.protocol.checkpoints import StageMeta
@@ -45,6 +48,8 @@ from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
 
 logger = logging.getLogger(__name__)
+
+STATE_FETCH_TIMEOUT_S = 600.0  # a whole stage's state from its sources: 1 GB at 2 MB/s
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,9 @@ class Trainer:
         dataset: TokenDataset,
         cfg: TrainerConfig,
         checkpoint_root: Path | None = None,
+        sources: Sequence[StateSource] = (),
     ) -> None:
+        """``sources``: where a plan starting after step 0 gets its state, in order (none: the checkpoint)."""
         pos = plan.position(box.peer_id)
         if pos is None:
             raise ValueError(f"peer {box.peer_id} is not placed by plan epoch {plan.epoch}")
@@ -109,6 +116,9 @@ class Trainer:
                 cfg.overlap,
             )
         self.step = plan.start_step  # the next step to run
+        self.sources = list(sources)
+        # True iff the runner holds exactly the state after self.step steps (loaded, and no step half-applied)
+        self._consistent = False
 
     def restore(self) -> None:
         """Load the plan's starting checkpoint (if it starts after step 0): weights and AdamW state."""
@@ -121,6 +131,46 @@ class Trainer:
         if self.diloco is not None:
             self.diloco = DiLoCo(self.runner.params, self.diloco.cfg)  # the snapshot is the loaded weights
         logger.info("stage %d resumed from %s", self.stage, step_dir(root, step))
+
+    def want(self) -> StateWant:
+        """The state this stage starts from: its layers after the plan's ``start_step`` steps."""
+        a, job = self.assignment, self.job
+        return StateWant(job.name, job.model, job.seed, self.plan.start_step, a.first_layer, a.last_layer)
+
+    async def _restore(self) -> None:
+        if self.sources and self.plan.start_step > 0:
+            fetched = await fetch_first(self.sources, self.want(), STATE_FETCH_TIMEOUT_S)
+            await asyncio.to_thread(self.runner.load_state_tensors, fetched.tensors)
+            if self.diloco is not None:
+                self.diloco = DiLoCo(self.runner.params, self.diloco.cfg)
+            logger.info("stage %d resumed at step %d from %s", self.stage, fetched.step, fetched.source)
+        else:
+            await asyncio.to_thread(self.restore)
+        self._consistent = True
+
+    def stage_meta(self) -> StageMeta:
+        """What this stage's state is after ``self.step`` steps (checkpoints and live snapshots)."""
+        return StageMeta(
+            job=self.job.name,
+            step=self.step,
+            stage=self.stage,
+            n_stages=len(self.plan.stages),
+            first_layer=self.assignment.first_layer,
+            last_layer=self.assignment.last_layer,
+            model=self.job.model,
+            seed=self.job.seed,
+            tokenizer=self.job.data.tokenizer,
+            epoch=self.plan.epoch,
+        )
+
+    def snapshot(self) -> StageState | None:
+        """A copy of the state after ``self.step`` steps to serve to other peers, or None when there is
+        none to trust: not loaded yet, torn by a cancelled optimizer step, or between DiLoCo syncs."""
+        sync = self.job.compression.sync_every
+        if not self._consistent or (self.diloco is not None and self.step % sync):
+            return None
+        tensors = {k: v.clone() for k, v in self.runner.state_tensors().items()}  # it may keep training
+        return StageState(self.stage_meta(), tensors)
 
     # ---- one step ----------------------------------------------------------------------------------------
 
@@ -189,11 +239,13 @@ class Trainer:
         lr = learning_rate(self.job.optimizer, step, self.job.steps)
         coef = clip_coefficient(self.job.optimizer, decision.norms[self.replica])
         t0 = time.perf_counter()
+        self._consistent = False  # until self.step says how many steps the weights have taken
         await asyncio.to_thread(self.runner.step, lr, coef)
         timing.compute += time.perf_counter() - t0
         if self.diloco is not None:
             await self.diloco.after_inner_step(lambda t: self._outer_allreduce(t, rnd, timing))
         self.step = step + 1
+        self._consistent = True
         checkpoint = await self._maybe_checkpoint()
         await self.box.forget(before(self.plan.epoch, step + 1))  # step + 1's early messages stay
         timing.bytes_sent = self.box.bytes_sent - sent_before  # activations, gradients, buckets, commit
@@ -226,18 +278,7 @@ class Trainer:
             return None
         if self.diloco is not None and done % self.job.compression.sync_every and done != self.job.steps:
             return None  # between syncs the replicas differ: only synced states are checkpointed
-        meta = StageMeta(
-            job=self.job.name,
-            step=done,
-            stage=self.stage,
-            n_stages=len(self.plan.stages),
-            first_layer=self.assignment.first_layer,
-            last_layer=self.assignment.last_layer,
-            model=self.job.model,
-            seed=self.job.seed,
-            tokenizer=self.job.data.tokenizer,
-            epoch=self.plan.epoch,
-        )
+        meta = self.stage_meta()  # its step is ``done``
         tensors = self.runner.state_tensors()
         root = self.checkpoint_root
         path = await asyncio.to_thread(save_stage, root, tensors, meta)
@@ -250,7 +291,7 @@ class Trainer:
     ) -> None:
         """Train until the job's last step (or ``until``); raises ``StepAborted`` when a step cannot be
         committed, leaving weights and optimizer as they were before that step."""
-        await asyncio.to_thread(self.restore)
+        await self._restore()
         end = self.job.steps if until is None else min(until, self.job.steps)
         while self.step < end:
             report = await self.train_step()

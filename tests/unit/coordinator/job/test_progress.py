@@ -3,12 +3,13 @@
 import torch
 
 from potluck.coordinator.config import CoordinatorConfig
-from potluck.coordinator.job.progress import JobProgress, next_action
+from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
 from potluck.coordinator.service import CoordinatorService
 from potluck.coordinator.state import SwarmState
 from potluck.model.checkpoint import save_stage
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.identity import Identity
+from potluck.protocol.membership import PeerView
 from potluck.protocol.training import Progress, StageAssignment, TrainPlan
 from tests.unit.coordinator.job.test_plan import JOB, ids, peer
 
@@ -27,7 +28,15 @@ PLAN = TrainPlan(
 STATE = SwarmState("s", 1.0, {p: peer(p) for p in P})
 
 
-def rec(pid: str, step: int, state: str = "training", epoch: int = 2, ckpt: int | None = None) -> Progress:
+def rec(
+    pid: str,
+    step: int,
+    state: str = "training",
+    epoch: int = 2,
+    ckpt: int | None = None,
+    suspects: tuple[str, ...] = (),
+    at: float | None = None,
+) -> Progress:
     pos = PLAN.position(pid) or (0, 0)
     return Progress(
         peer_id=pid,
@@ -38,41 +47,120 @@ def rec(pid: str, step: int, state: str = "training", epoch: int = 2, ckpt: int 
         step=step,
         state=state,
         checkpoint_step=ckpt,
-        issued_at=float(step),
+        issued_at=float(step) if at is None else at,
         message="boom" if state == "failed" else "",
+        suspects=list(suspects),
     )
+
+
+def beating(pid: str, at: float, ttl: float = 30.0) -> PeerView:
+    """``pid`` with its latest heartbeat signed at DHT time ``at`` (so it refreshes every ttl / 3 s)."""
+    view = peer(pid)
+    return PeerView(view.record.model_copy(update={"issued_at": at}), expiration=at + ttl)
+
+
+def swarm(at: dict[str, float]) -> SwarmState:
+    return SwarmState("s", max(at.values()), {p: beating(p, t) for p, t in at.items()})
 
 
 def test_plan_wait_done():
     prog = JobProgress()
-    assert next_action(STATE, JOB, None, prog)[0] == "plan"
+    assert next_action(STATE, JOB, None, prog, 1.0)[0] == "plan"
     prog.update(PLAN, [rec(p, 3) for p in P])
-    action, why = next_action(STATE, JOB, PLAN, prog)
+    action, why = next_action(STATE, JOB, PLAN, prog, 100.0)
     assert action == "wait" and "step 3 of" in why
     prog.update(PLAN, [rec(p, JOB.steps, "done") for p in P])
-    assert next_action(STATE, JOB, PLAN, prog)[0] == "done"
+    assert next_action(STATE, JOB, PLAN, prog, 100.0)[0] == "done"
 
 
 def test_departure_and_failure_replan_and_old_epochs_do_not_count():
     prog = JobProgress()
     gone = SwarmState("s", 1.0, {p: peer(p) for p in P[:3]})
-    assert next_action(gone, JOB, PLAN, prog)[0] == "replan"
+    assert next_action(gone, JOB, PLAN, prog, 100.0)[0] == "replan"
     prog.update(PLAN, [rec(P[1], 5, "failed", epoch=1)])  # a late report of an aborted epoch
-    assert next_action(STATE, JOB, PLAN, prog)[0] == "wait"
+    assert next_action(STATE, JOB, PLAN, prog, 100.0)[0] == "wait"
     prog.update(PLAN, [rec(P[1], 5, "failed")])
-    action, why = next_action(STATE, JOB, PLAN, prog)
+    action, why = next_action(STATE, JOB, PLAN, prog, 100.0)
     assert action == "replan" and "boom" in why
 
 
-def test_repeated_failures_without_progress_end_the_job():
+def test_failed_plans_never_end_a_job_while_enough_peers_heartbeat():
     prog = JobProgress()
-    for _ in range(3):
+    for _ in range(10):
         prog.new_epoch(failed=True)
-    action, why = next_action(STATE, JOB, PLAN, prog)
-    assert action == "fail" and "3 plans in a row" in why
+    prog.update(PLAN, [rec(P[1], 0, "failed", at=100.0)])
+    live = swarm({p: 99.0 for p in P})
+    action, why = next_action(live, JOB, PLAN, prog, 200.0)
+    assert action == "replan" and "boom" in why  # 10 failures in a row, all 4 peers live: try again
     prog.update(PLAN, [rec(p, 4) for p in P])
     prog.advanced(PLAN)  # new steps completed: the count starts over
     assert prog.failures == 0
+
+
+def test_the_job_gives_up_only_when_peers_are_gone_and_says_so():
+    prog = JobProgress()
+    three = swarm({p: 99.0 for p in P[:3]})  # P[3] left; the job needs 4
+    assert next_action(three, JOB, PLAN, prog, 100.0)[0] == "replan"  # the planner waits for peers
+    live = swarm({p: 99.0 for p in P})
+    for _ in range(3):
+        prog.new_epoch(failed=True)
+    prog.update(PLAN, [rec(P[1], 0, "failed", at=100.0)])
+    assert next_action(live, JOB, PLAN, prog, 200.0, usable=P)[0] == "replan"
+    action, why = next_action(live, JOB, PLAN, prog, 200.0, usable=P[1:])  # P[0] cannot hold a layer
+    assert action == "fail" and "only 3 usable" in why
+    prog = JobProgress()
+    for _ in range(3):
+        prog.new_epoch(failed=True)
+    action, why = next_action(three, JOB, PLAN, prog, 100.0)
+    assert action == "fail"
+    assert "3 plans in a row" in why and "only 3 usable live peer(s) remain of the 4" in why
+
+
+def test_backoff_doubles_from_the_failure_up_to_a_cap():
+    retry = RetryPolicy(first_backoff_s=1.0, max_backoff_s=8.0)
+    assert [retry.backoff_s(k) for k in range(7)] == [0.0, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    live = swarm({p: 99.0 for p in P})
+    prog = JobProgress()
+    prog.update(PLAN, [rec(P[1], 0, "failed", at=100.0)])
+    assert next_action(live, JOB, PLAN, prog, 100.0, retry=retry)[0] == "replan"  # the first retry: at once
+    for _ in range(3):
+        prog.new_epoch(failed=True)
+    prog.update(PLAN, [rec(P[1], 0, "failed", at=100.0)])
+    action, why = next_action(live, JOB, PLAN, prog, 103.0, retry=retry)
+    assert action == "hold" and "retrying in 1.0 s" in why  # 3 failures before: 4 s after the failure
+    assert next_action(live, JOB, PLAN, prog, 104.5, retry=retry)[0] == "replan"
+
+
+def test_a_suspect_that_heartbeats_again_stays_in_the_plan():
+    prog = JobProgress()
+    prog.update(PLAN, [rec(P[1], 0, "failed", suspects=(P[0],), at=100.0)])
+    quiet = swarm({P[0]: 95.0, P[1]: 99.0, P[2]: 99.0, P[3]: 99.0})
+    action, why = next_action(quiet, JOB, PLAN, prog, 101.0)
+    assert action == "hold" and "confirming suspect" in why  # no re-plan with a peer that just failed
+    assert prog.verdicts(quiet, 101.0) == ([P[0]], [])
+    again = swarm({P[0]: 102.0, P[1]: 99.0, P[2]: 99.0, P[3]: 99.0})  # its next heartbeat lands
+    assert prog.verdicts(again, 103.0) == ([], [])
+    assert next_action(again, JOB, PLAN, prog, 103.0)[0] == "replan"
+
+
+def test_a_suspect_without_a_heartbeat_since_is_left_out_within_seconds():
+    prog = JobProgress()
+    prog.update(PLAN, [rec(P[1], 0, "failed", suspects=(P[0], P[1]), at=100.0)])  # P[1] cannot accuse itself
+    quiet = swarm({P[0]: 95.0, P[1]: 99.0, P[2]: 99.0, P[3]: 99.0})  # heartbeat every 10 s, TTL 30 s
+    assert prog.verdicts(quiet, 114.0) == ([P[0]], [])  # interval 10 s + slack 5 s not over yet
+    pending, excluded = prog.verdicts(quiet, 116.0)  # well before its heartbeat's TTL runs out (125 s)
+    assert pending == [] and excluded == [P[0]]
+    # Without it 3 usable peers remain of the 4 the job needs: the planner waits; no give-up yet.
+    assert next_action(quiet, JOB, PLAN, prog, 116.0)[0] == "replan"
+    gone = SwarmState("s", 116.0, {p: beating(p, 99.0) for p in P[1:]})
+    assert prog.verdicts(gone, 100.5) == ([], [P[0]])  # no heartbeat at all: out at once
+
+
+def test_suspicions_of_old_epochs_and_healthy_reports_do_not_count():
+    prog = JobProgress()
+    prog.update(PLAN, [rec(P[1], 0, "failed", epoch=1, suspects=(P[0],), at=100.0)])
+    prog.update(PLAN, [rec(P[2], 3, suspects=(P[0],), at=100.0)])  # only failed records accuse
+    assert prog.suspects == {}
 
 
 def test_complete_checkpoint_needs_every_stage():

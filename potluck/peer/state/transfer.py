@@ -1,0 +1,179 @@
+"""Serving a stage's live state to other peers over the swarm (the fetching side: ``pull.py``).
+
+Protocol ``potluck/{swarm}/state/1``, one conversation per stream, every frame a ``protocol.wire`` frame:
+
+    fetcher -> holder   STATE_REQUEST   {"job", "step", "first", "last"}
+    holder -> fetcher   STATE_MANIFEST  signature || manifest (``manifest.py``), or ERROR "why not"
+    fetcher -> holder   STATE_CHUNKS    [i, j, ...]        (repeated: the fetcher spreads chunks over holders)
+    holder -> fetcher   STATE_CHUNK     u32 index || bytes, one per index in the order asked; zstd-compressed
+                                        (flag STATE_ZSTD) when that is smaller, raw otherwise
+
+The holder serves what it was last offered (``offer``): a ``StageState`` whose tensors do not change. A
+manifest for each asked range is built once (select, pack, hash, sign, in a worker thread) and kept until
+the next offer. Every read has a timeout; a fetcher that goes quiet costs one stream for ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+from dataclasses import dataclass
+
+import zstandard
+
+from potluck.net.streams import Streams
+from potluck.peer.errors import TransferError
+from potluck.peer.state.manifest import CHUNK_BYTES, StateManifest, chunk_hashes
+from potluck.peer.state.snapshot import StageState, pack, rename, select
+from potluck.protocol.errors import WireError
+from potluck.protocol.identity import Identity
+from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES, STATE_ZSTD, Frame, MsgType, read_frame, write_frame
+
+logger = logging.getLogger(__name__)
+
+INDEX = struct.Struct("<I")  # the chunk index in front of each STATE_CHUNK payload
+MAX_CACHED = 4  # prepared ranges kept per offer: a re-plan asks each holder for a few ranges at most
+
+
+def state_protocol(swarm_id: str) -> str:
+    return f"potluck/{swarm_id}/state/1"
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    chunk_bytes: int = CHUNK_BYTES
+    timeout_s: float = 10.0  # longest wait for any one frame or stream, seconds
+    deadline_s: float = 600.0  # a whole fetch, seconds (1 GB at 2 MB/s)
+    batch_chunks: int = 8  # chunks asked per STATE_CHUNKS request; two requests stay in flight
+    zstd_level: int = 1  # fast: weights barely compress, and the link, not the CPU, should be the limit
+    max_bytes: int = 64 << 30  # largest state a fetch allocates, bytes (the fetcher's memory budget)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.chunk_bytes <= MAX_STATE_CHUNK_BYTES:
+            raise ValueError(f"chunk_bytes must be in (0, {MAX_STATE_CHUNK_BYTES}], got {self.chunk_bytes}")
+        if self.timeout_s <= 0 or self.deadline_s <= 0 or self.batch_chunks < 1 or self.max_bytes < 0:
+            raise ValueError("timeouts and batch_chunks must be positive, max_bytes non-negative")
+
+
+@dataclass(frozen=True)
+class Served:
+    """One prepared range: its manifest, the signed payload and the byte stream it describes."""
+
+    manifest: StateManifest
+    payload: bytes
+    data: bytearray
+
+
+def parse_request(payload: bytes) -> tuple[str, int, int, int]:
+    """(job, step, first, last) of a STATE_REQUEST; ``TransferError`` when malformed."""
+    try:
+        doc = json.loads(payload)
+        job, step, first, last = doc["job"], doc["step"], doc["first"], doc["last"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise TransferError(f"malformed state request: {e}") from None
+    if not isinstance(job, str) or not all(type(v) is int and v >= 0 for v in (step, first, last)):
+        raise TransferError("malformed state request: job must be a string, step and layers integers")
+    return job, step, first, last
+
+
+def encode_request(job: str, step: int, first: int, last: int) -> bytes:
+    return json.dumps({"job": job, "step": step, "first": first, "last": last}).encode()
+
+
+class StateServer:
+    """Serves the state this peer offers to any peer of the swarm that asks."""
+
+    def __init__(self, streams: Streams, swarm_id: str, identity: Identity, cfg: TransferConfig) -> None:
+        if identity.peer_id != streams.peer_id:
+            raise ValueError(f"identity {identity.peer_id} is not the daemon's {streams.peer_id}")
+        self.streams, self.identity, self.cfg = streams, identity, cfg
+        self.protocol = state_protocol(swarm_id)
+        self._state: StageState | None = None
+        self._served: dict[tuple[int, int, int], asyncio.Task[Served]] = {}
+        self.bytes_sent = 0
+
+    async def start(self) -> None:
+        await self.streams.serve(self.protocol, self._handle)
+
+    async def close(self) -> None:
+        await self.streams.unserve(self.protocol)
+
+    def offer(self, state: StageState | None) -> None:
+        """Serve ``state`` from now on (None: serve nothing); conversations under way keep the old one."""
+        self._state, self._served = state, {}
+
+    @property
+    def offered(self) -> StageState | None:
+        return self._state
+
+    def _prepare(self, state: StageState, first: int, last: int) -> Served:
+        meta = state.meta
+        tensors = select(rename(state.tensors, meta.first_layer), first, last, meta.model.n_layers)
+        entries, data = pack(tensors)
+        chunks = chunk_hashes(memoryview(data), self.cfg.chunk_bytes)
+        manifest = StateManifest(
+            self.identity.peer_id, meta, first, last, self.cfg.chunk_bytes, entries, chunks
+        )
+        return Served(manifest, manifest.signed(self.identity), data)
+
+    async def _served_for(self, job: str, step: int, first: int, last: int) -> Served:
+        state = self._state
+        if state is None:
+            raise TransferError("this peer offers no state")
+        meta = state.meta
+        if (job, step) != (meta.job, meta.step) or not meta.first_layer <= first < last <= meta.last_layer:
+            raise TransferError(
+                f"this peer holds {meta.job!r} step {meta.step} layers [{meta.first_layer}, "
+                f"{meta.last_layer}), asked {job!r} step {step} layers [{first}, {last})"
+            )
+        key = (step, first, last)
+        if key not in self._served:
+            if len(self._served) >= MAX_CACHED:
+                self._served.pop(next(iter(self._served)))
+            self._served[key] = asyncio.ensure_future(asyncio.to_thread(self._prepare, state, first, last))
+        return await self._served[key]
+
+    def chunk_bytes(self, served: Served, index: int) -> bytes:
+        """The raw bytes of chunk ``index`` (a seam for tests that serve corrupted state)."""
+        start, end = served.manifest.chunk_span(index)
+        return bytes(served.data[start:end])
+
+    def _encode_chunk(self, served: Served, index: int) -> Frame:
+        raw = self.chunk_bytes(served, index)
+        packed = zstandard.ZstdCompressor(level=self.cfg.zstd_level).compress(raw)
+        if len(packed) < len(raw):
+            return Frame(MsgType.STATE_CHUNK, INDEX.pack(index) + packed, STATE_ZSTD)
+        return Frame(MsgType.STATE_CHUNK, INDEX.pack(index) + raw)
+
+    async def _handle(self, peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        timeout = self.cfg.timeout_s
+        try:
+            request = await read_frame(reader, timeout, expect={MsgType.STATE_REQUEST})
+            job, step, first, last = parse_request(request.payload)
+            try:
+                served = await self._served_for(job, step, first, last)
+            except TransferError as e:
+                await write_frame(writer, Frame(MsgType.ERROR, str(e)[:4000].encode()), timeout)
+                return
+            await write_frame(writer, Frame(MsgType.STATE_MANIFEST, served.payload), timeout)
+            n_chunks = len(served.manifest.chunks)
+            while True:
+                try:  # a fetcher waits out a slow co-holder before asking again: idle up to its deadline
+                    ask = await read_frame(reader, self.cfg.deadline_s, expect={MsgType.STATE_CHUNKS})
+                except WireError as e:
+                    if "closed" not in str(e):  # closing the stream is how a fetcher says it is done
+                        logger.debug("state stream from %s ended: %s", peer, e)
+                    return
+                indices = json.loads(ask.payload)
+                if not isinstance(indices, list) or not all(
+                    type(i) is int and 0 <= i < n_chunks for i in indices
+                ):
+                    raise TransferError(f"{peer} asked for chunks outside [0, {n_chunks})")
+                for i in indices:
+                    frame = await asyncio.to_thread(self._encode_chunk, served, i)
+                    await write_frame(writer, frame, timeout)
+                    self.bytes_sent += len(frame.payload)
+        except (WireError, TransferError, json.JSONDecodeError, UnicodeDecodeError) as e:
+            logger.info("state transfer to %s stopped: %s", peer, e)
