@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from potluck.aio import bounded, supervise
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.job.plan import calibrated_tflops, make_train_plan, usable_peers
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
-from potluck.coordinator.job.resume import resume_point
+from potluck.coordinator.job.resume import live_step, resume_point
 from potluck.coordinator.placement import PlacementPlan
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
@@ -35,6 +35,11 @@ from potluck.protocol.keys import JOB, LINKS, PEERS, PLAN, PROGRESS
 from potluck.protocol.training import Progress, Spare, TrainPlan
 
 logger = logging.getLogger(__name__)
+
+
+# Plans in a row that may start from live state before falling back to checkpoints: a live hand-off
+# can fail once for timing (a holder still unwinding its run); twice means the state is not to be had.
+LIVE_RESUME_TRIES = 2
 
 
 class CoordinatorService:
@@ -136,16 +141,20 @@ class CoordinatorService:
         if not await self.node.publish(PLAN.name, plan, self.cfg.plan_ttl_s):
             logger.warning("plan epoch %d stored by no DHT node yet", plan.epoch)
 
-    def _resume_step(self) -> int:
-        """The newest checkpoint every stage completed: on the coordinator's disk, else as reported.
+    def _resume_step(self, live_peers: Collection[str]) -> int:
+        """The step live replicas hold (when every stage kept one and live state has not just failed),
+        else the newest checkpoint every stage completed: on the coordinator's disk, else as reported.
         Reads the disk here; ``job.resume.resume_point`` decides."""
         root = self.cfg.checkpoint_root or Path(self.job.checkpoint.dir).expanduser()
         on_disk = latest_complete(root)
         meta = read_manifest(manifest_path(on_disk.path, 0), on_disk.step, 0).meta if on_disk else None
-        point = resume_point(self.job, meta, self.progress.complete_checkpoint())
+        live = None
+        if self.plan is not None and self.progress.failures < LIVE_RESUME_TRIES:
+            live = live_step(self.plan, self.progress.latest, live_peers)
+        point = resume_point(self.job, meta, self.progress.complete_checkpoint(), live)
         if point.ignored is not None:
             logger.warning("%s %s; not resuming from it", root, point.ignored)
-        logger.debug("resume at step %d: %s", point.step, point.reason)
+        logger.info("resume at step %d: %s", point.step, point.reason)
         return point.step
 
     async def _run_job(self) -> None:
@@ -209,13 +218,13 @@ class CoordinatorService:
             self.last_reason = "enough peers; waiting briefly for their link measurements"
             return
         epoch = 1 if self.plan is None else self.plan.epoch + 1
-        start = self._resume_step()
         speeds = calibrated_tflops(self.plan, self.job, self.progress.compute_s) if self.plan else {}
         now = get_dht_time()
         # Suspects that did not heartbeat since a peer failed to reach them sit this plan out.
         _, excluded = self.progress.verdicts(self.state, now, self.retry)
         excluded = [p for p in excluded if p in self.state.peers]
         state = self.state.without(excluded)
+        start = self._resume_step(set(state.peers))
         plan, placement, reason = await asyncio.to_thread(
             make_train_plan, state, self.job, now, epoch, start, self.placement, None, speeds
         )

@@ -144,7 +144,9 @@ class PlanWorker:
                 for peer in a.peers
                 if peer != self.peer_id
             ]
-            sources.append(PeerSource(self.streams, self.swarm_id, holders, self.transfer))
+            sources.append(
+                PeerSource(self.streams, self.swarm_id, holders, self.transfer, local=self.state.offered)
+            )
         return sources
 
     async def _train(self, plan: TrainPlan, previous: TrainPlan | None = None) -> None:

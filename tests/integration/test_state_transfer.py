@@ -5,13 +5,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 
 import pytest
 import torch
-from hivemind.p2p import P2P
 
 from potluck.model.checkpoint import save_stage
 from potluck.model.stage import StageRunner
@@ -26,41 +22,17 @@ from potluck.peer.state.source import DiskSource, Holder, PeerSource, fetch_firs
 from potluck.peer.state.transfer import Served, StateServer, TransferConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.checkpoints import StageMeta
-from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
-from potluck.testbed.localswarm import LOOPBACK
+from tests.helpers.p2p import keyed_group
 from tests.helpers.training import PROTOCOL, make_plan, tiny_dataset, tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SWARM = "xfer-test"
 MODEL = ModelSpec(n_layers=4, d_model=128, n_heads=2, vocab_size=256, seq_len=16)
-CFG = TransferConfig(chunk_bytes=64 << 10, timeout_s=5.0, deadline_s=60.0, batch_chunks=4)
-
-
-@asynccontextmanager
-async def keyed_group(n: int, key_dir: Path) -> AsyncIterator[list[tuple[P2P, Identity]]]:
-    """``n`` connected daemons, each running under an Ed25519 identity the test can sign with."""
-    nodes: list[tuple[P2P, Identity]] = []
-    try:
-        for i in range(n):
-            identity = Identity.generate()
-            key = identity.write_libp2p_key(key_dir / f"peer{i}.p2pkey")
-            maddrs = [str(m) for p2p, _ in nodes for m in await p2p.get_visible_maddrs()]
-            p2p = await P2P.create(
-                initial_peers=maddrs or None,
-                host_maddrs=[LOOPBACK],
-                nat_port_map=False,
-                auto_nat=False,
-                identity_path=str(key),
-                check_if_identity_free=False,
-            )
-            nodes.append((p2p, identity))
-        yield nodes
-    finally:
-        for p2p, _ in nodes:
-            if p2p.is_alive:
-                await p2p.shutdown()
+CFG = TransferConfig(
+    chunk_bytes=64 << 10, timeout_s=5.0, deadline_s=60.0, batch_chunks=4, settle_s=0.0
+)  # faults at once
 
 
 def trained_stage(first: int, last: int, step: int = 3) -> StageState:

@@ -110,28 +110,41 @@ class Holder:
     last: int
 
 
+SETTLE_FIRST_WAIT_S, SETTLE_MAX_WAIT_S = 0.5, 4.0  # backoff while holders settle, seconds
+LOCAL_HOLDER = "(this peer)"  # stands for the local copy among the holders of a segment
+
+
 class PeerSource(StateSource):
     """Live holders over the swarm: each range of the wanted layers is pulled from every holder that
     covers it at once (``pull.py``), ranges one after the other."""
 
     def __init__(
-        self, streams: Streams, swarm_id: str, holders: Sequence[Holder], cfg: TransferConfig
+        self,
+        streams: Streams,
+        swarm_id: str,
+        holders: Sequence[Holder],
+        cfg: TransferConfig,
+        local: StageState | None = None,
     ) -> None:
         self.streams, self.holders, self.cfg = streams, list(holders), cfg
         self.protocol = state_protocol(swarm_id)
+        # This peer's own held layers count as a holder: a re-cut stage may need some layers it holds and
+        # some only others hold (nobody dials itself; those layers are copied from memory).
+        self.local = local
 
     @property
     def name(self) -> str:
         return f"peers:{','.join(sorted({h.peer_id[-8:] for h in self.holders}))}"
 
-    def segments(self, first: int, last: int) -> list[tuple[int, int, list[str]]]:
+    def segments(
+        self, first: int, last: int, holders: Sequence[Holder] | None = None
+    ) -> list[tuple[int, int, list[str]]]:
         """[a, b) pieces of [first, last), each with the holders covering all of it."""
-        cuts = sorted(
-            {first, last} | {x for h in self.holders for x in (h.first, h.last) if first < x < last}
-        )
+        holders = self.holders if holders is None else holders
+        cuts = sorted({first, last} | {x for h in holders for x in (h.first, h.last) if first < x < last})
         out: list[tuple[int, int, list[str]]] = []
         for a, b in itertools.pairwise(cuts):
-            covering = [h.peer_id for h in self.holders if h.first <= a and b <= h.last]
+            covering = [h.peer_id for h in holders if h.first <= a and b <= h.last]
             if not covering:
                 raise StateError(f"no holder covers layers [{a}, {b})")
             if out and out[-1][2] == covering:  # same holders: one request instead of two
@@ -140,16 +153,46 @@ class PeerSource(StateSource):
                 out.append((a, b, covering))
         return out
 
+    def _local_holder(self, want: StateWant) -> list[Holder]:
+        if self.local is None:
+            return []
+        meta = self.local.meta
+        if (meta.job, meta.model, meta.seed, meta.step) != (want.job, want.model, want.seed, want.step):
+            return []
+        return [Holder(LOCAL_HOLDER, meta.first_layer, meta.last_layer)]
+
     async def _fetch(self, want: StateWant) -> dict[str, torch.Tensor]:
         merged: dict[str, torch.Tensor] = {}
-        for a, b, holders in self.segments(want.first, want.last):
+        n = want.model.n_layers
+        for a, b, holders in self.segments(want.first, want.last, self.holders + self._local_holder(want)):
             part = StateWant(want.job, want.model, want.seed, want.step, a, b)
-            merged.update(await pull_state(self.streams, self.protocol, holders, part, self.cfg))
+            if LOCAL_HOLDER in holders and self.local is not None:  # in memory already: no transfer
+                merged.update(select(rename(self.local.tensors, self.local.meta.first_layer), a, b, n))
+            else:
+                merged.update(await pull_state(self.streams, self.protocol, holders, part, self.cfg))
+        check_covers(merged, want.first, want.last, n, self.name)
         return rename(merged, -want.first)
+
+    async def _fetch_settled(self, want: StateWant) -> dict[str, torch.Tensor]:
+        """Ask again while holders may still be settling: a new plan reaches every peer at once, and a
+        holder offers its state only once its previous run has unwound (up to the worker's cancel
+        grace), so a fetch in the first seconds can find "no state yet" where a moment later there is."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.cfg.settle_s
+        wait = SETTLE_FIRST_WAIT_S
+        while True:
+            try:
+                return await self._fetch(want)
+            except StateError as e:
+                if loop.time() + wait > give_up:
+                    raise
+                logger.info("%s: %s; asking again in %.1f s", self.name, e, wait)
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, SETTLE_MAX_WAIT_S)
 
     async def fetch(self, want: StateWant, timeout_s: float) -> FetchedState:
         try:
-            tensors = await asyncio.wait_for(self._fetch(want), min(timeout_s, self.cfg.deadline_s))
+            tensors = await asyncio.wait_for(self._fetch_settled(want), min(timeout_s, self.cfg.deadline_s))
         except TimeoutError:
             raise StateError(f"{self.name}: no complete state within {timeout_s:.0f} s") from None
         return FetchedState(tensors, want.step, self.name)

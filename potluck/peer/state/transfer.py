@@ -46,6 +46,7 @@ class TransferConfig:
     chunk_bytes: int = CHUNK_BYTES
     timeout_s: float = 10.0  # longest wait for any one frame or stream, seconds
     deadline_s: float = 600.0  # a whole fetch, seconds (1 GB at 2 MB/s)
+    settle_s: float = 30.0  # keep asking holders that have no state yet this long, seconds
     batch_chunks: int = 8  # chunks asked per STATE_CHUNKS request; two requests stay in flight
     zstd_level: int = 1  # fast: weights barely compress, and the link, not the CPU, should be the limit
     max_bytes: int = 64 << 30  # largest state a fetch allocates, bytes (the fetcher's memory budget)
@@ -53,7 +54,12 @@ class TransferConfig:
     def __post_init__(self) -> None:
         if not 0 < self.chunk_bytes <= MAX_STATE_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in (0, {MAX_STATE_CHUNK_BYTES}], got {self.chunk_bytes}")
-        if self.timeout_s <= 0 or self.deadline_s <= 0 or self.batch_chunks < 1 or self.max_bytes < 0:
+        if (
+            min(self.timeout_s, self.deadline_s) <= 0
+            or self.settle_s < 0
+            or self.batch_chunks < 1
+            or self.max_bytes < 0
+        ):
             raise ValueError("timeouts and batch_chunks must be positive, max_bytes non-negative")
 
 

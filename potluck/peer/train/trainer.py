@@ -205,7 +205,9 @@ class Trainer:
         await self.sync.finish()  # most buckets are already on their way (overlap)
         timing.allreduce += time.perf_counter() - t0
 
-    async def train_step(self) -> StepReport:
+    async def train_step(self, timeout_s: float | None = None) -> StepReport:
+        """One committed step; ``timeout_s`` bounds each of its waits (default: the config's)."""
+        timeout_s = self.cfg.step_timeout_s if timeout_s is None else timeout_s
         step, timing = self.step, Timing()
         sent_before = self.box.bytes_sent
         rnd = Round(self.plan.epoch, step)
@@ -220,7 +222,7 @@ class Trainer:
                 micro,
                 rnd,
                 self.act_codec,
-                self.cfg.step_timeout_s,
+                timeout_s,
                 timing,
             )
             await self._sync_gradients(timing)
@@ -231,7 +233,7 @@ class Trainer:
             ready = Ready(self.stage, self.replica, 0.0, 0.0, ok=False, reason=str(e)[:200])
         t0 = time.perf_counter()
         try:
-            decision = await commit_step(self.box, self.plan, rnd, ready, self.cfg.step_timeout_s)
+            decision = await commit_step(self.box, self.plan, rnd, ready, timeout_s)
         except StepAborted:
             self.runner.zero_grad()
             raise
@@ -293,7 +295,9 @@ class Trainer:
         committed, leaving weights and optimizer as they were before that step."""
         await self._restore()
         end = self.job.steps if until is None else min(until, self.job.steps)
+        first = self.step
         while self.step < end:
-            report = await self.train_step()
+            grace = self.cfg.first_step_grace_s if self.step == first else 0.0
+            report = await self.train_step(self.cfg.step_timeout_s + grace)
             if on_step is not None:
                 on_step(report)

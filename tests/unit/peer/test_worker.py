@@ -76,7 +76,7 @@ def _job(tmp_path) -> JobSpec:
 
 def _failing_trainer(error: BaseException, after_steps: int) -> type[Trainer]:
     class FailingTrainer(Trainer):
-        async def train_step(self) -> StepReport:
+        async def train_step(self, timeout_s: float | None = None) -> StepReport:
             if self.step >= after_steps:
                 raise error
             return await super().train_step()

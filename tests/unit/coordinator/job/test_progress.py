@@ -188,8 +188,8 @@ def test_resume_step_reads_the_newest_complete_checkpoint_of_the_same_job(tmp_pa
         save_stage(tmp_path, {"w": torch.zeros(2)}, meta)
     cfg = CoordinatorConfig(swarm_id="s", checkpoint_root=tmp_path)
     svc = CoordinatorService(cfg, JOB, Identity.generate())
-    assert svc._resume_step() == 20
+    assert svc._resume_step(set()) == 20
     (tmp_path / "step-00000020" / "stage-000.safetensors").write_bytes(b"damaged")
-    assert svc._resume_step() == 10
+    assert svc._resume_step(set()) == 10
     other = CoordinatorService(cfg, JOB.model_copy(update={"name": "other"}), Identity.generate())
-    assert other._resume_step() == 0  # another job's checkpoints are never resumed from
+    assert other._resume_step(set()) == 0  # another job's checkpoints are never resumed from

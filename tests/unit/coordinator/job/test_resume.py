@@ -2,8 +2,9 @@
 
 import pytest
 
-from potluck.coordinator.job.resume import ResumePoint, resume_point
+from potluck.coordinator.job.resume import ResumePoint, live_step, resume_point
 from potluck.protocol.checkpoints import StageMeta
+from potluck.protocol.training import Progress, StageAssignment, TrainPlan
 from tests.unit.coordinator.job.test_plan import JOB
 
 
@@ -53,3 +54,66 @@ def test_another_jobs_or_models_checkpoint_is_never_resumed_from():
 def test_a_negative_report_is_a_bug():
     with pytest.raises(ValueError, match="reported"):
         resume_point(JOB, None, -1)
+
+
+def pid(name: str) -> str:
+    return f"12D3KooW{name * 16}"  # peer ids are at least 16 characters
+
+
+def _plan(stages: list[str], start: int = 0, epoch: int = 2) -> TrainPlan:
+    """``stages``: one string per stage, one letter per replica's peer."""
+    return TrainPlan(
+        job=JOB.name,
+        epoch=epoch,
+        start_step=start,
+        micro_batches=2,
+        issued_at=1.0,
+        stages=[
+            StageAssignment(first_layer=j, last_layer=j + 1, peers=[pid(c) for c in p])
+            for j, p in enumerate(stages)
+        ],
+    )
+
+
+def live(names: str) -> set[str]:
+    return {pid(c) for c in names}
+
+
+def _report(peer: str, step: int, epoch: int = 2, state: str = "training") -> Progress:
+    return Progress(
+        peer_id=pid(peer),
+        job=JOB.name,
+        epoch=epoch,
+        stage=0,
+        replica=0,
+        step=step,
+        state=state,
+        issued_at=1.0,
+    )  # type: ignore[arg-type]
+
+
+def test_live_state_is_the_newest_step_a_live_placed_peer_reported():
+    plan = _plan(["ab", "cd"], start=10)
+    latest = {
+        pid(p): _report(p, s, state=st)
+        for p, s, st in (("a", 17, "training"), ("b", 18, "failed"), ("c", 16, "training"))
+    }
+    assert live_step(plan, latest, live("abc")) == 18  # d died; b failed at step 18, exactly
+    assert live_step(plan, latest, live("ac")) == 17  # what the living reported
+    assert live_step(plan, {}, live("ac")) == 10  # nobody reported yet: the plan's start
+
+
+def test_a_stage_without_a_live_replica_has_no_live_state():
+    plan = _plan(["ab", "cd"], start=10)
+    latest = {pid(p): _report(p, 15) for p in "abcd"}
+    assert live_step(plan, latest, live("ab")) is None
+    stale = {pid("a"): _report("a", 99, epoch=1), pid("c"): _report("c", 15)}
+    assert live_step(plan, stale, live("ac")) == 15  # a report of another epoch does not count
+
+
+def test_live_state_beats_checkpoints_and_is_capped():
+    point = resume_point(JOB, on_disk(10), 10, live=23)
+    assert point.step == 23 and "live replica" in point.reason
+    assert resume_point(JOB, on_disk(10), 10, live=None).step == 10  # no live state: checkpoints
+    assert resume_point(JOB, None, 0, live=0).step == 0
+    assert resume_point(JOB, None, 0, live=JOB.steps + 50).step == JOB.steps

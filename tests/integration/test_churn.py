@@ -1,0 +1,94 @@
+"""Churn on separate machines: each peer in its own directory, a peer killed by PID mid-run.
+
+When every stage keeps a live replica, the new plan epoch starts from the step the survivors hold in
+memory, not from a checkpoint: the only work lost is the step in flight. No peer's checkpoints can be
+read by another (each writes under its own --checkpoint-dir), so resuming from step 0 is what the swarm
+would do without live state."""
+
+import json
+import re
+import signal
+import time
+
+import pytest
+
+from potluck.protocol.identity import Identity
+from potluck.testbed.localswarm import LocalSwarm
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+STEPS = 80
+JOB = f"""
+name = "churn-test"
+steps = {STEPS}
+min_peers = 2
+[model]
+n_layers = 4
+d_model = 64
+n_heads = 4
+vocab_size = 256
+seq_len = 16
+[batch]
+tokens_per_step = 128
+micro_batch_size = 2
+[data]
+generated_chars = 20000
+[checkpoint]
+dir = "{{ckpt}}"
+interval = 1000
+[limits]
+stages = 2
+max_replicas = 2
+"""
+
+
+def _wait(log, pattern: str, timeout_s: float) -> re.Match[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if m := re.search(pattern, log.read_text(errors="replace")):
+            return m
+        time.sleep(0.3)
+    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
+    """SIGKILL (a crash) or SIGTERM (a graceful leave) of one replica: the next epoch starts where the
+    survivors stand."""
+    job = tmp_path / "job.toml"
+    job.write_text(JOB.format(ckpt=tmp_path / "owner-ckpt"))
+    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
+    peer_args += ("--step-timeout", "5")
+    with LocalSwarm(
+        tmp_path / "run", job, swarm_id="churn-test", peer_args=peer_args, coordinator_args=("--json",)
+    ) as swarm:
+        swarm.start_coordinator()
+        names = ("a", "b", "c", "d")
+        for name in names:  # each peer keeps its checkpoints on its own "disk"
+            swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
+        log = swarm.procs["coordinator"].log
+        _wait(log, r"plan epoch 1: 2 stages x 2 replicas", 120)
+        _wait(log, r"step (1[5-9]|[2-9]\d)/", 120)  # well into the run, long before any checkpoint
+        ids = {n: Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in names}
+        text = log.read_text(errors="replace")
+        epoch1 = text[text.index("plan epoch 1") :]
+        stage1 = re.search(r"│ 1 +│ [0-9-]+ +│ (\w{12}), (\w{12})", epoch1)
+        assert stage1 is not None, epoch1[-3000:]
+        victim = next(n for n, pid in ids.items() if pid.startswith(stage1.group(2)))
+        before = max(int(s) for s in re.findall(r"step (\d+)/", log.read_text(errors="replace")))
+        swarm.stop(victim, sig)
+
+        start = int(_wait(log, r"plan epoch 2: .*?from step (\d+)", 90).group(1))
+        assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
+
+        coordinator = swarm.procs["coordinator"]
+        coordinator.popen.wait(timeout=180)  # launch ends by itself at the job's last step
+        text = log.read_text(errors="replace")
+        assert coordinator.popen.returncode == 0, text[-3000:]
+        summary = json.loads([line for line in text.splitlines() if line.startswith('{"steps"')][-1])
+        assert summary["steps"] == STEPS
+        starts = [int(s) for s in re.findall(r"plan epoch \d+: .*?from step (\d+)", text)][1:]
+        assert starts and min(starts) >= before, (
+            f"epochs after the kill start at {starts}; committed {before}"
+        )
+    assert not (tmp_path / "owner-ckpt").exists() or not any((tmp_path / "owner-ckpt").iterdir())
