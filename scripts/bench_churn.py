@@ -346,25 +346,41 @@ def summarize(
         if name in {f"p{i:02d}" for i in range(initial)}:
             continue
         prefix = next(p for p, n in log.known.items() if n == name)
-        placing = next((p for p in log.plans if p.t >= t_start and prefix in p.placed), None)
-        step = next(((t, s) for t, s, _ in log.steps if placing and t >= placing.t), None)
+        placing, step = first_committed_step(log, prefix, t_start)
+        placed_in = [p.epoch for p in log.plans if p.t >= t_start and prefix in p.placed]
         joins.append(
             {
                 "peer": name,
                 "seen_s": round(log.joined[prefix] - t_start, 1) if prefix in log.joined else None,
                 "placed_epoch": placing.epoch if placing else None,
-                "first_step_s": round(step[0] - t_start, 1) if step else None,
+                "placed_in": placed_in,
+                "first_step_s": round(step - t_start, 1) if step is not None else None,
                 "why_not": None
-                if step
+                if step is not None
                 else (
                     "no plan placed it before the end (spare, or no re-plan since it joined)"
-                    if placing is None
-                    else "placed, but no step committed before the end"
+                    if not placed_in
+                    else f"placed in epoch(s) {placed_in}, but no step was committed while it was placed"
                 ),
             }
         )
     out["joins"] = joins
     return out
+
+
+def first_committed_step(
+    log: CoordinatorLog, prefix: str, t_start: float
+) -> tuple[Plan | None, float | None]:
+    """The first plan after ``t_start`` that places the peer and under which a step line was printed
+    (before the next plan), with that line's time; (None, None) when there is none."""
+    for i, plan in enumerate(log.plans):
+        if plan.t < t_start or prefix not in plan.placed:
+            continue
+        until = log.plans[i + 1].t if i + 1 < len(log.plans) else float("inf")
+        t = next((t for t, _, _ in log.steps if plan.t <= t < until), None)
+        if t is not None:
+            return plan, t
+    return None, None
 
 
 def loss_at(run: dict, step: int) -> tuple[int, float] | None:
