@@ -24,3 +24,4 @@ class CoordinatorConfig:
     link_wait_s: float = 15.0  # the first plan waits this long for link reports once enough peers are live
     max_backoff_s: float = 30.0  # cap on the doubling wait before re-planning after failed plans
     suspect_slack_s: float = 5.0  # a suspect's heartbeat may land this long after its interval
+    suspect_probe_s: float = 2.0  # direct probe of a suspect: a failure confirms it without waiting

@@ -25,6 +25,7 @@ from potluck.coordinator.job.resume import live_step, resume_point
 from potluck.coordinator.placement import PlacementPlan
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
+from potluck.net.dial import reachable
 from potluck.net.node import SwarmNode
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
 from potluck.protocol.envelope import TrustPolicy
@@ -59,6 +60,7 @@ class CoordinatorService:
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
+        self._probed: dict[str, float] = {}  # suspect -> the suspicion (DHT time) it was probed for
         self.error: str | None = None  # set when the job was given up (finished is set too)
         self._enough_since: float | None = None  # when min_peers were first live (monotonic s)
         self._running: asyncio.Task[None] | None = None  # the supervisor of the service's loops
@@ -157,6 +159,27 @@ class CoordinatorService:
         logger.info("resume at step %d: %s", point.step, point.reason)
         return point.step
 
+    async def _probe_suspects(self) -> None:
+        """Dial each pending suspect once per suspicion: a crashed peer refuses at once, so the re-plan
+        need not wait out its heartbeat interval. A peer that answers stays pending (its heartbeat
+        decides); the probes run concurrently, each bounded by ``suspect_probe_s``."""
+        assert self.node is not None
+        pending, _ = self.progress.verdicts(self.state, get_dht_time(), self.retry)
+        todo = [p for p in pending if self._probed.get(p) != self.progress.suspects[p]]
+        if not todo:
+            return
+        probes = [
+            reachable(self.node.p2p, p, self.state.peers[p].record.maddrs, self.cfg.suspect_probe_s)
+            for p in todo
+        ]
+        answers = await asyncio.gather(*probes)
+        now = get_dht_time()
+        for peer, ok in zip(todo, answers, strict=True):
+            self._probed[peer] = self.progress.suspects[peer]
+            if not ok:
+                logger.info("suspect %s does not answer a direct probe: confirmed", peer[:12])
+                self.progress.probe_failed(peer, now)
+
     async def _run_job(self) -> None:
         """Plan when enough peers are live; re-plan on churn or failure; finish at the last step."""
         assert self.node is not None
@@ -169,6 +192,7 @@ class CoordinatorService:
                     self.progress.advanced(self.plan)
                 if self.plan is not None and self.on_progress is not None:
                     self.on_progress(self.plan, self.progress)
+                await self._probe_suspects()
                 action, reason = next_action(
                     self.state,
                     self.job,

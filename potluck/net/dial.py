@@ -107,6 +107,22 @@ async def open_stream(
         await asyncio.sleep(pause)
 
 
+async def reachable(p2p: P2P, peer: str, maddrs: Sequence[str], timeout_s: float) -> bool:
+    """Whether ``peer`` answers a libp2p connection (its key proven by the handshake) at any of
+    ``maddrs`` within ``timeout_s``. A crashed peer's port refuses at once; a live one is connected
+    already or accepts. Used to confirm a suspicion in seconds instead of waiting for a heartbeat."""
+    try:
+        await asyncio.wait_for(
+            p2p._client.connect(PeerID.from_base58(peer), dial_addresses(maddrs, peer)), timeout_s
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # refused, timed out, wrong key: all mean "not reachable from here now"
+        logger.info("probe of %s failed: %s", peer, str(e).strip().splitlines()[-1] if str(e).strip() else e)
+        return False
+    return True
+
+
 def dht_addresses(node: SwarmNode) -> AddressBook:
     """An ``AddressBook`` reading peers' signed heartbeats from the swarm's DHT (one read serves all
     peers for ``ADDRESS_TTL_S``; concurrent lookups share it)."""

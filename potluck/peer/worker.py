@@ -182,19 +182,30 @@ class PlanWorker:
             logger.info("finished the job at step %d", trainer.step)
         except (PeerError, ProtocolError, OSError, ValueError) as e:  # expected: the reason says it all
             logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
-            step = trainer.step if trainer is not None else plan.start_step
+            step = self._reported_step(plan, trainer)
             await self._publish(
                 plan, stage, replica, step, state="failed", message=str(e)[:REASON_CHARS], force=True
             )
         except Exception as e:  # a bug or the device (KeyError, CUDA out of memory): same record, + traceback
             logger.exception("training under plan epoch %d failed", plan.epoch)
-            step = trainer.step if trainer is not None else plan.start_step
+            step = self._reported_step(plan, trainer)
             await self._publish(
                 plan, stage, replica, step, state="failed", message=failure_reason(e), force=True
             )
         finally:
             if self.state is not None and trainer is not None and (held := trainer.snapshot()) is not None:
                 self.state.offer(held)  # served until the next run ends; a torn state is never offered
+
+    def _reported_step(self, plan: TrainPlan, trainer: Trainer | None) -> int:
+        """The step a failed run reports: the trainer's, or, when the run failed before it took any
+        state, the newer step this peer still holds in memory for the job. The coordinator resumes the
+        next epoch from the newest step live peers report, so a plan that asked for an older step than
+        the survivors hold (their last commit raced the re-plan) is corrected on the next try."""
+        step = trainer.step if trainer is not None else plan.start_step
+        held = self.state.offered if self.state is not None else None
+        if held is not None and held.meta.job == plan.job and step == plan.start_step:
+            return max(step, held.meta.step)
+        return step
 
     def _on_step(self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport) -> None:
         self.steps_done += 1

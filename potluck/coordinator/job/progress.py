@@ -56,6 +56,7 @@ class JobProgress:
     failures: int = 0  # re-plans in a row after which no step was completed
     best_step: int = 0  # most steps ever completed by the whole swarm
     suspects: dict[str, float] = field(default_factory=dict)  # peer -> DHT time of the newest suspicion
+    unreachable: dict[str, float] = field(default_factory=dict)  # peer -> DHT time a direct probe failed
 
     def update(self, plan: TrainPlan | None, records: Iterable[Progress]) -> None:
         if plan is None:
@@ -99,24 +100,31 @@ class JobProgress:
         placed = [p for st in plan.stages for p in st.peers]
         return min((self.latest[p].step if p in self.latest else plan.start_step) for p in placed)
 
+    def probe_failed(self, peer: str, at: float) -> None:
+        """The coordinator could not reach ``peer`` directly at DHT time ``at``."""
+        self.unreachable[peer] = max(self.unreachable.get(peer, -1.0), at)
+
     def verdicts(
         self, state: SwarmState, now: float, retry: RetryPolicy | None = None
     ) -> tuple[list[str], list[str]]:
         """(pending, excluded) suspects at ``now``. A suspect that heartbeated after its suspicion is
-        cleared (neither list); one that did not is pending for its heartbeat interval plus
-        ``slack_s``, then excluded; one with no live heartbeat at all is excluded at once."""
+        cleared (neither list); one that did not is excluded at once when the coordinator's own direct
+        probe failed after the suspicion (``probe_failed``), else pending for its heartbeat interval
+        plus ``slack_s``, then excluded; one with no live heartbeat at all is excluded at once."""
         retry = retry or RetryPolicy()
-        pending, excluded = [], []
+        pending: list[str] = []
+        excluded: list[str] = []
         for peer, since in sorted(self.suspects.items()):
             view = state.peers.get(peer)
             if view is None:
                 excluded.append(peer)
             elif view.record.issued_at > since:
                 continue
-            elif now - since > heartbeat_interval_s(view) + retry.slack_s:
-                excluded.append(peer)
             else:
-                pending.append(peer)
+                # Confirmed by two witnesses (the reporter and our own failed probe), or by silence.
+                probed_dead = self.unreachable.get(peer, -1.0) >= since
+                overdue = now - since > heartbeat_interval_s(view) + retry.slack_s
+                (excluded if probed_dead or overdue else pending).append(peer)
         return pending, excluded
 
 

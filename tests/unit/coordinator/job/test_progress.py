@@ -156,6 +156,19 @@ def test_a_suspect_without_a_heartbeat_since_is_left_out_within_seconds():
     assert prog.verdicts(gone, 100.5) == ([], [P[0]])  # no heartbeat at all: out at once
 
 
+def test_a_failed_direct_probe_confirms_a_suspect_at_once():
+    prog = JobProgress()
+    prog.update(PLAN, [rec(P[1], 0, "failed", suspects=(P[0],), at=100.0)])
+    quiet = swarm({P[0]: 95.0, P[1]: 99.0, P[2]: 99.0, P[3]: 99.0})
+    prog.probe_failed(P[0], at=99.0)  # a probe from before the suspicion says nothing about it
+    assert prog.verdicts(quiet, 101.0) == ([P[0]], [])
+    prog.probe_failed(P[0], at=100.5)  # ours, after the suspicion: two witnesses
+    assert prog.verdicts(quiet, 101.0) == ([], [P[0]])
+    assert next_action(quiet, JOB, PLAN, prog, 101.0)[0] == "replan"  # no waiting out its heartbeat
+    again = swarm({P[0]: 102.0, P[1]: 99.0, P[2]: 99.0, P[3]: 99.0})  # yet a heartbeat since still wins
+    assert prog.verdicts(again, 103.0) == ([], [])
+
+
 def test_suspicions_of_old_epochs_and_healthy_reports_do_not_count():
     prog = JobProgress()
     prog.update(PLAN, [rec(P[1], 0, "failed", epoch=1, suspects=(P[0],), at=100.0)])
