@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from hivemind.utils import get_dht_time
@@ -47,6 +48,7 @@ from potluck.protocol.training import Progress, ProgressState, StepTiming, Train
 
 logger = logging.getLogger(__name__)
 
+RECENT_PLANS = 3  # plans whose peers are asked for state: a failed plan or two may sit in between
 REASON_CHARS = 128  # a failure's reason as published (Progress.message holds at most 128 characters)
 CANCEL_GRACE_S = 5.0  # seconds a cancelled training run may spend unwinding before it is left behind
 
@@ -68,6 +70,7 @@ class PlanWorker:
             addresses=dht_addresses(node),  # dial peers at the addresses their heartbeats announce
         )
         self.plan: TrainPlan | None = None
+        self._recent: list[TrainPlan] = []  # the plans before this one, newest last
         self._tasks: Supervisor | None = None  # set while run() runs
         self._task: asyncio.Task[None] | None = None  # the training run of the current plan
         self._datasets: dict[str, TokenDataset] = {}
@@ -112,14 +115,16 @@ class PlanWorker:
         if self.plan is not None and plan.epoch <= self.plan.epoch:
             return
         await self._cancel()
-        previous, self.plan, self._last_report = self.plan, plan, None
+        if self.plan is not None:  # the plans whose peers may hold state this run can start from
+            self._recent = [*self._recent, self.plan][-RECENT_PLANS:]
+        self.plan, self._last_report = plan, None
         await self.box.forget(before(plan.epoch))  # stale messages of older epochs
         self.box.take_suspects()  # and suspicions raised under them
         logger.info("plan epoch %d (%s) from step %d", plan.epoch, plan.status, plan.start_step)
         if plan.status == "done":
             return
         assert self._tasks is not None
-        self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan, previous))
+        self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan, list(self._recent)))
 
     async def _cancel(self) -> None:
         if self._task is not None and self._tasks is not None:
@@ -132,24 +137,32 @@ class PlanWorker:
             raise PeerError(f"the swarm's job spec for {plan.job!r} is not readable yet")
         return jobs[0]
 
-    def _sources(self, previous: TrainPlan | None, root: Path) -> list[StateSource]:
-        """Where a run gets its start state: this peer's copy, its disk, then the previous plan's peers."""
+    def _sources(self, recent: Sequence[TrainPlan], root: Path) -> list[StateSource]:
+        """Where a run gets its start state: this peer's copy, its disk, then the peers of recent plans.
+
+        A peer holds the layers of the last run it actually started, which is not always the previous
+        plan's (a plan can fail before anyone takes state), so every recent plan's assignment is a
+        candidate; a candidate that does not hold what it is asked for says so and the others serve."""
         if self.state is None:
             return []  # the trainer's own disk path, as before live state existed
         sources: list[StateSource] = [LocalSource(self.state.offered), DiskSource(root)]
-        if previous is not None:
-            holders = [
+        holders = sorted(
+            {
                 Holder(peer, a.first_layer, a.last_layer)
-                for a in previous.stages
+                for old in recent
+                for a in old.stages
                 for peer in a.peers
                 if peer != self.peer_id
-            ]
+            },
+            key=lambda h: (h.first, h.last, h.peer_id),
+        )
+        if holders:
             sources.append(
                 PeerSource(self.streams, self.swarm_id, holders, self.transfer, local=self.state.offered)
             )
         return sources
 
-    async def _train(self, plan: TrainPlan, previous: TrainPlan | None = None) -> None:
+    async def _train(self, plan: TrainPlan, recent: Sequence[TrainPlan] = ()) -> None:
         pos = plan.position(self.peer_id)
         if pos is None:
             why = next((s.reason for s in plan.spares if s.peer_id == self.peer_id), "not placed by the plan")
@@ -173,7 +186,7 @@ class PlanWorker:
                 self.cfg.trainer(),
                 self.cfg.checkpoint_root,
                 sources=self._sources(
-                    previous, self.cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
+                    recent, self.cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
                 ),
             )
             await trainer.run(lambda r: self._on_step(plan, stage, replica, job, r))

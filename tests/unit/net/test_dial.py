@@ -101,7 +101,9 @@ def test_a_dial_gives_up_at_its_timeout_and_the_mailbox_suspects_the_peer(monkey
         box = Mailbox(FakeP2P(set()), "proto/1", TransportConfig(timeout_s=0.5), addresses=addresses)  # type: ignore[arg-type]
         t = time.monotonic()
         with pytest.raises(
-            WireError, match=rf"cannot open a stream to {PEER} \(\d+ attempts in 0.5 s\): failed"
+            # the last attempt fails on its own or is cut by the deadline on a loaded machine
+            WireError,
+            match=rf"cannot open a stream to {PEER} \(\d+ attempts in 0.5 s\): (failed|TimeoutError)",
         ):
             await box.send(PEER, make_tag(Round(1, 0), Stream.ACTIVATIONS), b"x")
         assert time.monotonic() - t < 1.0  # bounded by the mailbox's timeout
