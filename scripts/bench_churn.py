@@ -48,30 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from potluck.protocol.identity import Identity
 from potluck.testbed.localswarm import LocalSwarm
+from tests.helpers.jobs import job_toml
 
-JOB = """
-name = "bench-churn"
-seed = {seed}
-steps = 1000000
-min_peers = 2
-[model]
-n_layers = 4
-d_model = 64
-n_heads = 4
-vocab_size = 256
-seq_len = 16
-[batch]
-tokens_per_step = 128
-micro_batch_size = 2
-[data]
-generated_chars = 20000
-[checkpoint]
-dir = "{ckpt}"
-interval = 1000000
-[limits]
-stages = 2
-max_replicas = {max_replicas}
-"""
 PEER_ARGS = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
 
 PLAN_RE = re.compile(r"plan epoch (\d+): (\d+) stages x (\d+) replicas, from step (\d+)")
@@ -204,7 +182,17 @@ def run_swarm(
     run = root / "run"
     job = root / "job.toml"
     job.parent.mkdir(parents=True, exist_ok=True)
-    job.write_text(JOB.format(seed=seed, ckpt=root / "coordinator-ckpt", max_replicas=max(1, peers // 2)))
+    job.write_text(
+        job_toml(
+            "bench-churn",
+            steps=10**6,
+            ckpt=root / "coordinator-ckpt",
+            interval=10**6,
+            seed=seed,
+            stages=2,
+            max_replicas=max(1, peers // 2),
+        )
+    )
     rng = random.Random(seed)
     label = "churn" if churn else "baseline"
     peer_args = (*PEER_ARGS, "--ttl", str(ttl), "--step-timeout", str(step_timeout))

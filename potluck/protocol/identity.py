@@ -39,6 +39,22 @@ def peer_id_from_public_key(public_key: bytes) -> str:
     return base58.b58encode(b"\x00" + bytes([len(encoded)]) + encoded).decode("ascii")
 
 
+def public_key_from_peer_id(peer_id: str) -> bytes:
+    """The Ed25519 public key a peer id inlines (the inverse of ``peer_id_from_public_key``), so a
+    signature can be checked against the id alone; ``IdentityError`` for any other kind of id."""
+    header = b"\x00" + bytes([len(_LIBP2P_PUB_PREFIX) + PUBLIC_KEY_BYTES]) + _LIBP2P_PUB_PREFIX
+    try:
+        raw = base58.b58decode(peer_id)
+    except ValueError:
+        raise IdentityError(f"{peer_id!r} is not a base58 peer id") from None
+    if len(raw) != len(header) + PUBLIC_KEY_BYTES or not raw.startswith(header):
+        raise IdentityError(f"peer id {peer_id} does not inline an Ed25519 key")
+    key = raw[len(header) :]
+    if peer_id_from_public_key(key) != peer_id:
+        raise IdentityError(f"peer id {peer_id} is not canonical")
+    return key
+
+
 def verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
     """True iff ``signature`` is a valid Ed25519 signature of ``message`` under ``public_key``."""
     if len(public_key) != PUBLIC_KEY_BYTES or len(signature) != SIGNATURE_BYTES:

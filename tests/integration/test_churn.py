@@ -14,32 +14,11 @@ import pytest
 
 from potluck.protocol.identity import Identity
 from potluck.testbed.localswarm import LocalSwarm
+from tests.helpers.jobs import job_toml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 STEPS = 80
-JOB = f"""
-name = "churn-test"
-steps = {STEPS}
-min_peers = 2
-[model]
-n_layers = 4
-d_model = 64
-n_heads = 4
-vocab_size = 256
-seq_len = 16
-[batch]
-tokens_per_step = 128
-micro_batch_size = 2
-[data]
-generated_chars = 20000
-[checkpoint]
-dir = "{{ckpt}}"
-interval = 1000
-[limits]
-stages = 2
-max_replicas = 2
-"""
 
 
 def _wait(log, pattern: str, timeout_s: float) -> re.Match[str]:
@@ -56,7 +35,11 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
     """SIGKILL (a crash) or SIGTERM (a graceful leave) of one replica: the next epoch starts where the
     survivors stand."""
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(ckpt=tmp_path / "owner-ckpt"))
+    job.write_text(
+        job_toml(
+            "churn-test", steps=STEPS, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=2, max_replicas=2
+        )
+    )
     peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
     peer_args += ("--step-timeout", "5")
     with LocalSwarm(

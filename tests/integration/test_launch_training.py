@@ -11,37 +11,21 @@ import pytest
 
 from potluck.protocol.identity import Identity
 from potluck.testbed.localswarm import LocalSwarm
+from tests.helpers.jobs import job_toml
 from tests.helpers.swarm import status_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-JOB = """
-name = "launch-test"
-steps = 8
-min_peers = 2
-[model]
-n_layers = 2
-d_model = 128
-n_heads = 4
-vocab_size = 256
-seq_len = 16
-[batch]
-tokens_per_step = 128
-micro_batch_size = 2
-[data]
-generated_chars = 20000
-[checkpoint]
-dir = "{ckpt}"
-interval = 4
-[limits]
-stages = 2
-replicas = 1
-"""
+
+def launch_job(ckpt, steps: int = 8) -> str:
+    return job_toml(
+        "launch-test", steps=steps, ckpt=ckpt, interval=4, n_layers=2, d_model=128, stages=2, replicas=1
+    )
 
 
 def test_launch_trains_to_the_end_and_explains_spares(tmp_path):
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(ckpt=tmp_path / "ckpt"))
+    job.write_text(launch_job(tmp_path / "ckpt"))
     peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
     with LocalSwarm(
         tmp_path / "run", job, swarm_id="launch-test", peer_args=peer_args, coordinator_args=("--json",)
@@ -63,7 +47,7 @@ def test_launch_trains_to_the_end_and_explains_spares(tmp_path):
 
 def test_status_shows_plan_and_progress(tmp_path):
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(ckpt=tmp_path / "ckpt").replace("steps = 8", "steps = 400"))
+    job.write_text(launch_job(tmp_path / "ckpt", steps=400))
     peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
     with LocalSwarm(tmp_path / "run", job, swarm_id="status-test", peer_args=peer_args) as swarm:
         invite = swarm.start_coordinator()
@@ -85,7 +69,7 @@ def test_a_killed_peer_is_suspected_and_replaced_before_its_heartbeat_expires(tm
     Its neighbour's stream fails, the neighbour names it as a suspect, and the coordinator re-plans
     without it once its next heartbeat is overdue (interval 20 s + 5 s), not when the TTL runs out."""
     job = tmp_path / "job.toml"
-    job.write_text(JOB.format(ckpt=tmp_path / "ckpt").replace("steps = 8", "steps = 100000"))
+    job.write_text(launch_job(tmp_path / "ckpt", steps=100000))
     peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
     peer_args += ("--ttl", "60", "--step-timeout", "5")
     with LocalSwarm(tmp_path / "run", job, swarm_id="suspect-test", peer_args=peer_args) as swarm:

@@ -20,13 +20,12 @@ import math
 import re
 from dataclasses import dataclass
 
-import base58
-
 from potluck.peer.errors import TransferError
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import CheckpointError, IdentityError
-from potluck.protocol.identity import SIGNATURE_BYTES, Identity, peer_id_from_public_key, verify
+from potluck.protocol.identity import SIGNATURE_BYTES, Identity, public_key_from_peer_id, verify
 from potluck.protocol.jobspec import ModelSpec
+from potluck.protocol.records import canonical_json
 from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES
 
 FORMAT = "potluck-state-manifest"
@@ -50,7 +49,6 @@ ITEMSIZE = {
     "bool": 1,
 }
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_LIBP2P_PUB_PREFIX = b"\x00\x24\x08\x01\x12\x20"  # identity multihash (0x00, 36 bytes) of an Ed25519 key
 
 
 @dataclass(frozen=True)
@@ -118,7 +116,7 @@ class StateManifest:
             "meta": self.meta.to_dict(),
             **self.data(),
         }
-        return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        return canonical_json(doc)
 
     def signed(self, identity: Identity) -> bytes:
         """The STATE_MANIFEST payload: signature || body."""
@@ -126,20 +124,6 @@ class StateManifest:
             raise ValueError(f"identity {identity.peer_id} cannot sign for holder {self.holder}")
         body = self.body()
         return identity.sign(DOMAIN + body) + body
-
-
-def public_key_of(peer_id: str) -> bytes:
-    """The Ed25519 public key a potluck peer id inlines; ``IdentityError`` for any other id."""
-    try:
-        raw = base58.b58decode(peer_id)
-    except ValueError:
-        raise IdentityError(f"{peer_id!r} is not a base58 peer id") from None
-    if len(raw) != len(_LIBP2P_PUB_PREFIX) + 32 or not raw.startswith(_LIBP2P_PUB_PREFIX):
-        raise IdentityError(f"peer id {peer_id} does not inline an Ed25519 key")
-    key = raw[len(_LIBP2P_PUB_PREFIX) :]
-    if peer_id_from_public_key(key) != peer_id:
-        raise IdentityError(f"peer id {peer_id} is not canonical")
-    return key
 
 
 def chunk_hashes(data: memoryview | bytes, chunk_bytes: int) -> tuple[str, ...]:
@@ -162,7 +146,7 @@ def check_chunk(manifest: StateManifest, index: int, data: bytes) -> None:
 def parse(payload: bytes, holder: str, max_bytes: int) -> StateManifest:
     """Verify and parse a STATE_MANIFEST payload from ``holder``, refusing states over ``max_bytes``."""
     try:
-        key = public_key_of(holder)
+        key = public_key_from_peer_id(holder)
     except IdentityError as e:
         raise TransferError(str(e)) from None
     sig, body = payload[:SIGNATURE_BYTES], payload[SIGNATURE_BYTES:]

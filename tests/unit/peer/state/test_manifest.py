@@ -15,11 +15,10 @@ from potluck.peer.state.manifest import (
     check_want,
     chunk_hashes,
     parse,
-    public_key_of,
 )
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import IdentityError
-from potluck.protocol.identity import Identity
+from potluck.protocol.identity import Identity, public_key_from_peer_id
 from potluck.protocol.jobspec import ModelSpec
 
 MODEL = ModelSpec(n_layers=4, d_model=32, n_heads=2, vocab_size=256, seq_len=16)
@@ -60,9 +59,9 @@ def test_a_signed_manifest_parses_back_equal():
 
 def test_public_key_comes_out_of_the_peer_id():
     holder = Identity.generate()
-    assert public_key_of(holder.peer_id) == holder.public_key
+    assert public_key_from_peer_id(holder.peer_id) == holder.public_key
     with pytest.raises(IdentityError):
-        public_key_of("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N")  # an RSA-style (sha256) id
+        public_key_from_peer_id("QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N")  # an RSA-style (sha256) id
 
 
 def test_forged_or_misattributed_manifests_are_refused():
