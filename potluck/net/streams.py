@@ -59,7 +59,11 @@ class Streams:
     async def open(
         self, peer_id: str, protocol: str, timeout_s: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A new stream to ``peer_id``; ``WireError`` if it cannot be opened within ``timeout_s``."""
+        """A new stream to ``peer_id``; ``WireError`` if it cannot be opened within ``timeout_s``.
+
+        One attempt, no retries over announced addresses (``dial.open_stream``): callers ask several
+        peers at once (state holders), and a dead one must fail at once rather than hold up the others
+        for the whole timeout."""
         try:
             _, reader, writer = await asyncio.wait_for(
                 self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol), timeout_s
