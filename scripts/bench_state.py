@@ -25,12 +25,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers
 
 from potluck.net.streams import Streams
-from potluck.peer.state.manifest import StateWant
-from potluck.peer.state.snapshot import StageState
 from potluck.peer.state.source import Holder, PeerSource
-from potluck.peer.state.transfer import StateServer, TransferConfig
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.jobspec import ModelSpec
+from potluck.transfer.manifest import StateWant
+from potluck.transfer.server import StateServer, TransferConfig
+from potluck.transfer.snapshot import StageState
 from tests.helpers.p2p import keyed_group
 
 SWARM = "bench-state"

@@ -23,11 +23,3 @@ class PipelineError(PeerError):
 
 class StepAborted(PeerError):
     """The step was not committed (a peer failed or disagreed); no replica applied it."""
-
-
-class StateError(PeerError):
-    """A stage's state could not be fetched: no source answered, or none answered with valid state."""
-
-
-class TransferError(StateError):
-    """One holder's transfer failed: bad signature, manifest or chunk hash, a timeout or a lost stream."""

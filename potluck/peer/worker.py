@@ -38,18 +38,22 @@ from potluck.net.tags import before
 from potluck.peer.config import WorkerConfig
 from potluck.peer.errors import PeerError
 from potluck.peer.state.source import DiskSource, Holder, LocalSource, PeerSource, StateSource
-from potluck.peer.state.transfer import StateServer, TransferConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, PLAN, PROGRESS
 from potluck.protocol.training import Progress, ProgressState, StepTiming, TrainPlan
+from potluck.transfer.errors import StateError
+from potluck.transfer.server import StateServer, TransferConfig
 
 logger = logging.getLogger(__name__)
 
 RECENT_PLANS = 3  # plans whose peers are asked for state: a failed plan or two may sit in between
 REASON_CHARS = 128  # a failure's reason as published (Progress.message holds at most 128 characters)
+# Failures a run can meet in normal operation (a lost neighbour, no state to be had, a bad record):
+# reported without a traceback.
+EXPECTED = (PeerError, StateError, ProtocolError, OSError, ValueError)
 CANCEL_GRACE_S = 5.0  # seconds a cancelled training run may spend unwinding before it is left behind
 
 
@@ -193,7 +197,7 @@ class PlanWorker:
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
             logger.info("finished the job at step %d", trainer.step)
-        except (PeerError, ProtocolError, OSError, ValueError) as e:  # expected: the reason says it all
+        except EXPECTED as e:  # the reason says it all
             logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
             step = self._reported_step(plan, trainer)
             await self._publish(

@@ -15,14 +15,14 @@ from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
 from potluck.net.streams import Streams
 from potluck.peer.config import TrainerConfig
-from potluck.peer.errors import StateError
-from potluck.peer.state.manifest import StateWant
-from potluck.peer.state.snapshot import StageState, rename, select
 from potluck.peer.state.source import DiskSource, Holder, PeerSource, fetch_first
-from potluck.peer.state.transfer import Served, StateServer, TransferConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
+from potluck.transfer.errors import StateError
+from potluck.transfer.manifest import StateWant
+from potluck.transfer.server import Served, StateServer, TransferConfig
+from potluck.transfer.snapshot import StageState, rename, select
 from tests.helpers.p2p import keyed_group
 from tests.helpers.training import PROTOCOL, make_plan, tiny_dataset, tiny_job, train_swarm
 
@@ -120,7 +120,7 @@ def test_weights_and_adamw_state_arrive_byte_identical_from_two_holders(tmp_path
 
 def test_a_fetch_survives_a_holder_dying_mid_transfer(tmp_path, caplog):
     state = trained_stage(0, 2)
-    caplog.set_level(logging.WARNING, logger="potluck.peer.state.pull")
+    caplog.set_level(logging.WARNING, logger="potluck.transfer.pull")
 
     async def main() -> tuple[dict[str, torch.Tensor], int]:
         async with keyed_group(3, tmp_path) as nodes:
@@ -148,7 +148,7 @@ def test_a_fetch_survives_a_holder_dying_mid_transfer(tmp_path, caplog):
 
 def test_a_corrupted_chunk_is_caught_and_fetched_elsewhere(tmp_path, caplog):
     state = trained_stage(0, 2)
-    caplog.set_level(logging.WARNING, logger="potluck.peer.state.pull")
+    caplog.set_level(logging.WARNING, logger="potluck.transfer.pull")
 
     async def main() -> dict[str, torch.Tensor]:
         async with keyed_group(3, tmp_path) as nodes:

@@ -25,11 +25,12 @@ RANK = {
     "net": 2,
     "model": 2,
     "telemetry": 2,
-    "peer": 3,
-    "coordinator": 3,
-    "testbed": 4,
-    "sim": 4,
-    "cli": 5,
+    "transfer": 3,  # stage state over the swarm: used by peers and the coordinator alike
+    "peer": 4,
+    "coordinator": 4,
+    "testbed": 5,
+    "sim": 5,
+    "cli": 6,
 }
 # Imports that are not the rank rule's business: a part may never import these whatever their rank.
 FORBIDDEN = {"sim": {"net", "peer"}}

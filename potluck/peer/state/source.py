@@ -20,13 +20,13 @@ import torch
 
 from potluck.model.checkpoint import CheckpointError
 from potluck.net.streams import Streams
-from potluck.peer.errors import StateError
-from potluck.peer.state.manifest import StateWant
-from potluck.peer.state.pull import pull_state
 from potluck.peer.state.resume import load_layers
-from potluck.peer.state.snapshot import StageState, check_covers, rename, select
-from potluck.peer.state.transfer import TransferConfig, state_protocol
 from potluck.protocol.checkpoints import StageMeta
+from potluck.transfer.errors import StateError
+from potluck.transfer.manifest import StateWant
+from potluck.transfer.pull import pull_state
+from potluck.transfer.server import TransferConfig, state_protocol
+from potluck.transfer.snapshot import StageState, check_covers, rename, select
 
 logger = logging.getLogger(__name__)
 

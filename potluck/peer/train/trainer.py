@@ -36,9 +36,7 @@ from potluck.peer.collectives.diloco import DiLoCo
 from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig, DiLoCoConfig, TrainerConfig
 from potluck.peer.errors import CollectiveError, PipelineError, StepAborted
-from potluck.peer.state.manifest import StateWant
 from potluck.peer.state.resume import load_layers
-from potluck.peer.state.snapshot import StageState
 from potluck.peer.state.source import StateSource, fetch_first
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
@@ -46,6 +44,8 @@ from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.collective import records_to_schedule
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
+from potluck.transfer.manifest import StateWant
+from potluck.transfer.snapshot import StageState
 
 logger = logging.getLogger(__name__)
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from potluck.model.stage import StageRunner
-from potluck.peer.errors import StateError
-from potluck.peer.state.manifest import StateWant
-from potluck.peer.state.snapshot import StageState
 from potluck.peer.state.source import DiskSource, Holder, LocalSource, PeerSource, fetch_first
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
+from potluck.transfer.errors import StateError
+from potluck.transfer.manifest import StateWant
+from potluck.transfer.snapshot import StageState
 
 MODEL = ModelSpec(n_layers=4, d_model=32, n_heads=2, vocab_size=256, seq_len=16)
 

@@ -20,13 +20,13 @@ import math
 import re
 from dataclasses import dataclass
 
-from potluck.peer.errors import TransferError
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import CheckpointError, IdentityError
 from potluck.protocol.identity import SIGNATURE_BYTES, Identity, public_key_from_peer_id, verify
 from potluck.protocol.jobspec import ModelSpec
 from potluck.protocol.records import canonical_json
 from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES
+from potluck.transfer.errors import TransferError
 
 FORMAT = "potluck-state-manifest"
 VERSION = 1

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 import zstandard
 
 from potluck.net.streams import Streams
-from potluck.peer.errors import TransferError
-from potluck.peer.state.manifest import CHUNK_BYTES, StateManifest, chunk_hashes
-from potluck.peer.state.snapshot import StageState, pack, rename, select
 from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity
 from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES, STATE_ZSTD, Frame, MsgType, read_frame, write_frame
+from potluck.transfer.errors import TransferError
+from potluck.transfer.manifest import CHUNK_BYTES, StateManifest, chunk_hashes
+from potluck.transfer.snapshot import StageState, pack, rename, select
 
 logger = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ import torch
 import zstandard
 
 from potluck.net.streams import Streams
-from potluck.peer.errors import StateError, TransferError
-from potluck.peer.state import manifest as mf
-from potluck.peer.state.snapshot import check_covers, unpack
-from potluck.peer.state.transfer import INDEX, TransferConfig, encode_request
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import STATE_ZSTD, Frame, MsgType, read_frame, write_frame
+from potluck.transfer import manifest as mf
+from potluck.transfer.errors import StateError, TransferError
+from potluck.transfer.server import INDEX, TransferConfig, encode_request
+from potluck.transfer.snapshot import check_covers, unpack
 
 logger = logging.getLogger(__name__)
 

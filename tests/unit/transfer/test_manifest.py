@@ -5,8 +5,12 @@ import json
 
 import pytest
 
-from potluck.peer.errors import TransferError
-from potluck.peer.state.manifest import (
+from potluck.protocol.checkpoints import StageMeta
+from potluck.protocol.errors import IdentityError
+from potluck.protocol.identity import Identity, public_key_from_peer_id
+from potluck.protocol.jobspec import ModelSpec
+from potluck.transfer.errors import TransferError
+from potluck.transfer.manifest import (
     DOMAIN,
     StateManifest,
     StateWant,
@@ -16,10 +20,6 @@ from potluck.peer.state.manifest import (
     chunk_hashes,
     parse,
 )
-from potluck.protocol.checkpoints import StageMeta
-from potluck.protocol.errors import IdentityError
-from potluck.protocol.identity import Identity, public_key_from_peer_id
-from potluck.protocol.jobspec import ModelSpec
 
 MODEL = ModelSpec(n_layers=4, d_model=32, n_heads=2, vocab_size=256, seq_len=16)
 BUDGET = 1 << 30

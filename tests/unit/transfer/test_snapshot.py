@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from potluck.model.stage import StageRunner
-from potluck.peer.errors import TransferError
-from potluck.peer.state.snapshot import check_covers, pack, rename, select, unpack
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
+from potluck.transfer.errors import TransferError
+from potluck.transfer.snapshot import check_covers, pack, rename, select, unpack
 
 MODEL = ModelSpec(n_layers=4, d_model=32, n_heads=2, vocab_size=256, seq_len=16)
 

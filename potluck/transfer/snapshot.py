@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from potluck.peer.errors import TransferError
-from potluck.peer.state.manifest import ITEMSIZE, TensorEntry
 from potluck.protocol.checkpoints import StageMeta
+from potluck.transfer.errors import TransferError
+from potluck.transfer.manifest import ITEMSIZE, TensorEntry
 
 _LAYER = re.compile(r"^(model|optim)\.layers\.(\d+)\.(.+)$")
 _ENDS = {"embed": "first", "norm": "last", "head": "last"}  # non-layer modules: which end holds them
