@@ -121,16 +121,23 @@ async def supervise(
 
 @contextmanager
 def stop_on_signals(
-    event: asyncio.Event | None = None, signals: tuple[signal.Signals, ...] = STOP_SIGNALS
+    event: asyncio.Event | None = None,
+    signals: tuple[signal.Signals, ...] = STOP_SIGNALS,
+    again: asyncio.Event | None = None,
 ) -> Iterator[asyncio.Event]:
     """Within the block, SIGINT and SIGTERM set ``event`` (a new one if not given) instead of killing
-    the process; the handlers that were there before come back when the block ends. Needs a running
-    loop in the main thread."""
+    the process, and a second one sets ``again`` (a stop that may take a while is cut short: Ctrl-C
+    twice); the handlers that were there before come back when the block ends. Needs a running loop in
+    the main thread."""
     loop = asyncio.get_running_loop()
     stop = event if event is not None else asyncio.Event()
     previous = {sig: signal.getsignal(sig) for sig in signals}
 
     def on_signal(sig: signal.Signals) -> None:
+        if stop.is_set() and again is not None:
+            logger.warning("received %s again; stopping now", sig.name)
+            again.set()
+            return
         logger.info("received %s; stopping", sig.name)
         stop.set()
 

@@ -2,7 +2,7 @@
 """Volunteers come and go (issue 12): a bounded chaos run on 127.0.0.1 next to the same run without churn.
 
 A coordinator (`potluck launch`) and N peers (`potluck peer`), each a real process with its own p2pd and
-its own directory (its key and its --checkpoint-dir: no disk is shared), train a small job forced to 2
+its own --state-dir (its key and its checkpoints: no disk is shared), train a small job forced to 2
 pipeline stages whose step count outlasts the run. Every --interval seconds one random *placed* peer is
 SIGKILLed (its process group, by PID) and a new peer is started in a fresh directory, for --duration
 seconds counted from the first committed step. The same swarm then runs again with no churn (same job,
@@ -24,7 +24,10 @@ first step line after the first plan epoch published after the kill), steps lost
 committed step seen before the kill minus the start step of that new epoch, floored at 0), the loss at
 the churn run's last step next to the baseline's at the same step (the mean of the printed losses over
 the last 50 steps, as one line is one batch's loss; and the nearest single line), and for each joiner
-the time from its start to its first committed step (the first step line after a plan that places it).
+the time from its start to its first committed step (the first step line after a plan that places it)
+next to its target, 1.5 x (the seconds its state transfers took: its state bytes / its download rate) +
+60 s. State moved per event: every "fetched N bytes of layers [a, b) in T s" line the peers logged between
+that kill and the next (peers run with -v; their log lines carry wall-clock times).
 With --json the last line is one JSON object. Ctrl-C or SIGTERM stops and reaps every process (LocalSwarm,
 by PID).
 """
@@ -55,6 +58,10 @@ PEER_ARGS = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
 PLAN_RE = re.compile(r"plan epoch (\d+): (\d+) stages x (\d+) replicas, from step (\d+)")
 STEP_RE = re.compile(r"^step (\d+)/\d+\s+loss ([0-9.]+)")
 JOINED_RE = re.compile(r"^\+ peer joined: (\w+)")
+FETCH_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO potluck\.transfer\.pull .*?"
+    r"fetched (\d+) bytes of layers \[\d+, \d+\) in ([0-9.]+) s"
+)
 LEFT_RE = re.compile(r"^- peer left:\s+(\w+)")
 ROW_RE = re.compile(r"^[│┃|]\s*([^│┃|]*?)\s*[│┃|]")  # first cell of a table row
 POLL_S = 0.2
@@ -163,7 +170,7 @@ class Event:
 def start_peer(swarm: LocalSwarm, run: Path, name: str, log: CoordinatorLog) -> float:
     ident = Identity.load_or_create(run / name / "identity.pem")  # created here so its id is known up front
     log.known[ident.peer_id[:12]] = name
-    swarm.start_peer(name, "--checkpoint-dir", str(run / name / "ckpt"))
+    swarm.start_peer(name)  # LocalSwarm gives it --state-dir run/<name>: a machine of its own
     return time.monotonic()
 
 
@@ -197,7 +204,8 @@ def run_swarm(
     label = "churn" if churn else "baseline"
     peer_args = (*PEER_ARGS, "--ttl", str(ttl), "--step-timeout", str(step_timeout))
     swarm_id = f"bench-churn-{label}-{os.getpid()}"
-    with LocalSwarm(run, job, swarm_id=swarm_id, peer_args=peer_args) as swarm:
+    # -v: the peers' INFO lines say what state each transfer moved (FETCH_RE)
+    with LocalSwarm(run, job, swarm_id=swarm_id, peer_args=peer_args, verbose=1) as swarm:
         t_launch = time.monotonic()
         swarm.start_coordinator()
         log = CoordinatorLog(swarm.procs["coordinator"].log)
@@ -253,7 +261,34 @@ def run_swarm(
             log.poll()
             time.sleep(POLL_S)
         log.poll()
-    return summarize(label, log, t0, step0, step_end, end, duration, events, started, peers)
+    fetches = read_fetches(run, {n for n in started}, time.time() - time.monotonic())
+    return summarize(label, log, t0, step0, step_end, end, duration, events, started, peers, fetches)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    t: float  # monotonic seconds (converted from the line's wall-clock time)
+    peer: str
+    nbytes: int
+    seconds: float
+
+
+def read_fetches(run: Path, names: set[str], wall_minus_mono: float) -> list[Fetch]:
+    """Every state transfer the peers logged (FETCH_RE), oldest first."""
+    out = []
+    for name in sorted(names):
+        path = run / f"{name}.log"
+        if not path.exists():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            m = FETCH_RE.match(line)
+            if m is None:
+                continue
+            wall = (
+                time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + int(m.group(1)[20:]) / 1e3
+            )
+            out.append(Fetch(wall - wall_minus_mono, name, int(m.group(2)), float(m.group(3))))
+    return sorted(out, key=lambda f: f.t)
 
 
 def _plan_after(log: CoordinatorLog, t: float) -> Plan | None:
@@ -280,6 +315,7 @@ def summarize(
     events: list[Event],
     started: dict[str, float],
     initial: int,
+    fetches: list[Fetch],
 ) -> dict:
     in_window = [(s, loss) for t, s, loss in log.steps if t <= end]
     out: dict = {
@@ -300,7 +336,10 @@ def summarize(
         ],
     }
     rows = []
-    for e in events:
+    for i, e in enumerate(events):
+        until = events[i + 1].t if i + 1 < len(events) else float("inf")
+        moved = [f for f in fetches if e.t <= f.t < until]
+        nbytes, busy = sum(f.nbytes for f in moved), sum(f.seconds for f in moved)
         rec = _recovery(log, e)
         plan = _plan_after(log, e.t)
         lost = None if plan is None or e.step_before is None else max(0, e.step_before - plan.start)
@@ -326,6 +365,8 @@ def summarize(
                 "recovery_s": round(rec[1] - e.t, 1) if rec else None,
                 "first_step_after": rec[2] if rec else None,
                 "joiner": e.joiner,
+                "state_bytes": nbytes,
+                "state_mb_s": round(nbytes / busy / 1e6, 1) if busy > 0 else None,
             }
         )
     out["events"] = rows
@@ -336,6 +377,8 @@ def summarize(
         prefix = next(p for p, n in log.known.items() if n == name)
         placing, step = first_committed_step(log, prefix, t_start)
         placed_in = [p.epoch for p in log.plans if p.t >= t_start and prefix in p.placed]
+        mine = [f for f in fetches if f.peer == name]
+        fetch_s = sum(f.seconds for f in mine)
         joins.append(
             {
                 "peer": name,
@@ -343,6 +386,9 @@ def summarize(
                 "placed_epoch": placing.epoch if placing else None,
                 "placed_in": placed_in,
                 "first_step_s": round(step - t_start, 1) if step is not None else None,
+                "state_bytes": sum(f.nbytes for f in mine),
+                # 1.5 x (its state bytes / its download rate) + 60 s; no transfer: 60 s
+                "target_s": round(1.5 * fetch_s + 60.0, 1),
                 "why_not": None
                 if step is not None
                 else (
@@ -425,6 +471,12 @@ def report(base: dict, churn: dict, args: argparse.Namespace) -> dict:
         "loss_window": f"steps {k - LOSS_WINDOW + 1}-{k}",
         "join_s": [j["first_step_s"] for j in churn["joins"]],
         "join_s_max": max(joins_s) if joins_s else None,
+        "join_target_s": [j["target_s"] for j in churn["joins"]],
+        "joins_within_target": sum(
+            1 for j in churn["joins"] if j["first_step_s"] is not None and j["first_step_s"] <= j["target_s"]
+        ),
+        "state_bytes_per_event": [e["state_bytes"] for e in events],
+        "state_mb_s_per_event": [e["state_mb_s"] for e in events],
         "joins_not_measured": [f"{j['peer']}: {j['why_not']}" for j in churn["joins"] if j["why_not"]],
         "plans_churn": churn["plans"],
         "plans_baseline": base["plans"],
@@ -451,7 +503,8 @@ def print_human(s: dict) -> None:
             f"committed {e['step_before']}  left after {e['left_s']} s  "
             f"-> epoch {e['new_epoch']} after {e['new_epoch_at_s']} s "
             f"from step {e['from_step']} (seen {e['step_seen_before_plan']})  lost {e['steps_lost']}  "
-            f"recovery {e['recovery_s']} s  (joiner {e['joiner']})"
+            f"recovery {e['recovery_s']} s  state moved {e['state_bytes'] / 1e6:.1f} MB at "
+            f"{e['state_mb_s']} MB/s  (joiner {e['joiner']})"
         )
     print(
         f"recovery: median {s['recovery_s_median']} s, max {s['recovery_s_max']} s (target median <= 10 s); "
@@ -467,7 +520,7 @@ def print_human(s: dict) -> None:
     for j in s["joins"]:
         seen = f"seen by the coordinator after {j['seen_s']} s, " if j["seen_s"] is not None else ""
         first = (
-            f"first committed step after {j['first_step_s']} s"
+            f"first committed step after {j['first_step_s']} s (target {j['target_s']} s)"
             if j["first_step_s"] is not None
             else j["why_not"]
         )

@@ -77,11 +77,16 @@ class JobWatcher:
             self._progress.stop()
 
     def on_plan(self, plan: TrainPlan, reason: str) -> None:
+        same = self.plan is not None and self.plan.epoch == plan.epoch  # re-published with new spares
         self.plan = plan
-        if self._progress is not None:
-            self._progress.console.print(plan_table(plan, reason))
-        else:
-            err_console.print(plan_table(plan, reason))
+        console = self._progress.console if self._progress is not None else err_console
+        if not same:
+            console.print(plan_table(plan, reason))
+            return
+        for spare in plan.spares:
+            console.print(
+                f"spare in plan epoch {plan.epoch}: {spare.peer_id[:12]}: {spare.reason}", highlight=False
+            )
 
     def on_progress(self, plan: TrainPlan, progress: JobProgress) -> None:
         step = progress.step(plan)
@@ -96,7 +101,8 @@ class JobWatcher:
         if done:
             self.checkpoint_step = done
         now = time.monotonic()
-        if step > plan.start_step:
+        # A later epoch's start step is one the swarm holds (a hand-off plan may start at the last step).
+        if step > plan.start_step or 0 < plan.start_step == step:
             if self.first_seen is None:
                 self.first_seen = (step, now)
             if self.last_seen is None or step > self.last_seen[0]:

@@ -23,6 +23,7 @@ from potluck.cli.common import (
 )
 from potluck.cli.jobview import JobWatcher
 from potluck.coordinator.config import DEFAULT_HOME, CoordinatorConfig
+from potluck.coordinator.memory import unfinished_swarm
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
 from potluck.protocol.errors import ProtocolError
@@ -41,7 +42,15 @@ def launch(
     invite_file: Path = typer.Option(
         None, "--invite-file", help="Also write the invite to this file (0600)."
     ),
-    swarm_id: str = typer.Option(None, "--swarm-id", help="Swarm id; default: job name + random suffix."),
+    swarm_id: str = typer.Option(
+        None,
+        "--swarm-id",
+        help="Swarm id; default: the swarm of this job's unfinished run with this key, else job name + "
+        "random suffix.",
+    ),
+    new_swarm: bool = typer.Option(
+        False, "--new-swarm", help="Start a new swarm even if this job's last run did not finish."
+    ),
     identity: Path = typer.Option(DEFAULT_HOME / "coordinator.pem", help="Coordinator's Ed25519 key file."),
     host_maddrs: list[str] = typer.Option(None, "--host-maddrs", help=HOST_MADDRS_HELP),
     announce_maddrs: list[str] = typer.Option(None, "--announce-maddrs", help=ANNOUNCE_HELP),
@@ -51,13 +60,21 @@ def launch(
     membership_only: bool = typer.Option(
         False, "--membership-only", help="Track peers but do not plan or train (a swarm to inspect)."
     ),
+    checkpoint_copy: bool = typer.Option(
+        True,
+        "--checkpoint-copy/--no-checkpoint-copy",
+        help="Pull each complete checkpoint from the peers into the job's checkpoint.dir.",
+    ),
+    copy_rate: float = typer.Option(
+        20.0, "--copy-rate", min=0.0, help="MB/s the checkpoint copy may take (0: no cap)."
+    ),
 ) -> None:
     """Coordinate a job: sign it, print an invite, plan the peers that join, train to the last step."""
     from potluck.coordinator.service import CoordinatorService  # hivemind: only once the command runs
 
     try:
         job = load_job(job_file)
-        swarm = check_swarm_id(swarm_id or _default_swarm_id(job))
+        swarm = check_swarm_id(swarm_id or _swarm_id(job, identity, new_swarm))
     except ProtocolError as e:
         raise fail(str(e)) from None
     cfg = CoordinatorConfig(
@@ -67,6 +84,8 @@ def launch(
         initial_peers=tuple(initial_peers or ()),
         poll_interval_s=poll_interval,
         train=not membership_only,
+        copy_checkpoints=checkpoint_copy,
+        copy_rate_mb_s=copy_rate,
     )
     try:
         asyncio.run(_run(CoordinatorService(cfg, job), invite_file, as_json))
@@ -74,6 +93,19 @@ def launch(
         raise fail(str(e)) from None
     except TaskFailed as e:  # its traceback is in the log already
         raise fail(str(e), code=1) from None
+
+
+def _swarm_id(job: JobSpec, identity: Path, new_swarm: bool) -> str:
+    """The swarm of this job's unfinished run coordinated with this key (a restart carries on with it),
+    unless ``new_swarm``; else a new id."""
+    unfinished = None if new_swarm else unfinished_swarm(identity, job.name)
+    if unfinished is not None:
+        err_console.print(
+            f"carrying on with swarm [bold]{unfinished}[/]: the last run of job {job.name} did not finish "
+            "(--new-swarm starts afresh)"
+        )
+        return unfinished
+    return _default_swarm_id(job)
 
 
 def _default_swarm_id(job: JobSpec) -> str:
@@ -115,11 +147,15 @@ async def _serve(
         with JobWatcher(job, cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()) as watcher:
             service.on_plan = watcher.on_plan
             service.on_progress = watcher.on_progress
+            if service.plan is not None:  # a restart carries on with the plan the swarm follows
+                watcher.on_plan(service.plan, service.last_reason)
             ended = asyncio.create_task(service.finished.wait())
             interrupted = asyncio.create_task(stop.wait())
             await asyncio.wait({ended, interrupted}, return_when=asyncio.FIRST_COMPLETED)
             ended.cancel()
             interrupted.cancel()
+        if service.finished.is_set():
+            service.save_memory()  # a plain relaunch of this job now starts a new swarm
     finally:
         await bounded(service.stop(), STOP_TIMEOUT_S, "stopping the coordinator")
     if service.error is not None:

@@ -30,8 +30,13 @@ if TYPE_CHECKING:
 
 def peer(
     join: str = typer.Option(..., "--join", help="The invite printed by `potluck launch` (or @FILE)."),
+    state_dir: Path = typer.Option(
+        DEFAULT_HOME / "peer",
+        "--state-dir",
+        help="This peer's own directory: its key and checkpoints (shared with nobody).",
+    ),
     identity: Path = typer.Option(
-        DEFAULT_HOME / "identity.pem", help="Ed25519 key file; created if missing."
+        None, help="Ed25519 key file; created if missing (default: STATE_DIR/identity.pem)."
     ),
     host_maddrs: list[str] = typer.Option(None, "--host-maddrs", help=HOST_MADDRS_HELP),
     announce_maddrs: list[str] = typer.Option(None, "--announce-maddrs", help=ANNOUNCE_HELP),
@@ -56,7 +61,7 @@ def peer(
     checkpoint_dir: Path = typer.Option(
         None,
         "--checkpoint-dir",
-        help="Where this peer writes and reads checkpoints (default: the job's dir).",
+        help="Where this peer writes and reads checkpoints (default: STATE_DIR/checkpoints/JOB).",
     ),
     step_timeout: float = typer.Option(
         120.0, min=1.0, help="Seconds to wait for a pipeline neighbour or a step commit."
@@ -70,7 +75,7 @@ def peer(
 
     cfg = PeerConfig(
         invite=parse_invite(join),
-        identity_path=identity,
+        identity_path=identity or state_dir / "identity.pem",
         net=network_config(
             host_maddrs, announce_maddrs, "/ip4/0.0.0.0/tcp/0", bootstrap_timeout, use_auto_relay
         ),
@@ -81,7 +86,7 @@ def peer(
         threads=threads,
         max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
         train=train,
-        worker=WorkerConfig(checkpoint_root=checkpoint_dir, step_timeout_s=step_timeout),
+        worker=WorkerConfig(state_dir=state_dir, checkpoint_root=checkpoint_dir, step_timeout_s=step_timeout),
         swarm_gone_after_s=swarm_gone_after,
     )
     try:
@@ -120,7 +125,7 @@ def _parse_bytes(text: str) -> int:
 
 async def _run(daemon: PeerDaemon) -> None:
     """Run the daemon until SIGINT or SIGTERM; say so once it has joined."""
-    with stop_on_signals(daemon.stop_event):
+    with stop_on_signals(daemon.stop_event, again=daemon.leave_now):  # Ctrl-C twice: leave now
         task = asyncio.create_task(daemon.run(), name="peer")
         ready = asyncio.create_task(daemon.ready.wait())
         await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
@@ -129,7 +134,8 @@ async def _run(daemon: PeerDaemon) -> None:
             assert hw is not None
             err_console.print(
                 f"joined swarm [bold]{daemon.cfg.invite.swarm_id}[/] as peer {daemon.peer_id} "
-                f"({hw.device_kind}: {hw.device_name}, {hw.tflops_fp32:.2f} TFLOP/s fp32); Ctrl-C to leave",
+                f"({hw.device_kind}: {hw.device_name}, {hw.tflops_fp32:.2f} TFLOP/s fp32); "
+                "Ctrl-C to leave (it hands its work over first; twice: at once)",
                 highlight=False,
             )
         ready.cancel()

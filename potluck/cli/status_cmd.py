@@ -49,6 +49,8 @@ def status(
             for r in progress:
                 loss = f"loss {r.loss:.3f}" if r.loss is not None else ""
                 where = f"stage {r.stage} replica {r.replica} {r.peer_id[:12]}"
+                if r.state == "waiting":  # not placed: its message says why (a spare's reason)
+                    where = f"spare {r.peer_id[:12]}"
                 line = f"  {where}: {r.state} at step {r.step} {loss} {r.tokens_per_s:,.0f} tok/s {r.message}"
                 console.print(line, highlight=False)
 

@@ -25,3 +25,24 @@ class CoordinatorConfig:
     max_backoff_s: float = 30.0  # cap on the doubling wait before re-planning after failed plans
     suspect_slack_s: float = 5.0  # a suspect's heartbeat may land this long after its interval
     suspect_probe_s: float = 2.0  # direct probe of a suspect: a failure confirms it without waiting
+    # Joining a running job (docs/training.md, "Joining a running job"): a newcomer is a spare at once;
+    # placing it is priced (a planner search, ~2 s of CPU) at most every join_check_s seconds, and again
+    # for the same newcomers after join_recheck_s; it pays when the predicted seconds saved over the
+    # remaining steps beat join_margin x (join_restart_s + the slowest state download).
+    join_check_s: float = 10.0
+    join_recheck_s: float = 60.0
+    join_restart_s: float = 5.0  # what a re-plan costs besides moving state: stop, rebuild, first step
+    join_margin: float = 1.5
+    # A re-plan nobody had to stop for (a graceful leave, placing a joiner) starts this many seconds of
+    # steps ahead of the newest reported step, plus two polls: the time the plan takes to reach the peers.
+    handoff_lead_s: float = 4.0
+    # The job owner's copy (coordinator/copies.py): pull each complete checkpoint into checkpoint_root.
+    copy_checkpoints: bool = True
+    copy_rate_mb_s: float = 20.0  # MB/s the copy may take from the peers, summed over them (0: no cap)
+    final_copy_timeout_s: float = 120.0  # at the job's end, wait this long for its last checkpoint copy
+    # Restart (docs/training.md, "Coordinator restart"): rejoin through remembered peers, then recover.
+    remember: bool = True  # keep peers' addresses and the last plan in <key dir>/<key stem>.swarms/
+    rejoin_timeout_s: float = 10.0  # remembered peers only: none answering by then starts a new DHT
+    recover_timeout_s: float = 60.0  # bound on reading the plan and progress left in the DHT
+    recover_empty_reads: int = 3  # empty reads in a row (1 s apart) before "nothing to recover"
+    recover_peers_s: float = 15.0  # wait for the recovered plan's placed peers' heartbeats this long

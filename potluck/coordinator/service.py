@@ -12,21 +12,27 @@ import logging
 import time
 from collections.abc import Callable, Collection, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hivemind.utils import get_dht_time
 
 from potluck import logs
 from potluck.aio import bounded, supervise
+from potluck.coordinator import rejoin
 from potluck.coordinator.config import CoordinatorConfig
+from potluck.coordinator.copies import OwnerCopy
+from potluck.coordinator.job.handoff import handoff_step, typical_step_s
+from potluck.coordinator.job.improve import ImproveConfig
+from potluck.coordinator.job.joins import JoinDesk
 from potluck.coordinator.job.plan import calibrated_tflops, make_train_plan, usable_peers
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
-from potluck.coordinator.job.resume import live_step, resume_point
+from potluck.coordinator.job.resume import checkpoint_step, live_step, resume_point
 from potluck.coordinator.placement import PlacementPlan
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
 from potluck.net.dial import reachable
 from potluck.net.node import SwarmNode
+from potluck.net.streams import Streams
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
@@ -44,6 +50,9 @@ LIVE_RESUME_TRIES = 2
 
 
 class CoordinatorService:
+    first_epoch = 1  # the epoch of the first plan (higher after a restart: start() recovers it)
+    _memory: rejoin.Memory | None = None  # what a restart needs, on disk (set by start())
+
     def __init__(self, cfg: CoordinatorConfig, job: JobSpec, identity: Identity | None = None) -> None:
         self.cfg, self.job = cfg, job
         self.identity = identity or Identity.load_or_create(cfg.identity_path)
@@ -57,6 +66,8 @@ class CoordinatorService:
         self.placement: PlacementPlan | None = None
         self.progress = JobProgress()
         self.retry = RetryPolicy(max_backoff_s=cfg.max_backoff_s, slack_s=cfg.suspect_slack_s)
+        improve = ImproveConfig(restart_s=cfg.join_restart_s, margin=cfg.join_margin)
+        self.joins = JoinDesk(cfg.join_check_s, cfg.join_recheck_s, improve)  # peers that came later
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
@@ -64,28 +75,78 @@ class CoordinatorService:
         self.error: str | None = None  # set when the job was given up (finished is set too)
         self._enough_since: float | None = None  # when min_peers were first live (monotonic s)
         self._running: asyncio.Task[None] | None = None  # the supervisor of the service's loops
+        self.owner: OwnerCopy | None = None  # the job owner's checkpoint copy: served, kept current
+        self.resume_from: Literal["live", "checkpoint"] = "live"  # of the newest resume point
+        self._resume_reason = ""
 
     async def start(self) -> Invite:
         """Start the DHT node, store the signed job, and return the invite for peers."""
         logs.bind(peer_id=self.identity.peer_id, swarm_id=self.cfg.swarm_id)
-        self.node = await SwarmNode.start(
-            self.identity,
-            self.policy,
-            self.cfg.net,
-            self.cfg.initial_peers,
-            key_dir=self.cfg.identity_path.parent,
-        )
+        self._memory = rejoin.Memory(self.cfg, self.job.name, self.identity.peer_id)
+        saved = self._memory.loaded
+        self.node, joined = await rejoin.join(self.identity, self.policy, self.cfg, saved)
+        if self.cfg.train:  # before anything is published: carry on with the plan the swarm follows
+            await self._recover(saved.plan if saved is not None else None, joined)
         if not await self.node.publish(JOB.name, self.job, self.cfg.job_ttl_s):
             logger.warning("job spec stored by no DHT node yet (a lone coordinator stores it locally)")
         bootstrap = tuple(await self.node.visible_maddrs()) + tuple(self.cfg.initial_peers)
+        copy_mb_s = self.cfg.copy_rate_mb_s if self.cfg.copy_checkpoints and self.cfg.train else None
+        streams, root = Streams(self.node.p2p), self.checkpoint_root
+        self.owner = OwnerCopy(streams, self.cfg.swarm_id, self.identity, self.job, root, copy_mb_s)
+        await self.owner.start()
         tasks: dict[str, Coroutine[Any, Any, None]] = {
             "refresh-job": self._refresh_job(),
             "track-peers": self._track_peers(),
         }
+        if self.cfg.remember:
+            tasks["remember"] = self._remember()
         if self.cfg.train:
             tasks |= {"run-job": self._run_job(), "refresh-plan": self._refresh_plan()}
+        if copy_mb_s is not None:
+            tasks["copy-checkpoints"] = self._copy_checkpoints()
         self._running = asyncio.create_task(self._supervise(tasks), name="coordinator")
         return Invite(self.cfg.swarm_id, bootstrap, self.identity.public_key)
+
+    async def _recover(self, saved: TrainPlan | None, joined: bool) -> None:
+        """Carry on with the plan the swarm follows and its progress (``job.recover`` decides), and wait
+        (``recover_peers_s`` at most) for its placed peers' heartbeats, so that the first round does not
+        take peers that are training for gone."""
+        assert self.node is not None
+        rec = await rejoin.read_recovery(self.node, self.cfg, self.job.name, saved, joined)
+        self.first_epoch = rec.next_epoch
+        if rec.next_epoch > 1:
+            logger.info("recovered: %s; the next plan is epoch %d", rec.reason, rec.next_epoch)
+        if rec.plan is None:
+            return
+        self.plan, self.progress, self.last_reason = rec.plan, rec.progress, f"recovered {rec.reason}"
+        placed = {p for st in rec.plan.stages for p in st.peers}
+        self.state = await rejoin.await_peers(self.read_state, placed, self.cfg.recover_peers_s, self.state)
+        if self.on_change is not None and self.state.peers:
+            self.on_change(self.state, sorted(self.state.peers), [])
+        if rec.from_saved:  # the plan record expired while we were away: peers that restart need it
+            await self._publish_plan(rec.plan.model_copy(update={"issued_at": get_dht_time()}))
+
+    def save_memory(self) -> None:
+        """Save what a restart needs now (``rejoin.Memory``); the launch calls it when the job ends."""
+        if self._memory is not None:
+            self._memory.save(self.state, self.plan, self.finished.is_set())
+
+    async def _remember(self) -> None:
+        while True:
+            self.save_memory()
+            await asyncio.sleep(self.cfg.poll_interval_s)
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """The job owner's checkpoint directory, on this machine."""
+        return self.cfg.checkpoint_root or Path(self.job.checkpoint.dir).expanduser()
+
+    async def _copy_checkpoints(self) -> None:
+        """Start a copy whenever every stage of the current plan reported a newer checkpoint."""
+        assert self.owner is not None
+        while True:
+            await asyncio.sleep(self.cfg.poll_interval_s)
+            self.owner.tick(self.plan, self.progress.complete_checkpoint())
 
     async def _supervise(self, tasks: dict[str, Coroutine[Any, Any, None]]) -> None:
         try:
@@ -144,19 +205,27 @@ class CoordinatorService:
             logger.warning("plan epoch %d stored by no DHT node yet", plan.epoch)
 
     def _resume_step(self, live_peers: Collection[str]) -> int:
-        """The step live replicas hold (when every stage kept one and live state has not just failed),
-        else the newest checkpoint every stage completed: on the coordinator's disk, else as reported.
+        """The step live peers hold in memory (when together they hold every layer and live state has
+        not just failed), else the newest checkpoint: the job owner's copy on this machine, or the newest
+        step whose every layer live peers reported keeping (until that, too, failed once).
         Reads the disk here; ``job.resume.resume_point`` decides."""
-        root = self.cfg.checkpoint_root or Path(self.job.checkpoint.dir).expanduser()
+        root = self.checkpoint_root
         on_disk = latest_complete(root)
         meta = read_manifest(manifest_path(on_disk.path, 0), on_disk.step, 0).meta if on_disk else None
         live = None
         if self.plan is not None and self.progress.failures < LIVE_RESUME_TRIES:
             live = live_step(self.plan, self.progress.latest, live_peers)
-        point = resume_point(self.job, meta, self.progress.complete_checkpoint(), live)
+        # Peers' own disks, as their reports suggest; once that failed too, the owner's copy if there is one.
+        reported = checkpoint_step(self.progress.stored, live_peers, self.job.model.n_layers)
+        if self.progress.failures > LIVE_RESUME_TRIES and meta is not None:
+            reported = 0
+        point = resume_point(self.job, meta, reported, live)
         if point.ignored is not None:
             logger.warning("%s %s; not resuming from it", root, point.ignored)
-        logger.info("resume at step %d: %s", point.step, point.reason)
+        if point.reason != self._resume_reason:  # asked every round until a plan is made: say it once
+            logger.info("resume at step %d: %s", point.step, point.reason)
+            self._resume_reason = point.reason
+        self.resume_from = "checkpoint" if point.from_checkpoint else "live"
         return point.step
 
     async def _probe_suspects(self) -> None:
@@ -186,8 +255,7 @@ class CoordinatorService:
         while not self.finished.is_set():
             await asyncio.sleep(self.cfg.poll_interval_s)
             try:
-                records = [v.record for v in await self.node.fetch(PROGRESS.name)]
-                self.progress.update(self.plan, [r for r in records if isinstance(r, Progress)])
+                await self._read_progress()
                 if self.plan is not None:
                     self.progress.advanced(self.plan)
                 if self.plan is not None and self.on_progress is not None:
@@ -205,8 +273,10 @@ class CoordinatorService:
                 if action == "hold" and self.last_action != "hold":
                     logger.info("%s", reason)  # once per broken plan; the next action says what follows
                 self.last_action = action
-                if action in ("plan", "replan"):
-                    await self._replan(reason, failed=action == "replan")
+                if action in ("plan", "replan", "leave"):
+                    await self._replan(reason, failed=action == "replan", handoff=action == "leave")
+                elif action == "wait":
+                    await self._tend_joiners()
                 elif action == "fail":
                     self.error = f"job {self.job.name} failed: {reason}; last error: {self.last_reason}"
                     logger.error("%s", self.error)
@@ -223,6 +293,9 @@ class CoordinatorService:
                     )
                     self.last_reason = reason
                     logger.info("job %s done: %s", self.job.name, reason)
+                    if self.owner is not None:  # its last checkpoint, before saying it is done
+                        step = self.progress.complete_checkpoint()
+                        await self.owner.final(self.plan, step, self.cfg.final_copy_timeout_s)
                     self.finished.set()
             except Exception:  # one bad round must not end the service
                 logger.exception("job round failed")
@@ -237,26 +310,101 @@ class CoordinatorService:
         reported = sum(1 for p in self.state.peers if p in self.state.links)
         return reported < len(self.state.peers) and now - self._enough_since < self.cfg.link_wait_s
 
-    async def _replan(self, why: str, failed: bool = False) -> None:
+    async def _tend_joiners(self) -> None:
+        """Name the peers the plan does not place as spares, with why, by re-publishing the SAME epoch
+        (placed peers act only on a higher one; a newcomer takes it and reports "waiting"); at most every
+        ``join_check_s``, price placing them (a planner search, off the loop) and re-plan when it pays."""
+        plan = self.plan
+        if plan is None or plan.status != "training":
+            return
+        step = self.progress.step(plan)
+        spares = self.joins.spares(plan, self.state, self.job, step)
+        if spares != plan.spares:
+            plan = plan.model_copy(update={"spares": spares, "issued_at": get_dht_time()})
+            await self._publish_plan(plan)
+            told = "; ".join(f"{s.peer_id[:12]}: {s.reason}" for s in spares if s not in self.joins.base)
+            logger.info("plan epoch %d re-published with its spares: %s", plan.epoch, told or "none")
+            if self.on_plan is not None:
+                self.on_plan(plan, f"spares of epoch {plan.epoch} updated")
+        newcomers = self.joins.newcomers(plan, self.state, self.job)
+        if not self.joins.due(newcomers, time.monotonic()):
+            return
+        speeds = calibrated_tflops(plan, self.job, self.progress.compute_s)
+        decision, reason, ev = await asyncio.to_thread(
+            self.joins.evaluate,
+            self.state,
+            self.job,
+            plan,
+            step,
+            speeds,
+            newcomers,
+            get_dht_time(),
+            time.monotonic(),
+            typical_step_s(self.progress.latest.values(), default=0.0),  # 0: not measured yet
+        )
+        logger.info("newcomer(s) %s: %s", ", ".join(p[:12] for p in newcomers), reason)
+        still = self.plan is not None and self.plan.epoch == plan.epoch  # no re-plan meanwhile
+        if decision == "improve" and still and ev.plan is not None and ev.placement is not None:
+            await self._read_progress()  # the swarm trained on during the search: start from where it is
+            await self._replan(reason, handoff=True, candidate=(ev.plan, ev.placement))
+
+    async def _read_progress(self) -> None:
+        assert self.node is not None
+        records = [v.record for v in await self.node.fetch(PROGRESS.name)]
+        self.progress.update(self.plan, [r for r in records if isinstance(r, Progress)])
+
+    def _handoff_start(self, start: int, live: set[str]) -> int:
+        """``start`` moved ahead for a re-plan nothing failed for, when it came from live state (not from
+        a checkpoint: then the peers stand still, or restart, at ``start``)."""
+        held = live_step(self.plan, self.progress.latest, live) if self.plan is not None else None
+        if held is None or start != min(held, self.job.steps):
+            return start
+        lead_s = self.cfg.handoff_lead_s + 2 * self.cfg.poll_interval_s
+        step_s = typical_step_s(self.progress.latest.values())
+        moved, why = handoff_step(start, step_s, lead_s, self.job.steps)
+        logger.info("%s", why)
+        return moved
+
+    async def _replan(
+        self,
+        why: str,
+        failed: bool = False,
+        handoff: bool = False,
+        candidate: tuple[TrainPlan, PlacementPlan] | None = None,
+    ) -> None:
+        """Plan (or re-plan) and publish. ``handoff``: nobody failed (a graceful leave, placing a
+        joiner): leaving peers still hold their state, and the plan starts a few steps ahead so the old
+        plan's peers stop there together. ``candidate``: a plan already searched (``_tend_joiners``)."""
         if self._links_pending():
             self.last_reason = "enough peers; waiting briefly for their link measurements"
             return
-        epoch = 1 if self.plan is None else self.plan.epoch + 1
+        epoch = self.first_epoch if self.plan is None else self.plan.epoch + 1
         speeds = calibrated_tflops(self.plan, self.job, self.progress.compute_s) if self.plan else {}
         now = get_dht_time()
         # Suspects that did not heartbeat since a peer failed to reach them sit this plan out.
         _, excluded = self.progress.verdicts(self.state, now, self.retry)
         excluded = [p for p in excluded if p in self.state.peers]
         state = self.state.without(excluded)
-        start = self._resume_step(set(state.peers))
-        plan, placement, reason = await asyncio.to_thread(
-            make_train_plan, state, self.job, now, epoch, start, self.placement, None, speeds
-        )
+        live = set(state.peers) | (set(self.state.leaving) if handoff else set())  # leavers still hold it
+        start = self._resume_step(live)
+        if handoff:
+            start = self._handoff_start(start, live)
+        plan: TrainPlan | None
+        placement: PlacementPlan | None
+        if candidate is not None:
+            found, placement = candidate
+            plan = found.model_copy(update={"epoch": epoch, "start_step": start, "issued_at": now})
+            reason = "a fresh plan with the newcomers"
+        else:
+            plan, placement, reason = await asyncio.to_thread(
+                make_train_plan, state, self.job, now, epoch, start, self.placement, None, speeds
+            )
         if plan is None:
             if reason != self.last_reason:
                 logger.info("not planning yet: %s", reason)
             self.last_reason = reason
             return
+        plan = plan.model_copy(update={"resume_from": self.resume_from})  # where peers look first
         if excluded:
             why = "suspected: unreachable, and no heartbeat since"
             spares = plan.spares + [Spare(peer_id=p, reason=why) for p in excluded]
@@ -265,13 +413,18 @@ class CoordinatorService:
         self.placement = placement
         self.progress.new_epoch(failed)
         await self._publish_plan(plan)
+        self.joins.new_plan(plan)
         self.last_reason = f"{why} -> {reason}"
         logger.info("published plan epoch %d from step %d: %s", epoch, start, self.last_reason)
         if self.on_plan is not None:
             self.on_plan(plan, self.last_reason)
 
     async def stop(self) -> None:
-        """Stop the loops (each within ``aio.DEFAULT_GRACE_S``), then the DHT node."""
+        """Stop the loops (each within ``aio.DEFAULT_GRACE_S``), a checkpoint copy under way, the state
+        server, then the DHT node."""
+        if self.owner is not None:
+            await self.owner.close()
+            self.owner = None
         if self._running is not None:
             self._running.cancel()
             await asyncio.wait({self._running})

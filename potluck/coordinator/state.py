@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from potluck.protocol.envelope import Verified
 from potluck.protocol.membership import PeerView, link_reports, live_peers
-from potluck.protocol.records import LinkReport
+from potluck.protocol.records import LinkReport, PeerRecord
 
 
 @dataclass(frozen=True)
@@ -16,13 +16,24 @@ class SwarmState:
     as_of: float  # DHT time of the read
     peers: dict[str, PeerView] = field(default_factory=dict)
     links: dict[str, LinkReport] = field(default_factory=dict)  # reporter -> its latest report
+    # Peers whose newest unexpired heartbeat says "leaving": a graceful leave, still serving its state.
+    leaving: frozenset[str] = frozenset()
 
     @classmethod
     def from_records(
         cls, swarm_id: str, peer_records: Iterable[Verified], link_records: Iterable[Verified], now: float
     ) -> SwarmState:
+        peer_records = list(peer_records)
         peers = {p.peer_id: p for p in live_peers(peer_records, now)}
-        return cls(swarm_id, now, peers, link_reports(link_records, peers, now))
+        newest: dict[str, Verified] = {}
+        for v in peer_records:
+            if isinstance(v.record, PeerRecord) and v.expiration > now:
+                best = newest.get(v.record.peer_id)
+                newest[v.record.peer_id] = v if best is None or v.expiration > best.expiration else best
+        leaving = frozenset(
+            p for p, v in newest.items() if isinstance(v.record, PeerRecord) and v.record.status == "leaving"
+        )
+        return cls(swarm_id, now, peers, link_reports(link_records, peers, now), leaving)
 
     def without(self, peer_ids: Iterable[str]) -> SwarmState:
         """This state less ``peer_ids`` (and their link reports): the swarm a plan may use."""
@@ -35,7 +46,7 @@ class SwarmState:
             for p, r in self.links.items()
             if p not in drop
         }
-        return SwarmState(self.swarm_id, self.as_of, peers, links)
+        return SwarmState(self.swarm_id, self.as_of, peers, links, self.leaving)
 
     def diff(self, previous: SwarmState) -> tuple[list[str], list[str]]:
         """(joined, left) peer ids relative to ``previous``."""

@@ -1,10 +1,11 @@
 """Writing, loading and pruning per-stage checkpoints (format and verification: protocol/checkpoints.py).
 
-Each stage of a step is written independently by its replica-0 peer, possibly at the same time as the
-others. Every file goes to a temporary name in the same directory, is flushed, fsynced and renamed into
-place, and a stage's manifest is written only after its weights are on disk, so a crash mid-write leaves
-an incomplete step that readers skip. What a stage is (job, model, step, layers) travels as a typed
-``StageMeta``. Bad arguments raise ValueError/TypeError; problems found on disk raise CheckpointError.
+Each stage of a step is written independently by each peer that holds it, into that peer's own
+directory (no disk is shared), possibly at the same time as the others. Every file goes to a temporary
+name in the same directory, is flushed, fsynced and renamed into place, and a stage's manifest is written
+only after its weights are on disk, so a crash mid-write leaves an incomplete step that readers skip.
+What a stage is (job, model, step, layers) travels as a typed ``StageMeta``. Bad arguments raise
+ValueError/TypeError; problems found on disk raise CheckpointError.
 """
 
 from __future__ import annotations
@@ -102,8 +103,10 @@ def save_stage(root: Path, tensors: dict[str, torch.Tensor], meta: StageMeta) ->
     directory = step_dir(root, step)
     directory.mkdir(parents=True, exist_ok=True)
     weights, manifest = weights_path(directory, stage), manifest_path(directory, stage)
-    # A rewrite must not pair the old manifest with half-replaced weights: retract the stage first.
+    # A rewrite must not pair the old manifest with half-replaced weights: retract the stage first. The
+    # same step written again under a new cut (a rollback, then a re-plan) retracts the old cut's stages.
     manifest.unlink(missing_ok=True)
+    _retract_other_cuts(directory, step, n_stages)
     with _temp_in(directory, weights) as tmp:
         save_file(cpu, str(tmp))
         size, sha = tmp.stat().st_size, sha256_file(tmp)
@@ -120,6 +123,18 @@ def save_stage(root: Path, tensors: dict[str, torch.Tensor], meta: StageMeta) ->
         tmp.write_bytes(json.dumps(doc, allow_nan=False).encode())
     logger.debug("saved stage %d/%d of step %d to %s (%d bytes)", stage, n_stages, step, directory, size)
     return directory
+
+
+def _retract_other_cuts(directory: Path, step: int, n_stages: int) -> None:
+    for path in directory.glob("stage-*.json"):
+        try:
+            stage = int(path.stem.removeprefix("stage-"))
+            stale = read_manifest(path, step, stage).n_stages != n_stages
+        except (ValueError, CheckpointError):
+            stale = True  # unreadable: nobody can use it
+        if stale:
+            path.unlink(missing_ok=True)
+            logger.info("retracted %s: written under another stage cut", path)
 
 
 def load_stage(ref: CheckpointRef, stage: int) -> tuple[dict[str, torch.Tensor], StageMeta]:
@@ -147,23 +162,24 @@ def load_stage(ref: CheckpointRef, stage: int) -> tuple[dict[str, torch.Tensor],
     return tensors, manifest.meta
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Remove all but the newest ``keep`` complete steps, and incomplete steps older than the oldest kept.
+def prune(root: Path, keep: int, complete: bool = True) -> list[Path]:
+    """Remove all but the newest ``keep`` usable steps, and incomplete steps older than the oldest kept.
 
-    Incomplete steps newer than that may still be being written and are left alone. Returns what was
-    removed; with fewer than ``keep`` complete steps only incomplete ones older than all of them go.
+    A step is usable when every stage verifies (``complete``: the job owner's copy) or, in a peer's own
+    directory, which holds only the stages that peer wrote or copied (``complete=False``), when it has a
+    readable stage manifest. Incomplete steps newer than the oldest kept may still be being written and
+    are left alone. Returns what was removed; with fewer than ``keep`` usable steps only unusable ones
+    older than all of them go.
     """
     if isinstance(keep, bool) or keep < 1:
         raise ValueError(f"keep must be >= 1 (pruning every checkpoint is never what is meant), got {keep}")
     dirs = step_dirs(root)
     kept = 0
     oldest_kept: int | None = None
-    for step, directory in dirs:  # newest first: verify only until `keep` complete ones are found
+    for step, directory in dirs:  # newest first: verify only until `keep` usable ones are found
         if kept == keep:
             break
-        try:
-            check_step(directory)
-        except CheckpointError:
+        if not _usable(directory, step, complete):
             continue
         kept += 1
         oldest_kept = step
@@ -171,8 +187,33 @@ def prune(root: Path, keep: int) -> list[Path]:
         return []
     removed: list[Path] = []
     for step, directory in dirs:
-        if step < oldest_kept:
-            shutil.rmtree(directory)
+        if step < oldest_kept and _remove(directory):
             removed.append(directory)
             logger.info("pruned checkpoint %s", directory)
     return removed
+
+
+def _remove(directory: Path) -> bool:
+    """Remove a step directory; False when someone else (another peer pruning a directory shared in a
+    test, or a second prune) got there first. The rename makes the removal look atomic to readers."""
+    doomed = directory.with_name(f".{directory.name}.{os.getpid()}.pruned")
+    try:
+        directory.rename(doomed)
+    except FileNotFoundError:
+        return False
+    shutil.rmtree(doomed, ignore_errors=True)
+    return True
+
+
+def _usable(directory: Path, step: int, complete: bool) -> bool:
+    try:
+        if complete:
+            check_step(directory)
+            return True
+        for path in directory.glob("stage-*.json"):
+            with contextlib.suppress(ValueError, CheckpointError):
+                read_manifest(path, step, int(path.stem.removeprefix("stage-")))
+                return True
+        return False
+    except CheckpointError:
+        return False

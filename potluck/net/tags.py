@@ -65,6 +65,7 @@ class Stream(IntEnum):
     RELAXED_DECISION = 8  # leader -> peer: this attempt's members
     RELAXED_DONE = 9  # member -> leader: the attempt's all-reduce succeeded or failed
     RELAXED_VERDICT = 10  # leader -> member: commit or retry
+    CATCHUP = 11  # relaxed round leader -> a replica left out of it: the committed mean
 
 
 class Direction(IntEnum):

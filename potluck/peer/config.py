@@ -73,7 +73,14 @@ class WorkerConfig:
     progress_ttl_s: float = 120.0
     step_timeout_s: float = TrainerConfig.step_timeout_s  # each pipeline receive and the step commit
     allreduce_timeout_s: float = TrainerConfig.allreduce_timeout_s
-    checkpoint_root: Path | None = None  # overrides the job's checkpoint.dir
+    # Everything this peer keeps between runs lives under its own state directory (no disk is shared
+    # with anyone): checkpoints of job J under <state_dir>/checkpoints/J.
+    state_dir: Path = DEFAULT_HOME / "peer"
+    checkpoint_root: Path | None = None  # overrides <state_dir>/checkpoints/<job>
+
+    def checkpoints(self, job: str) -> Path:
+        """Where this peer writes and keeps the checkpoints of ``job``."""
+        return self.checkpoint_root or self.state_dir / "checkpoints" / job
 
     def trainer(self) -> TrainerConfig:
         """The trainer's config for this worker's device and bounds."""
@@ -94,6 +101,9 @@ class PeerConfig:
     ttl_s: float = 30.0  # heartbeat lifetime in the DHT; refreshed every third of it
     probe_budget_s: float = 0.5  # seconds per matmul benchmark at start-up
     withdraw_timeout_s: float = 2.0  # on shutdown: time allowed to store the "leaving" record
+    # On SIGINT/SIGTERM: train and serve state on until the swarm's new plan without this peer is under
+    # way, at most this long (a second signal leaves at once); then shutdown_timeout_s for the rest.
+    leave_timeout_s: float = 60.0
     shutdown_timeout_s: float = 5.0  # on SIGINT/SIGTERM: everything is done within this, or forced
     # Leave once neither the coordinator nor any other peer has been visible (no libp2p connection, no
     # live heartbeat in the DHT) for this many seconds, instead of running on alone; None: never.

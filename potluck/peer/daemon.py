@@ -2,9 +2,12 @@
 
 The heartbeat, the link rounds and the worker run as named tasks under ``aio.supervise``: a crash of
 one is logged with its name and stops the others. ``run`` returns only after they have ended (each
-within ``TASK_GRACE_S`` of being cancelled) and the p2p daemon is gone. A stop request withdraws the
-heartbeat (a signed "leaving" record that outlives the last online one) so the swarm sees the departure
-at once instead of after a TTL.
+within ``TASK_GRACE_S`` of being cancelled) and the p2p daemon is gone.
+
+Leaving is graceful: a stop request (SIGTERM, Ctrl-C) withdraws the heartbeat at once (a signed
+"leaving" record that outlives the last online one, so the swarm sees the departure without waiting a
+TTL) but keeps training and serving this peer's state until the coordinator's new plan without it is
+under way, at most ``leave_timeout_s`` (``peer/leave.py`` decides). A second request leaves at once.
 """
 
 from __future__ import annotations
@@ -25,19 +28,23 @@ from potluck.net.dial import dht_addresses
 from potluck.net.links import LinkProber, choose_targets
 from potluck.net.node import SwarmNode
 from potluck.peer.config import PeerConfig
+from potluck.peer.leave import LeaveView, leave_verdict
 from potluck.peer.probe import apply_caps, pick_device, probe
 from potluck.peer.worker import PlanWorker
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import WireError
-from potluck.protocol.identity import Identity
-from potluck.protocol.keys import LINKS, PEERS
+from potluck.protocol.identity import Identity, peer_id_from_public_key
+from potluck.protocol.keys import LINKS, PEERS, PROGRESS
 from potluck.protocol.membership import live_peers
 from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
+from potluck.protocol.training import Progress, TrainPlan
 
 logger = logging.getLogger(__name__)
 
 TASK_GRACE_S = 1.0  # seconds a cancelled task may spend unwinding before the leave goes on without it
 SWARM_POLL_S = 5.0  # most seconds between two "is anyone still there?" checks
+LEAVE_POLL_S = 1.0  # seconds between two looks at the hand-off while leaving
+LEAVE_READ_S = 5.0  # bound on one read of the swarm while leaving
 
 
 class PeerDaemon:
@@ -47,7 +54,9 @@ class PeerDaemon:
         self.policy = TrustPolicy(cfg.invite.swarm_id, cfg.invite.coordinator_key)
         self.node: SwarmNode | None = None
         self.hardware: Hardware | None = None
-        self.stop_event = asyncio.Event()
+        self.stop_event = asyncio.Event()  # set: leave gracefully (hand the work over first)
+        self.leave_now = asyncio.Event()  # set: leave without waiting for the hand-off
+        self._gone = asyncio.Event()  # set once the hand-off is over: the tasks stop
         self.ready = asyncio.Event()  # set once the first heartbeat is stored
         self.prober: LinkProber
         self.link_reports = 0  # link reports published so far
@@ -88,21 +97,30 @@ class PeerDaemon:
         tasks: dict[str, Coroutine[Any, Any, None]] = {
             "heartbeat": self._heartbeat(),
             "links": self._measure_links(),
+            "hand-off": self._hand_off(),
         }
         if self.cfg.swarm_gone_after_s is not None:
             tasks["swarm-watch"] = self._watch_swarm(self.cfg.swarm_gone_after_s)
         if self.cfg.train:
             wcfg = dataclasses.replace(self.cfg.worker, device=str(device))
             self.worker = PlanWorker(
-                self.node, self.peer_id, self.cfg.invite.swarm_id, wcfg, identity=self.identity
+                self.node,
+                self.peer_id,
+                self.cfg.invite.swarm_id,
+                wcfg,
+                identity=self.identity,
+                owner=peer_id_from_public_key(self.cfg.invite.coordinator_key),
             )
             tasks["train"] = self.worker.run()
         try:
-            await supervise(tasks, until=self.stop_event, grace_s=TASK_GRACE_S)
+            await supervise(tasks, until=self._gone, grace_s=TASK_GRACE_S)
         finally:
             await self._leave()
 
     def stop(self) -> None:
+        """Leave: the first call hands this peer's work over first, a second one leaves at once."""
+        if self.stop_event.is_set():
+            self.leave_now.set()
         self.stop_event.set()
 
     async def _record(self, status: str) -> PeerRecord:
@@ -119,19 +137,27 @@ class PeerDaemon:
         assert self.node is not None
         while True:
             started = time.monotonic()
+            # Once leaving, the record says so (and outlives the last "online" one, so it wins).
+            leaving = self.stop_event.is_set()
+            status, ttl = ("leaving", self.cfg.ttl_s + 1.0) if leaving else ("online", self.cfg.ttl_s)
             try:
                 ok = await bounded(
-                    self.node.publish(PEERS.name, await self._record("online"), self.cfg.ttl_s, self.peer_id),
+                    self.node.publish(PEERS.name, await self._record(status), ttl, self.peer_id),
                     self.cfg.heartbeat_interval_s,
                     "heartbeat store",
                 )
-                if ok:
+                if ok and not leaving:
                     self.ready.set()
-                else:
+                elif not ok:
                     logger.warning("heartbeat was not stored by any DHT node; retrying")
             except TimeoutError as e:
                 logger.warning("%s", e)
-            await asyncio.sleep(max(0.0, self.cfg.heartbeat_interval_s - (time.monotonic() - started)))
+            delay = max(0.0, self.cfg.heartbeat_interval_s - (time.monotonic() - started))
+            if leaving:
+                await asyncio.sleep(delay)
+            else:  # a stop request is announced at once, not at the next beat
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_event.wait(), delay)
 
     async def _measure_links(self) -> None:
         """Every ``links.interval_s``: measure a sample of live peers and publish a signed LinkReport."""
@@ -194,6 +220,61 @@ class PeerDaemon:
             return True
         peers = live_peers(await self.node.fetch(PEERS.name), get_dht_time())
         return any(p.peer_id != self.peer_id for p in peers)
+
+    async def _hand_off(self) -> None:
+        """Once asked to stop: train and serve on until this peer's work is handed over (``leave_verdict``),
+        ``leave_timeout_s`` passed or a second stop came; then end the daemon's tasks."""
+        await self.stop_event.wait()
+        since = time.monotonic()
+        worker = self.worker
+        plan = worker.plan if worker is not None else None  # the plan it follows, not one it trains toward
+        placed = plan is not None and plan.status == "training" and plan.position(self.peer_id) is not None
+        placed = placed or (worker is not None and worker.running())
+        said = ""
+        while not self.leave_now.is_set():
+            try:
+                view = await bounded(self._leave_view(since, placed), LEAVE_READ_S, "reading the swarm")
+                decision, why = leave_verdict(view, time.monotonic(), self.cfg.leave_timeout_s)
+            except TimeoutError as e:  # p2pd gone, DHT unreachable: nobody to hand over to
+                decision, why = "go", f"the swarm is not readable ({e})"
+            except Exception:
+                logger.exception("reading the swarm while leaving failed")
+                decision, why = "go", "the swarm is not readable"
+            if decision == "go":
+                logger.info("leaving: %s", why)
+                break
+            if why != said:  # a volunteer who pressed Ctrl-C wants to know why it is not quitting yet
+                left = self.cfg.leave_timeout_s - (time.monotonic() - since)
+                logger.warning("leaving: %s (at most %.0f s more; Ctrl-C again to leave now)", why, left)
+                said = why
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.leave_now.wait(), LEAVE_POLL_S)
+        if self.leave_now.is_set():
+            logger.warning("leaving now, without waiting for the hand-off")
+        self._gone.set()
+
+    async def _leave_view(self, since: float, placed_at_start: bool) -> LeaveView:
+        assert self.node is not None
+        worker = self.worker
+        plan = worker.newest_plan() if worker is not None else None
+        peers = live_peers(await self.node.fetch(PEERS.name), get_dht_time())
+        placed = plan is not None and plan.position(self.peer_id) is not None
+        running = worker is not None and worker.running()
+        under_way = plan is not None and not placed and not running and await self._under_way(plan)
+        done = plan is not None and plan.status == "done"
+        others = sum(1 for p in peers if p.peer_id != self.peer_id)
+        return LeaveView(since, placed_at_start, placed, running, under_way, done, others)
+
+    async def _under_way(self, plan: TrainPlan) -> bool:
+        """True once a placed peer of ``plan`` reported a step past its start: commits are all-or-nothing,
+        so every peer of the plan then holds its state."""
+        assert self.node is not None
+        placed = {p for st in plan.stages for p in st.peers}
+        records = [v.record for v in await self.node.fetch(PROGRESS.name)]
+        mine = [
+            r for r in records if isinstance(r, Progress) and r.epoch == plan.epoch and r.peer_id in placed
+        ]
+        return any(r.step > plan.start_step for r in mine)
 
     async def _leave(self) -> None:
         """Withdraw the heartbeat, then stop the node; bounded by ``shutdown_timeout_s`` in total."""

@@ -17,6 +17,10 @@ class LateError(CollectiveError):
     """This peer's contribution missed the deadline: it was left out of the round."""
 
 
+class StragglerError(CollectiveError):
+    """A replica missed its stage's all-reduce deadline too many times in a row (``sync.max_misses``)."""
+
+
 class PipelineError(PeerError):
     """A pipeline neighbour did not deliver in time, or sent something undecodable."""
 

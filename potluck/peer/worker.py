@@ -20,6 +20,7 @@ training run and the progress records in flight are tasks of one ``aio.Superviso
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from hivemind.utils import get_dht_time
 
 from potluck.aio import Supervisor
 from potluck.model.data import TokenDataset, load_dataset
+from potluck.model.resume import kept
 from potluck.net.config import TransportConfig
 from potluck.net.dial import dht_addresses
 from potluck.net.mailbox import Mailbox
@@ -37,13 +39,15 @@ from potluck.net.streams import Streams
 from potluck.net.tags import before
 from potluck.peer.config import WorkerConfig
 from potluck.peer.errors import PeerError
+from potluck.peer.leave import switch_deadline, switch_verdict
+from potluck.peer.state.copies import CopyDuty
 from potluck.peer.state.source import DiskSource, Holder, LocalSource, PeerSource, StateSource
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, PLAN, PROGRESS
-from potluck.protocol.training import Progress, ProgressState, StepTiming, TrainPlan
+from potluck.protocol.training import Holding, Progress, ProgressState, StepTiming, TrainPlan
 from potluck.transfer.errors import StateError
 from potluck.transfer.server import StateServer, TransferConfig
 
@@ -58,6 +62,11 @@ CANCEL_GRACE_S = 5.0  # seconds a cancelled training run may spend unwinding bef
 
 
 class PlanWorker:
+    # A newer plan that starts ahead of this peer's running step: trained toward, then switched to
+    # (peer/leave.py), no later than the monotonic time in _pending_until.
+    _pending: TrainPlan | None = None
+    _pending_until = 0.0
+
     def __init__(
         self,
         node: SwarmNode,
@@ -65,8 +74,11 @@ class PlanWorker:
         swarm_id: str,
         cfg: WorkerConfig,
         identity: Identity | None = None,
+        owner: str | None = None,
     ) -> None:
+        """``owner``: the coordinator's peer id; it keeps the job owner's checkpoint copy and serves it."""
         self.node, self.peer_id, self.cfg, self.swarm_id = node, peer_id, cfg, swarm_id
+        self.owner = owner
         self.box = Mailbox(
             node.p2p,
             f"potluck/{swarm_id}/train/1",
@@ -84,12 +96,16 @@ class PlanWorker:
         self._sending: set[asyncio.Task[None]] = set()  # progress records in flight
         self._last_report: StepReport | None = None  # the newest step under the current plan
         self._checkpoint: int | None = None  # the newest checkpoint this peer wrote
+        self._held: Holding | None = None  # the live state this peer holds (Progress.holds)
+        self._stored: list[Holding] = []  # the checkpoints its disk keeps (Progress.stored)
+        self._kept: Trainer | None = None  # the run whose end state is offered
         # Serving and fetching live state needs the key that signs manifests; without one, disk only.
         self.streams = Streams(node.p2p)
         self.transfer = TransferConfig()
         self.state: StateServer | None = None
         if identity is not None:
             self.state = StateServer(self.streams, swarm_id, identity, self.transfer)
+        self.copies = CopyDuty(self.streams, swarm_id, peer_id, self.transfer, on_copied=self._look_at_disk)
 
     async def run(self) -> None:
         """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""
@@ -107,6 +123,7 @@ class PlanWorker:
                     await asyncio.sleep(self.cfg.plan_poll_s)
         finally:
             self._tasks = self._task = None
+            await self.copies.close()
             await self.box.close()
             if self.state is not None:
                 await self.state.close()
@@ -117,6 +134,11 @@ class PlanWorker:
             return
         plan = max(plans, key=lambda p: p.epoch)
         if self.plan is not None and plan.epoch <= self.plan.epoch:
+            if plan.epoch == self.plan.epoch:
+                await self._note_spare(plan)
+            return
+        at = self._last_report.step + 1 if self._last_report is not None else None  # before the switch
+        if self._train_on(plan):
             return
         await self._cancel()
         if self.plan is not None:  # the plans whose peers may hold state this run can start from
@@ -125,7 +147,7 @@ class PlanWorker:
         await self.box.forget(before(plan.epoch))  # stale messages of older epochs
         self.box.take_suspects()  # and suspicions raised under them
         logger.info("plan epoch %d (%s) from step %d", plan.epoch, plan.status, plan.start_step)
-        if plan.status == "done":
+        if plan.status == "done" or (at is not None and at > plan.start_step and await self._overshot(plan)):
             return
         assert self._tasks is not None
         self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan, list(self._recent)))
@@ -141,8 +163,10 @@ class PlanWorker:
             raise PeerError(f"the swarm's job spec for {plan.job!r} is not readable yet")
         return jobs[0]
 
-    def _sources(self, recent: Sequence[TrainPlan], root: Path) -> list[StateSource]:
-        """Where a run gets its start state: this peer's copy, its disk, then the peers of recent plans.
+    def _sources(self, plan: TrainPlan, recent: Sequence[TrainPlan], root: Path) -> list[StateSource]:
+        """Where a run gets its start state: this peer's copy, its disk, then live holders (the peers of
+        recent plans, by the layers they ran) and checkpoint copies (any peer of these plans, and the
+        job owner's copy on the coordinator); copies first when the plan resumes from a checkpoint.
 
         A peer holds the layers of the last run it actually started, which is not always the previous
         plan's (a plan can fail before anyone takes state), so every recent plan's assignment is a
@@ -160,18 +184,28 @@ class PlanWorker:
             },
             key=lambda h: (h.first, h.last, h.peer_id),
         )
+        remote: list[StateSource] = []
         if holders:
-            sources.append(
-                PeerSource(self.streams, self.swarm_id, holders, self.transfer, local=self.state.offered)
-            )
-        return sources
+            live = PeerSource(self.streams, self.swarm_id, holders, self.transfer, local=self.state.offered)
+            remote.append(live)
+        # Checkpoint copies can be on any peer (a replica's own disk, a one-replica stage's copy holder)
+        # or the owner; asked once (no settling: a disk either has the step or does not).
+        keepers = {p for old in [*recent, plan] for a in old.stages for p in a.peers} | {self.owner}
+        keepers -= {self.peer_id, None}
+        if keepers:
+            everything = [Holder(p, 0, plan.n_layers) for p in sorted(k for k in keepers if k)]
+            once = dataclasses.replace(self.transfer, settle_s=0.0)
+            remote.append(PeerSource(self.streams, self.swarm_id, everything, once))
+        if plan.resume_from == "checkpoint":
+            remote.reverse()
+        return sources + remote
 
     async def _train(self, plan: TrainPlan, recent: Sequence[TrainPlan] = ()) -> None:
         pos = plan.position(self.peer_id)
         if pos is None:
-            why = next((s.reason for s in plan.spares if s.peer_id == self.peer_id), "not placed by the plan")
-            logger.info("not placed in plan epoch %d: %s", plan.epoch, why)
-            await self._publish(plan, 0, 0, plan.start_step, state="waiting", message=why)
+            why = self._spare_reason(plan)
+            logger.warning("not placed in plan epoch %d: %s", plan.epoch, why)  # a volunteer wants to know
+            await self._publish(plan, 0, 0, plan.start_step, state="waiting", message=why, force=True)
             return
         stage, replica = pos
         trainer: Trainer | None = None
@@ -182,16 +216,18 @@ class PlanWorker:
                     load_dataset, job.data, job.model.seq_len, job.model.vocab_size, job.seed
                 )
             dataset = self._datasets[job.name]
+            root = self.cfg.checkpoints(job.name)  # this peer's own disk; the job's dir is the owner's
+            if self.state is not None:
+                self.state.serve_disk(job.name, root)  # its checkpoints, for peers that lost theirs
+            self._look_at_disk(root)  # a restarted peer's disk still counts
             trainer = Trainer(
                 self.box,
                 job,
                 plan,
                 dataset,
                 self.cfg.trainer(),
-                self.cfg.checkpoint_root,
-                sources=self._sources(
-                    recent, self.cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
-                ),
+                root,
+                sources=self._sources(plan, recent, root),
             )
             await trainer.run(lambda r: self._on_step(plan, stage, replica, job, r))
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
@@ -199,19 +235,36 @@ class PlanWorker:
             logger.info("finished the job at step %d", trainer.step)
         except EXPECTED as e:  # the reason says it all
             logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
+            self._keep(trainer)  # before the record, which says what this peer holds
             step = self._reported_step(plan, trainer)
             await self._publish(
                 plan, stage, replica, step, state="failed", message=str(e)[:REASON_CHARS], force=True
             )
         except Exception as e:  # a bug or the device (KeyError, CUDA out of memory): same record, + traceback
             logger.exception("training under plan epoch %d failed", plan.epoch)
+            self._keep(trainer)
             step = self._reported_step(plan, trainer)
             await self._publish(
                 plan, stage, replica, step, state="failed", message=failure_reason(e), force=True
             )
         finally:
-            if self.state is not None and trainer is not None and (held := trainer.snapshot()) is not None:
-                self.state.offer(held)  # served until the next run ends; a torn state is never offered
+            self._keep(trainer)
+
+    def _keep(self, trainer: Trainer | None) -> None:
+        """Serve what ``trainer`` ended with until the next run ends (once per run; a torn state is
+        never offered), and say so in the progress records (``holds``)."""
+        if self.state is None or trainer is None or trainer is self._kept:
+            return
+        self._kept = trainer
+        held = trainer.snapshot()
+        if held is not None:
+            self.state.offer(held)
+            meta = held.meta
+            self._held = Holding(step=meta.step, first_layer=meta.first_layer, last_layer=meta.last_layer)
+
+    def _look_at_disk(self, root: Path) -> None:
+        """Note which checkpoints ``root`` keeps (manifests only: a few small files, read in place)."""
+        self._stored = [Holding(step=s, first_layer=a, last_layer=b) for s, a, b in kept(root)]
 
     def _reported_step(self, plan: TrainPlan, trainer: Trainer | None) -> int:
         """The step a failed run reports: the trainer's, or, when the run failed before it took any
@@ -231,7 +284,12 @@ class PlanWorker:
         force = r.checkpoint is not None or r.step + 1 >= job.steps
         if r.checkpoint is not None:
             self._checkpoint = r.step + 1
+            self._look_at_disk(r.checkpoint.parent)
+            self.copies.after_checkpoint(job, plan, r.step + 1, r.checkpoint.parent)
         self._last_report = r
+        a = plan.stages[stage]
+        self._held = Holding(step=r.step + 1, first_layer=a.first_layer, last_layer=a.last_layer)
+        self._stop_at_handoff(r)
         assert self._tasks is not None
         task = self._tasks.start(
             f"progress-{r.step + 1}", self._publish(plan, stage, replica, r.step + 1, force=force)
@@ -272,12 +330,84 @@ class PlanWorker:
             state=state,
             message=message,
             suspects=self.box.take_suspects() if state == "failed" else [],  # the coordinator checks them
+            holds=self._held if self.state is not None else None,
+            stored=self._stored,
             issued_at=get_dht_time(),
         )
         try:
             await self.node.publish(PROGRESS.name, record, self.cfg.progress_ttl_s, self.peer_id)
         except Exception:  # progress is best effort; training goes on
             logger.exception("progress record for step %d not published", step)
+
+    # ---- re-plans nobody stopped for, and leaving (peer/leave.py decides) -------------------------------
+
+    def _train_on(self, plan: TrainPlan) -> bool:
+        """True while the running run should train on toward ``plan``'s start step before switching."""
+        running = self._task is not None and not self._task.done()
+        last = self._last_report
+        at = last.step + 1 if last is not None else None
+        verdict, why = switch_verdict(plan.start_step, at, running and plan.status == "training")
+        now = time.monotonic()
+        if verdict == "switch" or at is None or last is None:
+            self._pending = None
+            return False
+        if self._pending is None or self._pending.epoch != plan.epoch:
+            self._pending = plan
+            self._pending_until = switch_deadline(now, plan.start_step, at, last.seconds)
+            logger.info("plan epoch %d from step %d: %s", plan.epoch, plan.start_step, why)
+        if now > self._pending_until:
+            logger.warning(
+                "plan epoch %d: step %d not reached in time; switching", plan.epoch, plan.start_step
+            )
+            self._pending = None
+            return False
+        return True
+
+    def _stop_at_handoff(self, r: StepReport) -> None:
+        """Called after each committed step: stop the run exactly at a pending plan's start step (the
+        next plan poll switches), so every peer of the old plan holds that step."""
+        pending = self._pending
+        if pending is not None and r.step + 1 >= pending.start_step and self._task is not None:
+            logger.info("stopping at step %d for plan epoch %d", r.step + 1, pending.epoch)
+            self._task.cancel()
+
+    async def _overshot(self, plan: TrainPlan) -> bool:
+        """A plan that starts behind the step this peer's run had committed came from stale reports.
+        Commits are all-or-nothing, so no peer of the old plan holds that step any more: say so at
+        once (a "failed" record with the held step, which the next plan starts from) instead of
+        asking holders for it until the fetch gives up. False when this peer has nothing to say."""
+        pos = plan.position(self.peer_id)
+        held = self.state.offered if self.state is not None else None
+        if pos is None or held is None or held.meta.job != plan.job or held.meta.step <= plan.start_step:
+            return False
+        why = f"this peer holds step {held.meta.step}, past the plan's start {plan.start_step}"
+        logger.warning("plan epoch %d: %s; reporting it", plan.epoch, why)
+        await self._publish(plan, pos[0], pos[1], held.meta.step, state="failed", message=why, force=True)
+        return True
+
+    def _spare_reason(self, plan: TrainPlan) -> str:
+        return next((s.reason for s in plan.spares if s.peer_id == self.peer_id), "not placed by the plan")
+
+    async def _note_spare(self, plan: TrainPlan) -> None:
+        """The followed epoch re-published (fresh spares): a peer it does not place learns its reason.
+        Placed peers ignore it, so re-publishing an epoch never disturbs training."""
+        old = self.plan
+        if old is None or plan.issued_at <= old.issued_at or old.position(self.peer_id) is not None:
+            return
+        if plan.position(self.peer_id) is not None or (self._task is not None and not self._task.done()):
+            return
+        self.plan = plan
+        why = self._spare_reason(plan)
+        if why != self._spare_reason(old):
+            logger.warning("not placed in plan epoch %d: %s", plan.epoch, why)
+            await self._publish(plan, 0, 0, plan.start_step, state="waiting", message=why, force=True)
+
+    def newest_plan(self) -> TrainPlan | None:
+        """The plan this peer follows, or the newer one it trains on toward."""
+        return self._pending or self.plan
+
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
 
 
 def failure_reason(error: BaseException) -> str:

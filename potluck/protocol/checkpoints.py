@@ -27,8 +27,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from potluck.protocol.errors import CheckpointError
-from potluck.protocol.jobspec import ModelSpec
+from potluck.protocol.jobspec import JobSpec, ModelSpec
 from potluck.protocol.records import Name
+from potluck.protocol.training import TrainPlan
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,24 @@ class StageMeta(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """The JSON object a manifest stores (``from_dict`` reads it back equal)."""
         return self.model_dump(mode="json")
+
+
+def plan_stage_meta(job: JobSpec, plan: TrainPlan, stage: int, step: int) -> StageMeta:
+    """What stage ``stage`` of ``plan`` is after ``step`` steps: the meta its checkpoints and copies carry
+    (written by its replicas, its copy holder and the job owner alike, so all of them agree)."""
+    a = plan.stages[stage]
+    return StageMeta(
+        job=job.name,
+        step=step,
+        stage=stage,
+        n_stages=len(plan.stages),
+        first_layer=a.first_layer,
+        last_layer=a.last_layer,
+        model=job.model,
+        seed=job.seed,
+        tokenizer=job.data.tokenizer,
+        epoch=plan.epoch,
+    )
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,20 @@ class CompressionSpec(_Section):
     sync_every: int = Field(default=1, ge=1, le=10_000)  # H > 1: DiLoCo local steps between syncs
 
 
+class SyncSpec(_Section):
+    """How a stage's replicas agree on each step's gradients (docs/training.md, "Stragglers").
+
+    ``strict``: every replica contributes to every step; the slowest sets the pace. ``deadline``: the
+    stage's round leader waits ``max(min_deadline_s, deadline_factor x its recent median compute time)``
+    after its own gradients are ready; a replica not ready by then is left out of that step's mean and
+    applies the committed mean afterwards; after ``max_misses`` misses in a row it is reported failed."""
+
+    policy: Literal["strict", "deadline"] = "strict"
+    deadline_factor: float = Field(default=1.0, gt=0.0, le=1000.0)  # x the median compute time per step
+    min_deadline_s: float = Field(default=1.0, ge=0.0, le=3600.0)  # seconds; floor against jitter
+    max_misses: int = Field(default=10, ge=1, le=10**6)  # consecutive missed steps before "failed"
+
+
 class CheckpointSpec(_Section):
     dir: str = Field(default="checkpoints", min_length=1, max_length=1024)
     interval: int = Field(default=50, ge=1, le=10**9)  # steps between checkpoints
@@ -153,6 +167,7 @@ class JobSpec(Record):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     compression: CompressionSpec = Field(default_factory=CompressionSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    sync: SyncSpec = Field(default_factory=SyncSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
 
     @model_validator(mode="after")
@@ -164,6 +179,13 @@ class JobSpec(Record):
             )
         if self.limits.stages is not None and self.limits.stages > self.model.n_layers:
             raise ValueError(f"limits.stages ({self.limits.stages}) exceeds model.n_layers")
+        if self.sync.policy == "deadline" and self.compression.sync_every > 1:
+            # DiLoCo replicas drift apart between syncs: a left-out replica could not apply the others'
+            # outer step to its own inner steps, so the two do not combine.
+            raise ValueError(
+                f"sync.policy = 'deadline' needs compression.sync_every = 1 "
+                f"(got {self.compression.sync_every}: DiLoCo local steps)"
+            )
         return self
 
     @property

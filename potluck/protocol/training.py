@@ -65,6 +65,9 @@ class TrainPlan(Record):
     micro_batches: int = Field(ge=1, le=1 << 20)  # per replica per step
     spares: list[Spare] = Field(default_factory=list, max_length=4096)
     predicted_step_s: Seconds = 0.0
+    # Where start_step's state is: in live peers' memory ("live": replicas of every stage survived) or in
+    # checkpoints only ("checkpoint": some stage lost every replica). Peers ask the likelier holders first.
+    resume_from: Literal["live", "checkpoint"] = "live"
     issued_at: NonNegFloat
 
     @model_validator(mode="after")
@@ -96,6 +99,16 @@ class TrainPlan(Record):
         """The peer that commits steps (stage 0, replica 0)."""
         return self.stages[0].peers[0]
 
+    def copy_holder(self, stage: int) -> str | None:
+        """The peer that keeps a second copy of ``stage``'s checkpoints when the stage has one replica:
+        replica 0 of the next stage (cyclically). None when the stage has replicas (each writes its own
+        copy) or the plan has no other stage. No disk is shared, so without it a checkpoint of a
+        one-replica stage would live only on that one peer's disk."""
+        n = len(self.stages)
+        if self.n_replicas > 1 or n < 2:
+            return None
+        return self.stages[(stage + 1) % n].peers[0]
+
     def position(self, peer_id: str) -> tuple[int, int] | None:
         """(stage, replica) of ``peer_id``, or None when it is not placed."""
         for j, st in enumerate(self.stages):
@@ -120,6 +133,27 @@ class StepTiming(BaseModel):
 ProgressState = Literal["waiting", "training", "done", "failed"]
 
 
+class Holding(BaseModel):
+    """Layers [first_layer, last_layer) of a job after ``step`` steps: what a peer holds, in memory (live
+    state it serves) or on its disk (checkpoints and the copies it keeps)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: int = Field(ge=0, le=10**9)
+    first_layer: int = Field(ge=0, le=1024)
+    last_layer: int = Field(ge=1, le=1024)
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return self.first_layer, self.last_layer
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Holding:
+        if self.last_layer <= self.first_layer:
+            raise ValueError(f"layers [{self.first_layer}, {self.last_layer}) are empty")
+        return self
+
+
 class Progress(Record):
     """A peer's latest completed step. Stored under the progress key, subkey = peer id."""
 
@@ -141,4 +175,11 @@ class Progress(Record):
     # With state "failed": peers this peer could not dial, write to or hear from in time. A hint for the
     # coordinator, which re-plans without one only if it has not heartbeated since ``issued_at``.
     suspects: list[PeerId] = Field(default_factory=list, max_length=16)
+    # The live state this peer holds in memory and serves (None: none). Usually its stage at ``step``;
+    # after a run that failed before taking its state, the layers it held before: the coordinator
+    # resumes from live state only when what live peers hold covers every layer at one step.
+    holds: Holding | None = None
+    # The checkpoints this peer keeps on its disk (its own stages and the copies it holds), newest of
+    # each layer range: where the swarm can resume from when live state is lost.
+    stored: list[Holding] = Field(default_factory=list, max_length=16)
     issued_at: NonNegFloat

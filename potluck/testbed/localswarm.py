@@ -91,7 +91,12 @@ class LocalSwarm:
         logger.info("started %s (pid %d)", name, popen.pid)
         return proc
 
-    def start_coordinator(self, timeout_s: float = 60.0) -> Invite:
+    def start_coordinator(self, timeout_s: float = 60.0, restart: bool = False) -> Invite:
+        """Start ``potluck launch`` and wait for its invite. ``restart``: start it again after it died,
+        with the same key and swarm id (it rejoins through the peers it remembers); the previous process
+        stays listed as ``coordinator-<n>`` with its log in ``coordinator-<n>.log``."""
+        if restart:
+            self._retire("coordinator")
         invite_file = self.root / "invite.txt"
         invite_file.unlink(missing_ok=True)
         proc = self._spawn(
@@ -122,6 +127,17 @@ class LocalSwarm:
         self.invite = read_invite(f"@{invite_file}")
         return self.invite
 
+    def _retire(self, name: str) -> None:
+        """Keep a dead process under a new name (reaped on close), so ``name`` can be started again."""
+        old = self.procs.pop(name)
+        if old.alive():
+            self.procs[name] = old
+            raise RuntimeError(f"{name} (pid {old.pid}) is still running; stop it before a restart")
+        n = sum(1 for key in self.procs if key.startswith(f"{name}-")) + 1
+        log = old.log.with_name(f"{name}-{n}.log")
+        old.log.rename(log)
+        self.procs[f"{name}-{n}"] = Proc(f"{name}-{n}", old.popen, log)
+
     def start_peer(self, name: str, *extra: str) -> Proc:
         assert self.invite is not None, "start the coordinator first"
         return self._spawn(
@@ -130,8 +146,8 @@ class LocalSwarm:
                 "peer",
                 "--join",
                 self.invite.encode(),
-                "--identity",
-                str(self.root / name / "identity.pem"),
+                "--state-dir",  # its key and checkpoints: as on a machine of its own
+                str(self.root / name),
                 "--host-maddrs",
                 LOOPBACK,
                 *self.peer_args,

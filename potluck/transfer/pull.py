@@ -17,6 +17,7 @@ import asyncio
 import collections
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +51,17 @@ class _Progress:
     data: bytearray
     queue: collections.deque[int]
     done: set[int] = field(default_factory=set)
+    rate_bytes_s: float = 0.0  # cap on the whole fetch (0: none)
+    started: float = field(default_factory=time.monotonic)
+    received_bytes: int = 0
+
+    async def pace(self, nbytes: int) -> None:
+        """Count ``nbytes`` received; sleep while the fetch runs ahead of its byte rate."""
+        self.received_bytes += nbytes
+        if self.rate_bytes_s > 0:
+            ahead = self.started + self.received_bytes / self.rate_bytes_s - time.monotonic()
+            if ahead > 0:
+                await asyncio.sleep(ahead)
 
 
 async def _open(
@@ -110,6 +122,7 @@ async def _serve_session(s: _Session, p: _Progress, cfg: TransferConfig) -> None
                 p.data[start:end] = chunk
                 p.done.add(batch.pop(0))
                 s.received += 1
+                await p.pace(end - start)
             in_flight.popleft()
     except (WireError, TransferError) as e:
         s.error = str(e)
@@ -156,7 +169,8 @@ async def pull_state(
         raise StateError(f"no holder served layers [{want.first}, {want.last}) at step {want.step}: {faults}")
     sessions = _agreeing(sessions)
     manifest = sessions[0].manifest
-    p = _Progress(manifest, bytearray(manifest.total_bytes), collections.deque(range(len(manifest.chunks))))
+    queue = collections.deque(range(len(manifest.chunks)))
+    p = _Progress(manifest, bytearray(manifest.total_bytes), queue, rate_bytes_s=cfg.rate_bytes_s)
     try:
         while len(p.done) < len(manifest.chunks):
             alive = [s for s in sessions if s.error is None]
@@ -167,11 +181,12 @@ async def pull_state(
     finally:
         for s in sessions:
             s.writer.close()
-    logger.info(
-        "fetched %d bytes of layers [%d, %d) from %s",
+    logger.info(  # scripts/bench_churn.py reads this line: bytes and seconds of each state transfer
+        "fetched %d bytes of layers [%d, %d) in %.3f s from %s",
         manifest.total_bytes,
         want.first,
         want.last,
+        time.monotonic() - p.started,
         {s.holder: s.received for s in sessions},
     )
     tensors = unpack(manifest.tensors, p.data)

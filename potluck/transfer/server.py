@@ -8,7 +8,9 @@ Protocol ``potluck/{swarm}/state/1``, one conversation per stream, every frame a
     holder -> fetcher   STATE_CHUNK     u32 index || bytes, one per index in the order asked; zstd-compressed
                                         (flag STATE_ZSTD) when that is smaller, raw otherwise
 
-The holder serves what it was last offered (``offer``): a ``StageState`` whose tensors do not change. A
+The holder serves what it was last offered (``offer``): a ``StageState`` whose tensors do not change; when
+that is not what is asked, the checkpoints it keeps for the job (``serve_disk``: its own stages, copies
+it keeps for others, or the job owner's complete copy) at the asked step, re-cut to the asked layers. A
 manifest for each asked range is built once (select, pack, hash, sign, in a worker thread) and kept until
 the next offer. Every read has a timeout; a fetcher that goes quiet costs one stream for ``timeout_s``.
 """
@@ -20,11 +22,14 @@ import json
 import logging
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 import zstandard
 
+from potluck.model.resume import holds, load_layers, present_stages
 from potluck.net.streams import Streams
-from potluck.protocol.errors import WireError
+from potluck.protocol.checkpoints import step_dir
+from potluck.protocol.errors import CheckpointError, WireError
 from potluck.protocol.identity import Identity
 from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES, STATE_ZSTD, Frame, MsgType, read_frame, write_frame
 from potluck.transfer.errors import TransferError
@@ -50,6 +55,9 @@ class TransferConfig:
     batch_chunks: int = 8  # chunks asked per STATE_CHUNKS request; two requests stay in flight
     zstd_level: int = 1  # fast: weights barely compress, and the link, not the CPU, should be the limit
     max_bytes: int = 64 << 30  # largest state a fetch allocates, bytes (the fetcher's memory budget)
+    # Most bytes/s one fetch takes, summed over its holders (0: as fast as the links go). For background
+    # copies (the job owner's checkpoint pull) that must leave a home uplink to the training traffic.
+    rate_bytes_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.chunk_bytes <= MAX_STATE_CHUNK_BYTES:
@@ -59,8 +67,11 @@ class TransferConfig:
             or self.settle_s < 0
             or self.batch_chunks < 1
             or self.max_bytes < 0
+            or self.rate_bytes_s < 0
         ):
-            raise ValueError("timeouts and batch_chunks must be positive, max_bytes non-negative")
+            raise ValueError(
+                "timeouts and batch_chunks must be positive, max_bytes and rate_bytes_s non-negative"
+            )
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,8 @@ class StateServer:
         self.streams, self.identity, self.cfg = streams, identity, cfg
         self.protocol = state_protocol(swarm_id)
         self._state: StageState | None = None
-        self._served: dict[tuple[int, int, int], asyncio.Task[Served]] = {}
+        self._served: dict[tuple[str, int, int, int], asyncio.Task[Served]] = {}
+        self._disk: dict[str, Path] = {}  # job name -> the checkpoint directory served for it
         self.bytes_sent = 0
 
     async def start(self) -> None:
@@ -114,6 +126,26 @@ class StateServer:
     def offered(self) -> StageState | None:
         return self._state
 
+    def serve_disk(self, job: str, root: Path | None) -> None:
+        """Also serve the checkpoints of ``job`` kept under ``root`` (None: no longer)."""
+        if root is None:
+            self._disk.pop(job, None)
+        else:
+            self._disk[job] = Path(root)
+
+    def _from_disk(self, job: str, step: int, first: int, last: int) -> StageState:
+        """Layers [first, last) of ``job`` after ``step`` steps from its checkpoint directory."""
+        root = self._disk.get(job)  # only a job this peer was told about: never a path from the wire
+        if root is None or not holds(root, step, first, last):
+            raise TransferError(f"no checkpoint of {job!r} step {step} layers [{first}, {last}) here")
+        try:
+            stages = present_stages(step_dir(root, step))
+            base = next(m.meta for m in stages if m.meta.first_layer <= first < m.meta.last_layer)
+            tensors = load_layers(root, step, first, last, base.model.n_layers)
+        except CheckpointError as e:
+            raise TransferError(f"checkpoint of {job!r} step {step} unusable: {e}") from None
+        return StageState(base.model_copy(update={"first_layer": first, "last_layer": last}), tensors)
+
     def _prepare(self, state: StageState, first: int, last: int) -> Served:
         meta = state.meta
         tensors = select(rename(state.tensors, meta.first_layer), first, last, meta.model.n_layers)
@@ -124,22 +156,43 @@ class StateServer:
         )
         return Served(manifest, manifest.signed(self.identity), data)
 
-    async def _served_for(self, job: str, step: int, first: int, last: int) -> Served:
+    def _holds(self, job: str, step: int, first: int, last: int) -> StageState | None:
         state = self._state
         if state is None:
-            raise TransferError("this peer offers no state")
+            return None
         meta = state.meta
         if (job, step) != (meta.job, meta.step) or not meta.first_layer <= first < last <= meta.last_layer:
-            raise TransferError(
-                f"this peer holds {meta.job!r} step {meta.step} layers [{meta.first_layer}, "
-                f"{meta.last_layer}), asked {job!r} step {step} layers [{first}, {last})"
-            )
-        key = (step, first, last)
+            return None
+        return state
+
+    def _load_and_prepare(self, job: str, step: int, first: int, last: int) -> Served:
+        return self._prepare(self._from_disk(job, step, first, last), first, last)
+
+    async def _served_for(self, job: str, step: int, first: int, last: int) -> Served:
+        key = (job, step, first, last)
         if key not in self._served:
+            state = self._holds(job, step, first, last)
+            if state is None and job not in self._disk:
+                held = self._state.meta if self._state is not None else None
+                raise TransferError(
+                    "this peer offers no state"
+                    if held is None
+                    else f"this peer holds {held.job!r} step {held.step} layers [{held.first_layer}, "
+                    f"{held.last_layer}), asked {job!r} step {step} layers [{first}, {last})"
+                )
             if len(self._served) >= MAX_CACHED:
                 self._served.pop(next(iter(self._served)))
-            self._served[key] = asyncio.ensure_future(asyncio.to_thread(self._prepare, state, first, last))
-        return await self._served[key]
+            prepare = (
+                asyncio.to_thread(self._prepare, state, first, last)
+                if state is not None
+                else asyncio.to_thread(self._load_and_prepare, job, step, first, last)
+            )
+            self._served[key] = asyncio.ensure_future(prepare)
+        try:
+            return await self._served[key]
+        except TransferError:
+            self._served.pop(key, None)  # the disk may hold it a moment later (a copy being written)
+            raise
 
     def chunk_bytes(self, served: Served, index: int) -> bytes:
         """The raw bytes of chunk ``index`` (a seam for tests that serve corrupted state)."""

@@ -59,7 +59,7 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
         assert stage1 is not None, epoch1[-3000:]
         victim = next(n for n, pid in ids.items() if pid.startswith(stage1.group(2)))
         before = max(int(s) for s in re.findall(r"step (\d+)/", log.read_text(errors="replace")))
-        swarm.stop(victim, sig)
+        swarm.stop(victim, sig, timeout_s=90)  # SIGTERM: it hands its work over first (test_leave.py)
 
         start = int(_wait(log, r"plan epoch 2: .*?from step (\d+)", 90).group(1))
         assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
@@ -74,4 +74,5 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
         assert starts and min(starts) >= before, (
             f"epochs after the kill start at {starts}; committed {before}"
         )
-    assert not (tmp_path / "owner-ckpt").exists() or not any((tmp_path / "owner-ckpt").iterdir())
+    # The only checkpoint is the last step's; the job owner's directory holds the copy pulled from peers.
+    assert [p.name for p in (tmp_path / "owner-ckpt").iterdir()] == [f"step-{STEPS:08d}"]

@@ -246,3 +246,32 @@ def test_a_replan_with_new_boundaries_resumes_from_live_holders_without_a_shared
 
     got = asyncio.run(main())
     assert got == pytest.approx([r.loss for r in full[(1, 0)][10:]], rel=1e-4, abs=1e-5)
+
+
+def test_checkpoints_on_a_holders_disk_are_served_recut_and_nothing_else(tmp_path):
+    """A holder serves the checkpoints it keeps for a job it was told about (``serve_disk``), re-cut to
+    the asked layers; a job it was not told about, or a step it lacks, is refused, never looked up."""
+    old = [trained_stage(0, 2), trained_stage(2, 4)]
+    everything = {**rename(old[0].tensors, 0), **rename(old[1].tensors, 2)}
+    root = tmp_path / "holder-disk"
+    for s in old:
+        save_stage(root, s.tensors, s.meta)
+
+    async def main() -> dict[str, torch.Tensor]:
+        async with keyed_group(2, tmp_path) as nodes:
+            (p2p_a, id_a), (p2p_b, _) = nodes
+            server = StateServer(Streams(p2p_a), SWARM, id_a, CFG)
+            await server.start()
+            holder = [Holder(p2p_a.peer_id.to_base58(), 0, 4)]
+            source = PeerSource(Streams(p2p_b), SWARM, holder, CFG)
+            with pytest.raises(StateError, match="offers no state"):
+                await source.fetch(want(1, 3), 30.0)  # nothing offered, no disk served yet
+            server.serve_disk("xfer", root)
+            with pytest.raises(StateError, match="no checkpoint"):
+                await source.fetch(want(1, 3, step=7), 30.0)  # a step it does not keep
+            other = StateWant("../../etc", MODEL, 5, 3, 1, 3)
+            with pytest.raises(StateError, match="offers no state"):
+                await source.fetch(other, 30.0)  # a job name is a key, never a path
+            return (await source.fetch(want(1, 3), 30.0)).tensors
+
+    assert_identical(asyncio.run(main()), rename(select(everything, 1, 3, MODEL.n_layers), -1))

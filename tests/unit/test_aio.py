@@ -158,3 +158,19 @@ def test_bounded_keeps_a_timeout_of_the_work_itself():
     with pytest.raises(TimeoutError, match="own deadline") as info:
         asyncio.run(bounded(own_timeout(), 5.0, "x"))
     assert not isinstance(info.value, DeadlineExceeded)
+
+
+def test_a_second_signal_sets_the_again_event():
+    """Ctrl-C twice: the first asks for a graceful stop, the second for a quick one."""
+
+    async def main() -> tuple[bool, bool]:
+        stop, again = asyncio.Event(), asyncio.Event()
+        with stop_on_signals(stop, again=again):
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.wait_for(stop.wait(), timeout=5.0)
+            first = again.is_set()
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.wait_for(again.wait(), timeout=5.0)
+        return first, again.is_set()
+
+    assert asyncio.run(main()) == (False, True)

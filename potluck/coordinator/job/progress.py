@@ -1,7 +1,9 @@
 """What the coordinator does next with a running job. Pure: ``next_action(..., now) -> (action, reason)``.
 
 Actions: "plan" (no plan yet: plan when enough peers), "replan" (a placed peer left or a step failed:
-restart everyone from the newest complete checkpoint under a new epoch), "done" (every placed peer
+restart everyone from the newest complete checkpoint under a new epoch), "leave" (placed peers announced
+a graceful leave and nothing failed: re-plan without them while they still train and serve their
+state, see ``handoff``), "done" (every placed peer
 finished the last step), "fail" (plans keep failing and fewer than ``min_peers`` usable peers are left to
 try again with), "hold" (a broken plan waits out its backoff or the confirmation of a suspect), "wait"
 (training is moving). Progress records are the peers' signed reports; only those of the current epoch
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.membership import PeerView
-from potluck.protocol.training import Progress, TrainPlan
+from potluck.protocol.training import Holding, Progress, TrainPlan
 
 HEARTBEATS_PER_TTL = 3.0  # peers refresh their heartbeat every third of its lifetime (peer.config)
 
@@ -57,6 +59,9 @@ class JobProgress:
     best_step: int = 0  # most steps ever completed by the whole swarm
     suspects: dict[str, float] = field(default_factory=dict)  # peer -> DHT time of the newest suspicion
     unreachable: dict[str, float] = field(default_factory=dict)  # peer -> DHT time a direct probe failed
+    # peer -> the checkpoints it says it keeps on its disk (Progress.stored), by layers, so that they stay
+    # meaningful after the plan's cut changed (job.resume.checkpoint_step). Kept across epochs.
+    stored: dict[str, list[Holding]] = field(default_factory=dict)
 
     def update(self, plan: TrainPlan | None, records: Iterable[Progress]) -> None:
         if plan is None:
@@ -73,6 +78,8 @@ class JobProgress:
                 for s in rec.suspects:
                     if s != rec.peer_id:  # a peer cannot get itself excluded
                         self.suspects[s] = max(self.suspects.get(s, 0.0), rec.issued_at)
+            if rec.stored:
+                self.stored[rec.peer_id] = list(rec.stored)
             if rec.checkpoint_step is not None and rec.replica == 0:
                 if self.checkpoint_stages != len(plan.stages):
                     self.checkpoints, self.checkpoint_stages = {}, len(plan.stages)
@@ -156,7 +163,10 @@ def next_action(
         if all((r := progress.latest.get(p)) is not None and r.state == "done" for p in placed):
             return "done", f"all {len(placed)} placed peers finished step {job.steps}"
         return "wait", f"training: step {progress.step(plan)} of {job.steps}"
-    if gone:
+    graceful = bool(gone) and not failed and set(gone) <= state.leaving
+    if graceful:
+        why = f"{len(gone)} placed peer(s) leaving: {', '.join(p[:12] for p in gone)}"
+    elif gone:
         why = f"{len(gone)} placed peer(s) left: {', '.join(p[:12] for p in gone)}"
     else:
         why = f"step failed at {failed[0].peer_id[:12]}: {failed[0].message}"
@@ -176,4 +186,4 @@ def next_action(
         wait = since + retry.backoff_s(progress.failures) - now
         if wait > 0:
             return "hold", f"{why}; retrying in {wait:.1f} s ({progress.failures} failed plans in a row)"
-    return "replan", why
+    return ("leave" if graceful else "replan"), why

@@ -8,20 +8,20 @@ the newest step any live placed peer reported is that step (a peer whose step fa
 
 Otherwise checkpoints: two witnesses can name the newest one every stage completed. Peers report the
 checkpoints they wrote in their ``Progress`` (``JobProgress.complete_checkpoint`` keeps the newest step
-every stage reported). The coordinator may also
-see a complete checkpoint itself (a local swarm's shared directory, or a disk it was pointed at); the
-service reads it (stage 0's ``StageMeta``) and passes it in here, so this module does no I/O. A checkpoint
+every stage reported). The coordinator also holds complete checkpoints itself: the job owner's copy it
+pulls from the peers (``coordinator/copies.py``); the service reads it (stage 0's ``StageMeta``) and
+passes it in here, so this module does no I/O. A checkpoint
 of another job or another model is never resumed from, and a start beyond the job's last step is capped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.training import Progress, TrainPlan
+from potluck.protocol.training import Holding, Progress, TrainPlan
 
 
 @dataclass(frozen=True)
@@ -29,20 +29,67 @@ class ResumePoint:
     step: int  # the plan's start_step: steps already done (0: from the seeded init)
     reason: str  # which witness decided, for the log
     ignored: str | None = None  # why the coordinator's own checkpoint was not used, when it was not
+    from_checkpoint: bool = False  # the state is in checkpoints only (TrainPlan.resume_from)
+
+
+def _covers(ranges: Iterable[tuple[int, int]], n_layers: int) -> bool:
+    covered = {x for a, b in ranges for x in range(a, b)}
+    return covered >= set(range(n_layers))
 
 
 def live_step(plan: TrainPlan, latest: Mapping[str, Progress], live: Collection[str]) -> int | None:
-    """The step the swarm of ``plan`` holds in memory, or None when some stage has no live replica.
+    """The newest step whose every layer some live peer holds in memory, or None.
 
     ``latest``: each peer's newest progress record of this plan's epoch; ``live``: peers heartbeating now
-    and not excluded. A stage whose live replicas never reported counts as held at the plan's start."""
-    held = []
+    and not excluded. A peer running its stage of the plan holds that stage's layers at the step the
+    stage's replicas committed: commits are all-or-nothing across the pipeline, so every such peer holds
+    the newest step any of them reported (a report may lag a step). A peer whose run ended holds exactly
+    what it reports (``Progress.holds``: its stage's snapshot, or, when it failed before taking the plan's
+    state, the layers it held before). A placed peer that never reported is taken to hold its stage at
+    the plan's start."""
+    running: list[tuple[int, int, int]] = []  # (reported step, first, last) of peers running the plan
+    other: list[tuple[int, int, int]] = []
     for stage in plan.stages:
-        alive = [p for p in stage.peers if p in live]
-        if not alive:
-            return None
-        held += [latest[p].step for p in alive if p in latest and latest[p].epoch == plan.epoch]
-    return max(held, default=plan.start_step)
+        for p in stage.peers:
+            if p in live and (p not in latest or latest[p].epoch != plan.epoch):
+                running.append((plan.start_step, stage.first_layer, stage.last_layer))
+    for p, rec in latest.items():
+        if p not in live or rec.epoch != plan.epoch:
+            continue
+        pos = plan.position(p)
+        mine = (plan.stages[pos[0]].first_layer, plan.stages[pos[0]].last_layer) if pos else None
+        held = rec.holds
+        if held is None and mine is not None:
+            running.append((rec.step, *mine))
+        elif held is not None and rec.state in ("training", "done") and held.range == mine:
+            running.append((max(held.step, rec.step), *mine))
+        elif held is not None:
+            other.append((held.step, held.first_layer, held.last_layer))
+    committed = max((s for s, _, _ in running), default=None)
+    steps = sorted({s for s, _, _ in other} | ({committed} if committed is not None else set()), reverse=True)
+    for step in steps:
+        ranges = [(a, b) for _, a, b in running if step == committed]
+        ranges += [(a, b) for s, a, b in other if s == step]
+        if _covers(ranges, plan.n_layers):
+            return step
+    return None
+
+
+def checkpoint_step(stored: Mapping[str, Sequence[Holding]], live: Collection[str], n_layers: int) -> int:
+    """The newest step whose every layer a live peer keeps a checkpoint of (0: none), from what peers
+    reported (``JobProgress.stored``: each peer's newest own checkpoint and the copies it keeps).
+
+    A peer reports only its newest checkpoint but keeps ``checkpoint.keep`` of them, so a layer counts as
+    stored at every step up to the newest a live holder reported; the step is the oldest of those
+    newest steps over the layers."""
+    newest = [0] * n_layers
+    for peer, holdings in stored.items():
+        if peer not in live:
+            continue
+        for h in holdings:
+            for layer in range(h.first_layer, min(h.last_layer, n_layers)):
+                newest[layer] = max(newest[layer], h.step)
+    return min(newest, default=0)
 
 
 def resume_point(
@@ -70,5 +117,7 @@ def resume_point(
     if disk == 0 and reported == 0:
         return ResumePoint(0, "no complete checkpoint: start from the seeded init", ignored)
     if disk >= reported:
-        return ResumePoint(disk, f"complete checkpoint at step {disk} on the coordinator's disk", ignored)
-    return ResumePoint(reported, f"every stage reported a checkpoint at step {reported}", ignored)
+        why = f"complete checkpoint at step {disk} on the coordinator's disk"
+        return ResumePoint(disk, why, ignored, from_checkpoint=True)
+    why = f"every stage reported a checkpoint at step {reported}"
+    return ResumePoint(reported, why, ignored, from_checkpoint=True)

@@ -2,7 +2,8 @@
 
 Policy (its effect on the update): contributions that are not ready by the deadline are dropped for this
 round, and every member receives the SAME mean over the contributors (weights renormalised to 1/|members|
-each). A dropped peer learns so and skips the update (``LateError``).
+each). A dropped peer learns so (``LateError``); in training it then applies the committed mean the
+leader sends it (``peer/train/straggle.py``).
 
 Protocol, per attempt, with the group's first peer as the round's leader:
 

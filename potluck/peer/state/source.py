@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from potluck.model.checkpoint import CheckpointError
+from potluck.model.resume import load_layers
 from potluck.net.streams import Streams
-from potluck.peer.state.resume import load_layers
 from potluck.protocol.checkpoints import StageMeta
 from potluck.transfer.errors import StateError
 from potluck.transfer.manifest import StateWant

@@ -7,6 +7,11 @@ The leader waits for every peer of the plan, then sends the same COMMIT (global 
 the batch loss) to all, or ABORT to all if someone failed, reported trouble, or missed the deadline.
 A peer steps only on COMMIT; on ABORT, or without a decision in time, it drops the step's gradients.
 
+Under ``sync.policy = "deadline"`` (``straggle.py``) a replica left out of its stage's all-reduce sends
+no READY: the contributors name the stage's members (replica indices) in theirs, the leader waits for
+exactly those, uses their (identical) squared norm for every replica of the stage and renormalises the
+loss over the last stage's contributors; the left-out replica still receives the COMMIT or ABORT.
+
 A leader that dies after some COMMITs left is the one gap two-phase commit cannot close; the
 coordinator closes it from outside by restarting every peer from the last complete checkpoint.
 Messages are small JSON objects, size-capped and schema-checked before use.
@@ -40,6 +45,8 @@ class Ready:
     loss: float  # this replica's share of the batch loss (last stage), else 0
     ok: bool = True
     reason: str = ""
+    # Replicas whose gradients this stage's all-reduce averaged (deadline policy); None: all of them.
+    members: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,9 +73,11 @@ def _loads(data: bytes, who: str) -> dict[str, Any]:
     return obj
 
 
-def _parse_ready(data: bytes, who: str, expect: tuple[int, int]) -> Ready:
+def _parse_ready(data: bytes, who: str, expect: tuple[int, int], n_replicas: int = 1 << 16) -> Ready:
+    """A peer's READY, checked: JSON object, fields and types, the claimed position, members in range."""
     obj = _loads(data, who)
     try:
+        members = obj.get("members")
         ready = Ready(
             int(obj["stage"]),
             int(obj["replica"]),
@@ -76,6 +85,7 @@ def _parse_ready(data: bytes, who: str, expect: tuple[int, int]) -> Ready:
             float(obj["loss"]),
             bool(obj["ok"]),
             str(obj.get("reason", ""))[:200],
+            None if members is None else tuple(int(r) for r in members[:n_replicas]),
         )
     except (KeyError, TypeError, ValueError):
         raise WireError(f"READY from {who} lacks fields or has wrong types") from None
@@ -83,42 +93,88 @@ def _parse_ready(data: bytes, who: str, expect: tuple[int, int]) -> Ready:
         raise WireError(
             f"READY from {who} claims stage/replica {(ready.stage, ready.replica)}, plan says {expect}"
         )
+    if ready.members is not None and (
+        ready.replica not in ready.members or any(not 0 <= r < n_replicas for r in ready.members)
+    ):
+        raise WireError(f"READY from {who} names members {ready.members} of {n_replicas} replicas")
     if not (math.isfinite(ready.sq_norm) and ready.sq_norm >= 0 and math.isfinite(ready.loss)):
         return Ready(ready.stage, ready.replica, 0.0, 0.0, False, f"non-finite gradients or loss at {who}")
     return ready
 
 
+def _members(plan: TrainPlan, readies: dict[str, Ready], stage: int) -> list[str]:
+    """Pure: the peers of ``stage`` whose READY the leader needs: the members its READYs name (the
+    deadline policy), else every replica."""
+    named = {r.members for p in plan.stages[stage].peers if (r := readies.get(p)) is not None and r.ok}
+    named.discard(None)
+    if len(named) != 1:  # none named (strict), or disagreement, which _decide turns into an abort
+        return list(plan.stages[stage].peers)
+    (members,) = named
+    assert members is not None
+    return [p for i, p in enumerate(plan.stages[stage].peers) if i in members]
+
+
+def _complete(plan: TrainPlan, readies: dict[str, Ready]) -> bool:
+    """Pure: whether the leader holds every READY it needs to decide."""
+    return all(p in readies for j in range(len(plan.stages)) for p in _members(plan, readies, j))
+
+
 def _decide(plan: TrainPlan, readies: dict[str, Ready]) -> Decision:
-    """Pure: the leader's decision from every peer's READY."""
-    missing = [p for st in plan.stages for p in st.peers if p not in readies]
+    """Pure: the leader's decision from the READYs it holds."""
+    missing = [p for j in range(len(plan.stages)) for p in _members(plan, readies, j) if p not in readies]
     bad = [f"{p}: {r.reason}" for p, r in readies.items() if not r.ok]
+    for j, st in enumerate(plan.stages):
+        named = {r.members for p in st.peers if (r := readies.get(p)) is not None and r.ok}
+        if len(named) > 1:
+            bad.append(f"stage {j}: replicas disagree on the all-reduce's members {sorted(map(str, named))}")
     if missing or bad:
-        why = f"missing READY from {missing}" if missing else f"peers reported failure: {bad}"
+        why = f"peers reported failure: {bad}" if bad else f"missing READY from {missing}"
         return Decision(False, (), 0.0, why)
     sq = [0.0] * plan.n_replicas
-    loss = 0.0
-    for r in readies.values():
-        sq[r.replica] += r.sq_norm
-        if r.stage == len(plan.stages) - 1:
-            loss += r.loss
+    loss, last = 0.0, len(plan.stages) - 1
+    for j, st in enumerate(plan.stages):
+        got = [readies[p] for p in st.peers if p in readies]
+        for i, p in enumerate(st.peers):
+            # A left-out replica applies its stage's committed mean: the contributors' gradients.
+            sq[i] += (readies.get(p) or got[0]).sq_norm
+        if j == last:
+            loss = sum(r.loss for r in got)
+            if len(got) < plan.n_replicas:  # shares of the contributors' sequences only: renormalise
+                loss *= plan.n_replicas / len(got)
     return Decision(True, tuple(math.sqrt(s) for s in sq), loss)
 
 
-async def commit_step(box: Mailbox, plan: TrainPlan, rnd: Round, ready: Ready, timeout_s: float) -> Decision:
-    """Run the commit for one step; returns the COMMIT decision or raises ``StepAborted``."""
+async def commit_step(
+    box: Mailbox, plan: TrainPlan, rnd: Round, ready: Ready | None, timeout_s: float
+) -> Decision:
+    """Run the commit for one step; returns the COMMIT decision or raises ``StepAborted``. ``ready`` is
+    None for a replica left out of its stage's all-reduce: it votes nothing and learns the decision."""
     me, leader = box.peer_id, plan.leader
     peers = [p for st in plan.stages for p in st.peers]
     tag_ready, tag_decision = make_tag(rnd, Stream.COMMIT_READY), make_tag(rnd, Stream.COMMIT_DECISION)
     if me == leader:
-        readies = {me: ready}
+        readies = {me: ready} if ready is not None else {}
 
-        async def collect(peer: str, where: tuple[int, int]) -> None:
+        async def collect(peer: str) -> tuple[str, Ready | None]:
+            where = plan.position(peer) or (-1, -1)
             try:
-                readies[peer] = _parse_ready(await box.recv(peer, tag_ready, timeout_s), peer, where)
+                data = await box.recv(peer, tag_ready, timeout_s)
+                return peer, _parse_ready(data, peer, where, plan.n_replicas)
             except WireError as e:
                 logger.warning("step commit: %s", e)
+                return peer, None
 
-        await asyncio.gather(*(collect(p, plan.position(p) or (-1, -1)) for p in peers if p != me))
+        waits = {asyncio.create_task(collect(p)) for p in peers if p != me}
+        try:  # until every READY the decision needs is in: left-out replicas send none
+            while waits and not _complete(plan, readies):
+                done, waits = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    peer, got = task.result()
+                    if got is not None:
+                        readies[peer] = got
+        finally:
+            for task in waits:
+                task.cancel()
         decision = _decide(plan, readies)
         payload = _dumps(
             {
@@ -136,7 +192,8 @@ async def commit_step(box: Mailbox, plan: TrainPlan, rnd: Round, ready: Ready, t
                 logger.warning("step commit: decision not delivered to %s: %s", p, res)
     else:
         try:
-            await box.send(leader, tag_ready, _dumps(ready.__dict__))
+            if ready is not None:
+                await box.send(leader, tag_ready, _dumps(ready.__dict__))
             obj = _loads(await box.recv(leader, tag_decision, timeout_s), leader)
             norms = tuple(float(x) for x in obj["norms"])
             decision = Decision(bool(obj["committed"]), norms, float(obj["loss"]), str(obj.get("reason", "")))

@@ -4,10 +4,11 @@ Step s on stage j, replica i:
 1. the 1F1B pipeline over this replica's micro-batches of global step s (``pipeline.py``);
 2. the stage's replicas sum their gradients with the tree all-reduce, bucket by bucket, each bucket
    starting while the backward is still producing the earlier layers' gradients (``overlap.py``;
-   skipped with DiLoCo local steps);
+   skipped with DiLoCo local steps); with ``sync.policy = "deadline"``, one relaxed all-reduce of the
+   whole gradient over the replicas ready by the deadline instead (``straggle.py``);
 3. the step commit (``commit.py``) agrees on the global gradient norm and the loss, or aborts;
 4. AdamW at the scheduled learning rate, clipped by the global norm; every H steps with DiLoCo, the
-   outer sync; every ``checkpoint.interval`` steps replica 0 writes the stage's checkpoint.
+   outer sync; every ``checkpoint.interval`` steps each replica writes the stage's checkpoint to its own disk.
 
 Messages of step s under plan epoch e carry the round ``Round(e, s, phase)`` (``net/tags.py``), so
 messages of an aborted attempt under an older plan can never be mistaken for the current one.
@@ -28,6 +29,7 @@ from potluck.compression import get_codec
 from potluck.model.checkpoint import prune, save_stage, step_dir
 from potluck.model.data import TokenDataset
 from potluck.model.optim import clip_coefficient, learning_rate
+from potluck.model.resume import load_layers
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Phase, Round, before
@@ -35,12 +37,12 @@ from potluck.peer.collectives.buckets import BucketSync
 from potluck.peer.collectives.diloco import DiLoCo
 from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig, DiLoCoConfig, TrainerConfig
-from potluck.peer.errors import CollectiveError, PipelineError, StepAborted
-from potluck.peer.state.resume import load_layers
+from potluck.peer.errors import CollectiveError, LateError, PeerError, PipelineError, StepAborted
 from potluck.peer.state.source import StateSource, fetch_first
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
-from potluck.protocol.checkpoints import StageMeta
+from potluck.peer.train.straggle import DeadlineSync, slowdown_s
+from potluck.protocol.checkpoints import StageMeta, plan_stage_meta
 from potluck.protocol.collective import records_to_schedule
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
@@ -104,8 +106,14 @@ class Trainer:
         self.diloco: DiLoCo | None = None
         if comp.sync_every > 1:
             self.diloco = DiLoCo(self.runner.params, DiLoCoConfig(inner_steps=comp.sync_every))
+        self.deadline: DeadlineSync | None = None  # the job's sync.policy = "deadline"
+        if job.sync.policy == "deadline" and self.diloco is None and plan.n_replicas > 1:
+            self.deadline = DeadlineSync(
+                self.runner, box, self.schedule, self._allreduce_cfg(True), job.sync, comp.error_feedback
+            )
+        self._slowdown_s = slowdown_s(self.replica)  # test-only, 0 unless POTLUCK_TEST_STEP_DELAY_S
         self.sync: BucketSync | None = None
-        if self.diloco is None and plan.n_replicas > 1:
+        if self.diloco is None and self.deadline is None and plan.n_replicas > 1:
             self.sync = BucketSync(
                 self.runner,
                 box,
@@ -150,18 +158,7 @@ class Trainer:
 
     def stage_meta(self) -> StageMeta:
         """What this stage's state is after ``self.step`` steps (checkpoints and live snapshots)."""
-        return StageMeta(
-            job=self.job.name,
-            step=self.step,
-            stage=self.stage,
-            n_stages=len(self.plan.stages),
-            first_layer=self.assignment.first_layer,
-            last_layer=self.assignment.last_layer,
-            model=self.job.model,
-            seed=self.job.seed,
-            tokenizer=self.job.data.tokenizer,
-            epoch=self.plan.epoch,
-        )
+        return plan_stage_meta(self.job, self.plan, self.stage, self.step)
 
     def snapshot(self) -> StageState | None:
         """A copy of the state after ``self.step`` steps to serve to other peers, or None when there is
@@ -198,12 +195,20 @@ class Trainer:
             self.grad_codec_spec, self.cfg.chunk_elements, self.cfg.allreduce_timeout_s, average
         )
 
-    async def _sync_gradients(self, timing: Timing) -> None:
-        if self.sync is None:
-            return
+    async def _sync_gradients(self, rnd: Round, timing: Timing, loss: float, timeout_s: float) -> Ready:
+        """The stage's synchronised gradients and this replica's READY; ``LateError``: left out."""
+        if self._slowdown_s:
+            await asyncio.sleep(self._slowdown_s)  # test-only: a straggler (straggle.slowdown_s)
         t0 = time.perf_counter()
-        await self.sync.finish()  # most buckets are already on their way (overlap)
-        timing.allreduce += time.perf_counter() - t0
+        members = None
+        try:
+            if self.deadline is not None:
+                members = await self.deadline.reduce(rnd, t0 - timing.started, timeout_s)
+            elif self.sync is not None:
+                await self.sync.finish()  # most buckets are already on their way (overlap)
+        finally:
+            timing.allreduce += time.perf_counter() - t0
+        return Ready(self.stage, self.replica, self.runner.grad_sq_norm(), loss, members=members)
 
     async def train_step(self, timeout_s: float | None = None) -> StepReport:
         """One committed step; ``timeout_s`` bounds each of its waits (default: the config's)."""
@@ -214,6 +219,7 @@ class Trainer:
         micro = self.micro_batches(step)
         if self.sync is not None:
             self.sync.arm(rnd, len(micro))
+        failed: PeerError | None = None
         try:
             loss_part = await pipeline_step(
                 self.box,
@@ -225,11 +231,13 @@ class Trainer:
                 timeout_s,
                 timing,
             )
-            await self._sync_gradients(timing)
-            ready = Ready(self.stage, self.replica, self.runner.grad_sq_norm(), loss_part)
+            ready: Ready | None = await self._sync_gradients(rnd, timing, loss_part, timeout_s)
+        except LateError:
+            ready = None  # left out of the stage's mean: it votes nothing and catches up after the commit
         except (PipelineError, CollectiveError) as e:
             if self.sync is not None:
                 self.sync.disarm()
+            failed = e
             ready = Ready(self.stage, self.replica, 0.0, 0.0, ok=False, reason=str(e)[:200])
         t0 = time.perf_counter()
         try:
@@ -238,6 +246,14 @@ class Trainer:
             self.runner.zero_grad()
             raise
         timing.commit += time.perf_counter() - t0
+        if failed is not None:  # committed without this replica (deadline policy): it has no update
+            self.runner.zero_grad()
+            raise failed
+        if ready is None:
+            assert self.deadline is not None
+            t0 = time.perf_counter()
+            await self.deadline.catch_up(rnd, timeout_s)
+            timing.allreduce += time.perf_counter() - t0
         lr = learning_rate(self.job.optimizer, step, self.job.steps)
         coef = clip_coefficient(self.job.optimizer, decision.norms[self.replica])
         t0 = time.perf_counter()
@@ -261,6 +277,8 @@ class Trainer:
             idle=max(0.0, total - busy),
             total=total,
         )
+        if self.deadline is not None:
+            self.deadline.check()  # a straggler too many steps in a row: reported failed
         return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint)
 
     async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
@@ -276,16 +294,17 @@ class Trainer:
 
     async def _maybe_checkpoint(self) -> Path | None:
         done, ck = self.step, self.job.checkpoint
-        if self.replica != 0 or (done % ck.interval and done != self.job.steps):
+        if done % ck.interval and done != self.job.steps:
             return None
         if self.diloco is not None and done % self.job.compression.sync_every and done != self.job.steps:
             return None  # between syncs the replicas differ: only synced states are checkpointed
         meta = self.stage_meta()  # its step is ``done``
         tensors = self.runner.state_tensors()
         root = self.checkpoint_root
+        # Every replica writes its own copy to its own disk: no disk is shared, so a stage's checkpoint
+        # survives as long as one of its replicas (or the copy holder, or the job owner) does.
         path = await asyncio.to_thread(save_stage, root, tensors, meta)
-        if self.stage == 0:
-            await asyncio.to_thread(prune, root, ck.keep)
+        await asyncio.to_thread(prune, root, ck.keep, False)  # this disk holds some stages only
         return path
 
     async def run(
@@ -295,9 +314,16 @@ class Trainer:
         committed, leaving weights and optimizer as they were before that step."""
         await self._restore()
         end = self.job.steps if until is None else min(until, self.job.steps)
-        first = self.step
-        while self.step < end:
-            grace = self.cfg.first_step_grace_s if self.step == first else 0.0
-            report = await self.train_step(self.cfg.step_timeout_s + grace)
-            if on_step is not None:
-                on_step(report)
+        first, drain = self.step, True
+        try:
+            while self.step < end:
+                grace = self.cfg.first_step_grace_s if self.step == first else 0.0
+                report = await self.train_step(self.cfg.step_timeout_s + grace)
+                if on_step is not None:
+                    on_step(report)
+        except asyncio.CancelledError:
+            drain = False  # a new plan: nobody will wait for this run's catch-up sends
+            raise
+        finally:
+            if self.deadline is not None:  # replicas behind still need the last steps' means
+                await self.deadline.close(drain)

@@ -161,10 +161,26 @@ def test_malformed_and_oversized_manifests_are_damage(tmp_path, caplog):
         load_stage(CheckpointRef(tmp_path, 2, 2), 0)
 
 
-def test_manifests_must_agree_on_stage_count(tmp_path):
+def test_a_step_written_again_under_another_cut_retracts_the_old_cut(tmp_path):
+    """A rollback re-trains step 2 under a 3-stage plan: the 2-stage plan's stage 0 of step 2 must not
+    be mixed with it (it is retracted), so the step is incomplete, never inconsistent."""
     save_all(tmp_path, 1, 2)
     save_stage(tmp_path, tensors_for(0, 2), meta_for(2, 0, 2))
     save_stage(tmp_path, tensors_for(1, 2), meta_for(2, 1, 3))
+    assert not (tmp_path / "step-00000002" / "stage-000.json").exists()
+    with pytest.raises(CheckpointError, match="missing"):
+        check_step(tmp_path / "step-00000002")
+    assert latest_complete(tmp_path).step == 1
+
+
+def test_manifests_must_agree_on_stage_count(tmp_path):
+    save_all(tmp_path, 1, 2)
+    save_all(tmp_path, 2, 2)
+    other = tmp_path / "other"
+    save_stage(other, tensors_for(1, 2), meta_for(2, 1, 3))  # a foreign stage copied in by hand
+    for suffix in ("json", "safetensors"):
+        name = f"stage-001.{suffix}"
+        (tmp_path / "step-00000002" / name).write_bytes((other / "step-00000002" / name).read_bytes())
     with pytest.raises(CheckpointError, match="disagree"):
         check_step(tmp_path / "step-00000002")
     assert latest_complete(tmp_path).step == 1

@@ -84,6 +84,18 @@ def test_departure_and_failure_replan_and_old_epochs_do_not_count():
     assert action == "replan" and "boom" in why
 
 
+def test_a_graceful_leave_is_a_leave_unless_a_step_failed_too():
+    prog = JobProgress()
+    job = JOB.model_copy(update={"min_peers": 2})
+    leaving = SwarmState("s", 1.0, {p: peer(p) for p in P[:3]}, leaving=frozenset({P[3]}))
+    action, why = next_action(leaving, job, PLAN, prog, 100.0)
+    assert action == "leave" and "leaving" in why
+    crashed = SwarmState("s", 1.0, {p: peer(p) for p in P[:3]})  # no "leaving" record: a crash
+    assert next_action(crashed, job, PLAN, prog, 100.0)[0] == "replan"
+    prog.update(PLAN, [rec(P[1], 5, "failed")])
+    assert next_action(leaving, job, PLAN, prog, 100.0)[0] == "replan"
+
+
 def test_failed_plans_never_end_a_job_while_enough_peers_heartbeat():
     prog = JobProgress()
     for _ in range(10):

@@ -2,9 +2,9 @@
 
 import pytest
 
-from potluck.coordinator.job.resume import ResumePoint, live_step, resume_point
+from potluck.coordinator.job.resume import ResumePoint, checkpoint_step, live_step, resume_point
 from potluck.protocol.checkpoints import StageMeta
-from potluck.protocol.training import Progress, StageAssignment, TrainPlan
+from potluck.protocol.training import Holding, Progress, StageAssignment, TrainPlan
 from tests.unit.coordinator.job.test_plan import JOB
 
 
@@ -117,3 +117,46 @@ def test_live_state_beats_checkpoints_and_is_capped():
     assert resume_point(JOB, on_disk(10), 10, live=None).step == 10  # no live state: checkpoints
     assert resume_point(JOB, None, 0, live=0).step == 0
     assert resume_point(JOB, None, 0, live=JOB.steps + 50).step == JOB.steps
+
+
+def _holding(peer: str, step: int, first: int, last: int, state: str = "failed") -> Progress:
+    rec = _report(peer, 10, state=state)
+    return rec.model_copy(update={"holds": Holding(step=step, first_layer=first, last_layer=last)})
+
+
+def test_live_state_must_cover_every_layer_at_one_step():
+    """The reproduction of a lost stage: a re-plan put the two survivors of stage 0 (layers [0, 1)) into
+    both stages; their runs failed before taking the plan's state, and they report what they hold."""
+    plan = _plan(["a", "b"], start=10)
+    latest = {pid("a"): _holding("a", 38, 0, 1), pid("b"): _holding("b", 38, 0, 1)}
+    assert live_step(plan, latest, live("ab")) is None  # nobody holds layer 1: no live resume
+    latest[pid("b")] = _holding("b", 38, 1, 2)  # had b held layer 1 at the same step, it would do
+    assert live_step(plan, latest, live("ab")) == 38
+    latest[pid("b")] = _holding("b", 37, 1, 2)  # but not at another step
+    assert live_step(plan, latest, live("ab")) is None
+
+
+def test_peers_running_the_plan_hold_the_step_their_pipeline_committed():
+    plan = _plan(["ab", "cd"], start=10)
+    latest = {
+        pid("a"): _holding("a", 17, 0, 1, "training"),
+        pid("c"): _holding("c", 16, 1, 2, "training"),  # its report lags one step behind a's
+    }
+    assert live_step(plan, latest, live("ac")) == 17
+    latest[pid("c")] = _holding("c", 40, 0, 1)  # c holds other layers (its run failed before taking)
+    assert live_step(plan, latest, live("ac")) is None
+
+
+def test_checkpoints_count_only_where_a_live_peer_keeps_them():
+    stored = {
+        pid("a"): [Holding(step=30, first_layer=0, last_layer=2)],
+        pid("b"): [Holding(step=30, first_layer=2, last_layer=4)],
+        pid("c"): [
+            Holding(step=20, first_layer=2, last_layer=4),
+            Holding(step=20, first_layer=0, last_layer=2),
+        ],
+    }
+    assert checkpoint_step(stored, live("abc"), 4) == 30
+    assert checkpoint_step(stored, live("ac"), 4) == 20  # b's disk is gone: c's copy of step 20 serves
+    assert checkpoint_step(stored, live("a"), 4) == 0  # nobody keeps layers [2, 4)
+    assert checkpoint_step({}, live("abc"), 4) == 0

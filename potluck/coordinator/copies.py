@@ -1,0 +1,160 @@
+"""The job owner's checkpoint copy: the coordinator pulls each complete checkpoint into ``checkpoint.dir``.
+
+No disk is shared, so a checkpoint first exists only on the peers that wrote it (every replica writes its
+own stage; a stage with one replica is also copied by a designated peer, ``TrainPlan.copy_holder``).
+When every stage of the current plan has reported a checkpoint at step s (``JobProgress``), the
+coordinator pulls each stage's layers at s from the peers of the plan (several at once, chunks hashed
+and checked against the holder's signed manifest, ``transfer/pull.py``), at most ``rate_bytes_s`` so a
+home uplink keeps its training traffic, and writes them under the job owner's directory. It then serves
+that directory to peers like any holder: when a stage loses every replica and its copy, the swarm still
+resumes from the owner's copy over P2P.
+
+Only checkpoints written under the current plan are copied (s > the plan's start step), so the layers of
+each stage are the plan's own; a copy that fails (a holder died) is logged once and not retried: the next
+checkpoint, or the same one under the next plan, is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from potluck.model.checkpoint import prune, save_stage
+from potluck.net.streams import Streams
+from potluck.protocol.checkpoints import plan_stage_meta
+from potluck.protocol.identity import Identity
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.training import TrainPlan
+from potluck.transfer.errors import StateError
+from potluck.transfer.manifest import StateWant
+from potluck.transfer.pull import pull_state
+from potluck.transfer.server import StateServer, TransferConfig, state_protocol
+from potluck.transfer.snapshot import rename
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    step: int
+    bytes: int
+    seconds: float
+
+
+class CheckpointCopier:
+    """Pulls complete checkpoints of one job into ``root``, one at a time, newest wins."""
+
+    def __init__(self, streams: Streams, swarm_id: str, job: JobSpec, root: Path, cfg: TransferConfig):
+        self.streams, self.job, self.root, self.cfg = streams, job, Path(root), cfg
+        self.protocol = state_protocol(swarm_id)
+        self.copied = 0  # newest step copied completely
+        self.last: CopyReport | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._failed: tuple[int, int] | None = None  # (epoch, step) of a failed copy: not retried
+
+    def want(self, plan: TrainPlan, step: int) -> bool:
+        """Whether a checkpoint at ``step`` that every stage reported under ``plan`` should be copied."""
+        idle = self._task is None or self._task.done()
+        return step > max(self.copied, plan.start_step) and idle and (plan.epoch, step) != self._failed
+
+    def start(self, plan: TrainPlan, step: int) -> None:
+        """Copy ``step`` in the background (the caller checked ``want``)."""
+        self._task = asyncio.create_task(self._copy_logged(plan, step), name=f"copy-checkpoint-{step}")
+
+    async def flush(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for a copy under way (the job's final checkpoint before exit)."""
+        if self._task is not None and not self._task.done():
+            await asyncio.wait({self._task}, timeout=timeout_s)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task})
+
+    async def _copy_logged(self, plan: TrainPlan, step: int) -> None:
+        try:
+            self.last = await self.copy(plan, step)
+            return
+        except StateError as e:
+            logger.warning("checkpoint at step %d not copied to %s: %s", step, self.root, e)
+        except OSError as e:
+            logger.error("checkpoint at step %d not written to %s: %s", step, self.root, e)
+        self._failed = (plan.epoch, step)  # the next checkpoint or plan tries again
+
+    async def copy(self, plan: TrainPlan, step: int) -> CopyReport:
+        """Pull every stage of ``step`` from the plan's peers and write it under ``root``."""
+        started = time.monotonic()
+        peers = [p for st in plan.stages for p in st.peers]
+        total = 0
+        for j, a in enumerate(plan.stages):
+            # Its replicas first; every other peer of the plan is asked too (the designated copy holder
+            # of a one-replica stage, or a peer that kept it from an earlier epoch): those without it
+            # say so and drop out.
+            holders = list(dict.fromkeys([*a.peers, *peers]))
+            want = StateWant(self.job.name, self.job.model, self.job.seed, step, a.first_layer, a.last_layer)
+            tensors = await pull_state(self.streams, self.protocol, holders, want, self.cfg)
+            total += sum(t.numel() * t.element_size() for t in tensors.values())
+            meta = plan_stage_meta(self.job, plan, j, step)
+            await asyncio.to_thread(save_stage, self.root, rename(tensors, -a.first_layer), meta)
+        await asyncio.to_thread(prune, self.root, self.job.checkpoint.keep)
+        self.copied = max(self.copied, step)
+        report = CopyReport(step, total, time.monotonic() - started)
+        logger.info(
+            "copied checkpoint step %d to %s: %.1f MB in %.1f s",
+            step,
+            self.root,
+            total / 1e6,
+            report.seconds,
+        )
+        return report
+
+
+class OwnerCopy:
+    """The job owner's copy on the coordinator's machine: served to peers always (the last resort when a
+    stage lost every holder), kept current by a ``CheckpointCopier`` when ``copy`` is on."""
+
+    def __init__(
+        self,
+        streams: Streams,
+        swarm_id: str,
+        identity: Identity,
+        job: JobSpec,
+        root: Path,
+        copy_mb_s: float | None,
+    ) -> None:
+        """``copy_mb_s``: the copy's cap in MB/s (0: none); None: serve ``root`` but copy nothing."""
+        self.server = StateServer(streams, swarm_id, identity, TransferConfig())
+        self.server.serve_disk(job.name, root)
+        self.copier: CheckpointCopier | None = None
+        if copy_mb_s is not None:
+            rate = TransferConfig(rate_bytes_s=copy_mb_s * 1e6)
+            self.copier = CheckpointCopier(streams, swarm_id, job, root, rate)
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    def tick(self, plan: TrainPlan | None, complete_step: int) -> bool:
+        """Start copying ``complete_step`` (the newest checkpoint every stage of ``plan`` reported) if it
+        is new and no copy is running; True if one started."""
+        if self.copier is None or plan is None or not self.copier.want(plan, complete_step):
+            return False
+        self.copier.start(plan, complete_step)
+        return True
+
+    async def final(self, plan: TrainPlan | None, complete_step: int, timeout_s: float) -> None:
+        """At the job's end: copy its last checkpoint, waiting ``timeout_s`` at most (the owner's copy is
+        what `potluck generate` and a later launch read)."""
+        if self.copier is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        await self.copier.flush(timeout_s)  # an earlier checkpoint's copy may still be under way
+        if self.tick(plan, complete_step):
+            await self.copier.flush(max(0.0, deadline - time.monotonic()))
+
+    async def close(self) -> None:
+        if self.copier is not None:
+            await self.copier.close()
+        await self.server.close()

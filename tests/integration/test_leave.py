@@ -1,0 +1,120 @@
+"""Graceful leave: SIGTERM to a placed peer of a 2 x 2 job, each peer in its own directory.
+
+The peer announces "leaving" at once but trains and serves its state on; the coordinator re-plans
+without it while it is still running (the new epoch starts a few steps ahead of the swarm, and the old
+plan's peers stop there together); the peer exits on its own once the new plan is under way, and no
+committed step is lost. A second SIGTERM cuts the wait short."""
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from potluck.protocol.identity import Identity
+from potluck.testbed.localswarm import LocalSwarm
+from tests.helpers.jobs import job_toml
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+STEPS = 250
+LEAVE_WITHIN_S = 90.0  # the peer's leave_timeout_s (60 s) plus its shutdown, on a loaded machine
+
+
+def _wait(log: Path, pattern: str, timeout_s: float) -> re.Match[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if m := re.search(pattern, log.read_text(errors="replace")):
+            return m
+        time.sleep(0.3)
+    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        job_toml(
+            "leave-test", steps=STEPS, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=2, max_replicas=2
+        )
+    )
+    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
+    peer_args += ("--step-timeout", "10")
+    with LocalSwarm(
+        tmp_path / "run",
+        job,
+        swarm_id="leave-test",
+        peer_args=peer_args,
+        coordinator_args=("--json",),
+        verbose=1,
+    ) as swarm:
+        swarm.start_coordinator()
+        names = ("a", "b", "c", "d")
+        for name in names:
+            swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
+        log = swarm.procs["coordinator"].log
+        _wait(log, r"plan epoch 1: 2 stages x 2 replicas", 120)
+        _wait(log, r"step (1[5-9]|[2-9]\d)/", 120)
+        ids = {n: Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in names}
+        text = log.read_text(errors="replace")
+        stage1 = re.search(r"│ 1 +│ [0-9-]+ +│ (\w{12}), (\w{12})", text[text.index("plan epoch 1") :])
+        assert stage1 is not None, text[-3000:]
+        name = next(n for n, pid in ids.items() if pid.startswith(stage1.group(2)))
+        victim = swarm.procs[name]
+        before = max(int(s) for s in re.findall(r"step (\d+)/", log.read_text(errors="replace")))
+
+        victim.popen.send_signal(signal.SIGTERM)
+        replanned_while_alive = False
+        deadline = time.monotonic() + LEAVE_WITHIN_S
+        while victim.alive() and time.monotonic() < deadline:
+            replanned_while_alive |= "plan epoch 2:" in log.read_text(errors="replace")
+            time.sleep(0.2)
+        try:
+            code = victim.popen.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} did not leave in {LEAVE_WITHIN_S} s:\n{victim.tail(40)}") from None
+        gone = victim.log.read_text(errors="replace")
+        assert code == 0, gone[-3000:]
+        assert replanned_while_alive, f"epoch 2 was not published before {name} exited:\n{gone[-3000:]}"
+        assert "leaving: hand-off complete" in gone, gone[-3000:]
+
+        start = int(_wait(log, r"plan epoch 2: .*?from step (\d+)", 30).group(1))
+        assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
+        coordinator = swarm.procs["coordinator"]
+        coordinator.popen.wait(timeout=300)
+        text = log.read_text(errors="replace")
+        assert coordinator.popen.returncode == 0, text[-3000:]
+        summary = json.loads([line for line in text.splitlines() if line.startswith('{"steps"')][-1])
+        assert summary["steps"] == STEPS
+        starts = [int(s) for s in re.findall(r"plan epoch \d+: .*?from step (\d+)", text)][1:]
+        assert starts and min(starts) >= before, (
+            f"epochs after the leave start at {starts}; committed {before}"
+        )
+
+
+def test_a_second_sigterm_leaves_at_once_while_the_swarm_cannot_replan(tmp_path):
+    """Two peers, and the job needs two: the coordinator cannot re-plan without the leaving peer, so
+    it trains on and says why it waits; a second SIGTERM (Ctrl-C twice) ends the wait long before the
+    60 s bound."""
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml("leave-now", steps=5000, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=1))
+    peer_args = ("--probe-seconds", "0", "--threads", "1", "--device", "cpu", "--ttl", "15")
+    with LocalSwarm(tmp_path / "run", job, swarm_id="leave-now", peer_args=peer_args) as swarm:
+        swarm.start_coordinator()
+        for name in ("a", "b"):
+            swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
+        _wait(swarm.procs["coordinator"].log, r"step ([5-9]|\d\d+)/", 120)
+        leaver = swarm.procs["a"]
+        leaver.popen.send_signal(signal.SIGTERM)
+        _wait(leaver.log, r"leaving: waiting for the coordinator to re-plan without this peer", 30)
+        time.sleep(2.0)
+        assert leaver.alive(), leaver.tail(40)  # still training and serving: nobody took over
+        leaver.popen.send_signal(signal.SIGTERM)
+        try:
+            code = leaver.popen.wait(timeout=30)  # the hand-off wait alone would last 60 s
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"a second SIGTERM did not end the wait:\n{leaver.tail(40)}") from None
+        assert code == 0, leaver.tail(40)
+        assert "leaving now, without waiting for the hand-off" in leaver.log.read_text(errors="replace")
