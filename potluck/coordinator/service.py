@@ -213,12 +213,14 @@ class CoordinatorService:
         on_disk = latest_complete(root)
         meta = read_manifest(manifest_path(on_disk.path, 0), on_disk.step, 0).meta if on_disk else None
         live = None
-        if self.plan is not None and self.progress.failures < LIVE_RESUME_TRIES:
-            live = live_step(self.plan, self.progress.latest, live_peers)
+        if self.plan is not None:
+            live = live_step(self.plan, self.progress.latest, live_peers, self.progress.holdings)
         # Peers' own disks, as their reports suggest; once that failed too, the owner's copy if there is one.
         reported = checkpoint_step(self.progress.stored, live_peers, self.job.model.n_layers)
         if self.progress.failures > LIVE_RESUME_TRIES and meta is not None:
             reported = 0
+        if self.progress.failures >= LIVE_RESUME_TRIES and (meta is not None or reported > 0):
+            live = None  # live state failed twice in a row: a checkpoint, when there is one, instead
         point = resume_point(self.job, meta, reported, live)
         if point.ignored is not None:
             logger.warning("%s %s; not resuming from it", root, point.ignored)
@@ -356,7 +358,8 @@ class CoordinatorService:
     def _handoff_start(self, start: int, live: set[str]) -> int:
         """``start`` moved ahead for a re-plan nothing failed for, when it came from live state (not from
         a checkpoint: then the peers stand still, or restart, at ``start``)."""
-        held = live_step(self.plan, self.progress.latest, live) if self.plan is not None else None
+        known = self.progress.holdings
+        held = live_step(self.plan, self.progress.latest, live, known) if self.plan is not None else None
         if held is None or start != min(held, self.job.steps):
             return start
         lead_s = self.cfg.handoff_lead_s + 2 * self.cfg.poll_interval_s

@@ -53,7 +53,11 @@ class TrainerConfig:
 
     device: str = "cpu"  # a torch device string, already resolved ("auto" is decided by the caller)
     step_timeout_s: float = 120.0  # bound on each pipeline receive and on the commit
-    allreduce_timeout_s: float = 60.0  # bound on each all-reduce chunk
+    allreduce_timeout_s: float = 60.0  # bound on each all-reduce chunk (and never above the step's)
+    # Once a run measured a few steps, each wait gets factor x its slowest recent step, at least the
+    # floor, at most step_timeout_s (peer.train.budget): a dead neighbour is noticed in seconds.
+    timeout_floor_s: float = 15.0
+    timeout_factor: float = 10.0
     chunk_elements: int = AllReduceConfig.chunk_elements  # all-reduce pipelining granularity
     bucket_elements: int = 1 << 17  # gradient bucket size (elements) for overlap with the backward
     overlap: bool = True  # start each bucket's all-reduce as soon as the backward finished it

@@ -2,8 +2,9 @@
 
 When every stage keeps a live replica, the new plan epoch starts from the step the survivors hold in
 memory, not from a checkpoint: the only work lost is the step in flight. No peer's checkpoints can be
-read by another (each writes under its own --checkpoint-dir), so resuming from step 0 is what the swarm
-would do without live state."""
+read by another (each writes under its own --checkpoint-dir). The victim is replica 0 of its stage, the
+peer that used to be the only checkpoint writer: the issue's reproduction, where the survivors then
+failed on a checkpoint directory that lived only on the dead peer's disk."""
 
 import json
 import re
@@ -11,7 +12,10 @@ import signal
 import time
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
+from potluck.protocol.checkpoints import check_step, step_dir, weights_path
 from potluck.protocol.identity import Identity
 from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
@@ -19,6 +23,7 @@ from tests.helpers.jobs import job_toml
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 STEPS = 80
+INTERVAL = 10  # checkpoints all along: none may be needed, and the victim writes them too
 
 
 def _wait(log, pattern: str, timeout_s: float) -> re.Match[str]:
@@ -37,7 +42,12 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
     job = tmp_path / "job.toml"
     job.write_text(
         job_toml(
-            "churn-test", steps=STEPS, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=2, max_replicas=2
+            "churn-test",
+            steps=STEPS,
+            ckpt=tmp_path / "owner-ckpt",
+            interval=INTERVAL,
+            stages=2,
+            max_replicas=2,
         )
     )
     peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
@@ -51,13 +61,13 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
             swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
         log = swarm.procs["coordinator"].log
         _wait(log, r"plan epoch 1: 2 stages x 2 replicas", 120)
-        _wait(log, r"step (1[5-9]|[2-9]\d)/", 120)  # well into the run, long before any checkpoint
+        _wait(log, r"step (1[5-9]|[2-9]\d)/", 120)  # past the first checkpoint
         ids = {n: Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in names}
         text = log.read_text(errors="replace")
         epoch1 = text[text.index("plan epoch 1") :]
         stage1 = re.search(r"│ 1 +│ [0-9-]+ +│ (\w{12}), (\w{12})", epoch1)
         assert stage1 is not None, epoch1[-3000:]
-        victim = next(n for n, pid in ids.items() if pid.startswith(stage1.group(2)))
+        victim = next(n for n, pid in ids.items() if pid.startswith(stage1.group(1)))  # replica 0
         before = max(int(s) for s in re.findall(r"step (\d+)/", log.read_text(errors="replace")))
         swarm.stop(victim, sig, timeout_s=90)  # SIGTERM: it hands its work over first (test_leave.py)
 
@@ -74,5 +84,18 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
         assert starts and min(starts) >= before, (
             f"epochs after the kill start at {starts}; committed {before}"
         )
-    # The only checkpoint is the last step's; the job owner's directory holds the copy pulled from peers.
-    assert [p.name for p in (tmp_path / "owner-ckpt").iterdir()] == [f"step-{STEPS:08d}"]
+    # The owner's copy holds the last step, complete, pulled from the peers' disks.
+    assert check_step(step_dir(tmp_path / "owner-ckpt", STEPS)).step == STEPS
+    # Every surviving replica of a stage wrote the last step to its own disk: all bit-identical.
+    by_stage: dict[int, list[dict[str, torch.Tensor]]] = {}
+    for name in names:
+        last = step_dir(tmp_path / "run" / name / "ckpt", STEPS)
+        for stage in (0, 1):
+            if name != victim and weights_path(last, stage).exists():
+                by_stage.setdefault(stage, []).append(load_file(str(weights_path(last, stage))))
+    assert sorted(by_stage) == [0, 1] and max(len(v) for v in by_stage.values()) >= 2, by_stage.keys()
+    for stage, copies in by_stage.items():
+        first = copies[0]
+        for other in copies[1:]:  # weights and AdamW moments alike
+            assert other.keys() == first.keys()
+            assert all(torch.equal(other[k], first[k]) for k in first), f"stage {stage} replicas differ"

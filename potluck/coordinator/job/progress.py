@@ -62,12 +62,20 @@ class JobProgress:
     # peer -> the checkpoints it says it keeps on its disk (Progress.stored), by layers, so that they stay
     # meaningful after the plan's cut changed (job.resume.checkpoint_step). Kept across epochs.
     stored: dict[str, list[Holding]] = field(default_factory=dict)
+    # peer -> the live state it said it holds in its newest record of any epoch (Progress.holds), so a
+    # plan that failed before its peers reported does not make the swarm forget what they still serve.
+    holdings: dict[str, Holding] = field(default_factory=dict)
+    _holdings_at: dict[str, float] = field(default_factory=dict)  # peer -> issued_at of that record
 
     def update(self, plan: TrainPlan | None, records: Iterable[Progress]) -> None:
         if plan is None:
             return
         for rec in records:
-            if rec.epoch != plan.epoch or rec.job != plan.job:
+            if rec.job != plan.job:
+                continue
+            if rec.holds is not None and rec.issued_at >= self._holdings_at.get(rec.peer_id, -1.0):
+                self.holdings[rec.peer_id], self._holdings_at[rec.peer_id] = rec.holds, rec.issued_at
+            if rec.epoch != plan.epoch:
                 continue
             if rec.state == "training" and rec.timing.compute > 0:
                 self.compute_s[rec.peer_id] = rec.timing.compute

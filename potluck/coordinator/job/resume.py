@@ -37,39 +37,58 @@ def _covers(ranges: Iterable[tuple[int, int]], n_layers: int) -> bool:
     return covered >= set(range(n_layers))
 
 
-def live_step(plan: TrainPlan, latest: Mapping[str, Progress], live: Collection[str]) -> int | None:
+def live_step(
+    plan: TrainPlan,
+    latest: Mapping[str, Progress],
+    live: Collection[str],
+    known: Mapping[str, Holding] | None = None,
+) -> int | None:
     """The newest step whose every layer some live peer holds in memory, or None.
 
     ``latest``: each peer's newest progress record of this plan's epoch; ``live``: peers heartbeating now
-    and not excluded. A peer running its stage of the plan holds that stage's layers at the step the
-    stage's replicas committed: commits are all-or-nothing across the pipeline, so every such peer holds
-    the newest step any of them reported (a report may lag a step). A peer whose run ended holds exactly
-    what it reports (``Progress.holds``: its stage's snapshot, or, when it failed before taking the plan's
-    state, the layers it held before). A placed peer that never reported is taken to hold its stage at
-    the plan's start."""
-    running: list[tuple[int, int, int]] = []  # (reported step, first, last) of peers running the plan
-    other: list[tuple[int, int, int]] = []
+    and not excluded; ``known``: the newest ``Progress.holds`` each peer reported under any epoch
+    (``JobProgress.holdings``), for live peers with no report of this epoch yet: a plan that failed
+    before they reported (a start behind their step, a lost race) must not make the swarm forget the
+    state they still serve.
+
+    A peer running its stage of the plan holds that stage's layers at the step the stage's replicas
+    committed: commits are all-or-nothing across the pipeline, so every such peer holds the newest step
+    any of them reported (a report may lag a step). A peer whose run ended holds exactly what it reports
+    (``Progress.holds``: its stage's snapshot, or, when it failed before taking the plan's state, the
+    layers it held before); a failed peer of its own stage also tells how far the pipeline got, since it
+    can hold only a committed step. A placed peer that never reported is taken to hold its stage at the
+    plan's start."""
+    running: list[tuple[int, int]] = []  # layer ranges of peers running the plan (at ``committed``)
+    exact: list[tuple[int, int, int]] = []  # (step, first, last) of exactly known holdings
+    committed: int | None = None
+    reported = {p for p, rec in latest.items() if rec.epoch == plan.epoch}
     for stage in plan.stages:
         for p in stage.peers:
-            if p in live and (p not in latest or latest[p].epoch != plan.epoch):
-                running.append((plan.start_step, stage.first_layer, stage.last_layer))
-    for p, rec in latest.items():
-        if p not in live or rec.epoch != plan.epoch:
-            continue
+            if p in live and p not in reported:
+                running.append((stage.first_layer, stage.last_layer))
+                committed = max(committed or 0, plan.start_step)
+    for p in reported & set(live):
+        rec = latest[p]
         pos = plan.position(p)
         mine = (plan.stages[pos[0]].first_layer, plan.stages[pos[0]].last_layer) if pos else None
         held = rec.holds
         if held is None and mine is not None:
-            running.append((rec.step, *mine))
+            running.append(mine)
+            committed = max(committed or 0, rec.step)
         elif held is not None and rec.state in ("training", "done") and held.range == mine:
-            running.append((max(held.step, rec.step), *mine))
+            running.append(mine)
+            committed = max(committed or 0, held.step, rec.step)
         elif held is not None:
-            other.append((held.step, held.first_layer, held.last_layer))
-    committed = max((s for s, _, _ in running), default=None)
-    steps = sorted({s for s, _, _ in other} | ({committed} if committed is not None else set()), reverse=True)
+            exact.append((held.step, held.first_layer, held.last_layer))
+            if held.range == mine:  # it held its stage at a step the pipeline committed
+                committed = max(committed or 0, held.step)
+    for p, held in (known or {}).items():
+        if p in live and p not in reported:
+            exact.append((held.step, held.first_layer, held.last_layer))
+    steps = sorted({s for s, _, _ in exact} | ({committed} if committed is not None else set()), reverse=True)
     for step in steps:
-        ranges = [(a, b) for _, a, b in running if step == committed]
-        ranges += [(a, b) for s, a, b in other if s == step]
+        ranges = list(running) if step == committed else []
+        ranges += [(a, b) for s, a, b in exact if s == step]
         if _covers(ranges, plan.n_layers):
             return step
     return None
@@ -96,14 +115,12 @@ def resume_point(
     job: JobSpec, on_disk: StageMeta | None, reported: int, live: int | None = None
 ) -> ResumePoint:
     """Where the next epoch starts: the step live replicas hold (``live``, from ``live_step``; None when
-    some stage lost every replica or live state was already tried and failed), else the coordinator's own
+    some stage lost every replica or live state was already tried and failed) unless a checkpoint is
+    newer (peers that sat out as spares may still serve an old state), else the coordinator's own
     complete checkpoint (``on_disk``: stage 0's meta of the newest complete step it can read, None without
     one) or the newest step every stage has reported a checkpoint of (``reported``; 0 when none)."""
     if reported < 0:
         raise ValueError(f"reported checkpoint step must be >= 0, got {reported}")
-    if live is not None and live > 0:
-        step = min(live, job.steps)
-        return ResumePoint(step, f"every stage has a live replica holding step {step}")
     disk, ignored = 0, None
     if on_disk is not None:
         if on_disk.job == job.name and on_disk.model == job.model:
@@ -114,6 +131,9 @@ def resume_point(
                 if on_disk.job != job.name
                 else f"holds a checkpoint of job {job.name!r} with another model"
             )
+    if live is not None and live > 0 and live >= max(disk, reported):  # never an older live state
+        step = min(live, job.steps)
+        return ResumePoint(step, f"every stage has a live replica holding step {step}", ignored)
     if disk == 0 and reported == 0:
         return ResumePoint(0, "no complete checkpoint: start from the seeded init", ignored)
     if disk >= reported:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import math
 
 import torch
@@ -68,12 +69,18 @@ class BucketSync:
         self._futures: list[concurrent.futures.Future[torch.Tensor] | None] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._round = Round(0, 0)  # the armed step's round; bucket b all-reduces in _round.bucket(b)
+        self._step_cfg = cfg  # cfg with the armed step's timeout
         self.launched_early = 0  # buckets started from the backward's hook in the last step (overlap)
 
-    def arm(self, rnd: Round, n_micro: int) -> None:
-        """Before step ``rnd``'s pipeline: watch for final gradients during micro-batch ``n_micro - 1``."""
+    def arm(self, rnd: Round, n_micro: int, timeout_s: float | None = None) -> None:
+        """Before step ``rnd``'s pipeline: watch for final gradients during micro-batch ``n_micro - 1``.
+        ``timeout_s``: the step's bound on each wait, which caps the configured chunk timeout (a replica
+        that died mid-step is then noticed as soon as a pipeline neighbour's would be)."""
         self._loop = asyncio.get_running_loop()
         self._round = rnd
+        self._step_cfg = self.cfg
+        if timeout_s is not None and timeout_s < self.cfg.timeout_s:
+            self._step_cfg = dataclasses.replace(self.cfg, timeout_s=timeout_s)
         self._pending = [len(b) for b in self.buckets]
         self._futures = [None] * len(self.buckets)
         self.launched_early = 0
@@ -102,7 +109,7 @@ class BucketSync:
         ef = self.feedback[b]
         if ef is not None:  # error feedback at the source: send what the codec keeps, carry the rest
             flat = decode(self._codec.encode(flat, key=(round_no, 0, 0), state=ef))
-        return await tree_allreduce(self.box, self.schedule, flat, round_no, self.cfg)
+        return await tree_allreduce(self.box, self.schedule, flat, round_no, self._step_cfg)
 
     async def finish(self) -> None:
         """After the pipeline: start buckets not started yet, wait for all, write the sums back."""

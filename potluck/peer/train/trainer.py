@@ -39,6 +39,7 @@ from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig, DiLoCoConfig, TrainerConfig
 from potluck.peer.errors import CollectiveError, LateError, PeerError, PipelineError, StepAborted
 from potluck.peer.state.source import StateSource, fetch_first
+from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
 from potluck.peer.train.straggle import DeadlineSync, slowdown_s
@@ -112,6 +113,7 @@ class Trainer:
                 self.runner, box, self.schedule, self._allreduce_cfg(True), job.sync, comp.error_feedback
             )
         self._slowdown_s = slowdown_s(self.replica)  # test-only, 0 unless POTLUCK_TEST_STEP_DELAY_S
+        self.budget = WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
         self.sync: BucketSync | None = None
         if self.diloco is None and self.deadline is None and plan.n_replicas > 1:
             self.sync = BucketSync(
@@ -218,7 +220,7 @@ class Trainer:
         rnd = Round(self.plan.epoch, step)
         micro = self.micro_batches(step)
         if self.sync is not None:
-            self.sync.arm(rnd, len(micro))
+            self.sync.arm(rnd, len(micro), timeout_s)
         failed: PeerError | None = None
         try:
             loss_part = await pipeline_step(
@@ -318,7 +320,8 @@ class Trainer:
         try:
             while self.step < end:
                 grace = self.cfg.first_step_grace_s if self.step == first else 0.0
-                report = await self.train_step(self.cfg.step_timeout_s + grace)
+                report = await self.train_step(self.budget.timeout_s() + grace)
+                self.budget.observe(report.seconds)
                 if on_step is not None:
                     on_step(report)
         except asyncio.CancelledError:

@@ -10,7 +10,7 @@ from potluck.model.checkpoint import save_stage
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.identity import Identity
 from potluck.protocol.membership import PeerView
-from potluck.protocol.training import Progress, StageAssignment, TrainPlan
+from potluck.protocol.training import Holding, Progress, StageAssignment, TrainPlan
 from tests.unit.coordinator.job.test_plan import JOB, ids, peer
 
 P = ids(4)
@@ -218,3 +218,15 @@ def test_resume_step_reads_the_newest_complete_checkpoint_of_the_same_job(tmp_pa
     assert svc._resume_step(set()) == 10
     other = CoordinatorService(cfg, JOB.model_copy(update={"name": "other"}), Identity.generate())
     assert other._resume_step(set()) == 0  # another job's checkpoints are never resumed from
+
+
+def test_holdings_are_kept_across_epochs_and_the_newest_wins():
+    old = Holding(step=30, first_layer=0, last_layer=2)
+    new = Holding(step=31, first_layer=0, last_layer=1)
+    prog = JobProgress()
+    prog.update(PLAN, [rec(P[0], 30, epoch=1).model_copy(update={"holds": old})])
+    assert prog.latest == {} and prog.holdings == {P[0]: old}  # another epoch: held state still counts
+    prog.new_epoch(failed=True)
+    prog.update(PLAN, [rec(P[0], 31).model_copy(update={"holds": new})])
+    prog.update(PLAN, [rec(P[0], 30, epoch=1).model_copy(update={"holds": old})])  # older: ignored
+    assert prog.holdings == {P[0]: new}

@@ -160,3 +160,38 @@ def test_checkpoints_count_only_where_a_live_peer_keeps_them():
     assert checkpoint_step(stored, live("ac"), 4) == 20  # b's disk is gone: c's copy of step 20 serves
     assert checkpoint_step(stored, live("a"), 4) == 0  # nobody keeps layers [2, 4)
     assert checkpoint_step({}, live("abc"), 4) == 0
+
+
+def test_a_failed_peer_of_its_own_stage_shows_how_far_the_pipeline_got():
+    """Reports lag: the running replicas last said 1440, the peer whose step then failed holds 1444 of its
+    own stage, so the pipeline committed 1444 and every running peer holds it."""
+    plan = _plan(["ab", "cd"], start=1248, epoch=5)
+    latest = {
+        pid("a"): _holding("a", 1440, 0, 1, "training"),
+        pid("c"): _holding("c", 1444, 1, 2, "failed"),  # d died; c's step failed without it
+    }
+    latest = {p: r.model_copy(update={"epoch": 5}) for p, r in latest.items()}
+    assert live_step(plan, latest, live("ac")) == 1444
+
+
+def test_what_peers_held_under_a_failed_plan_is_not_forgotten():
+    """The stall measured in the churn benchmark: a plan started behind the survivors' step, failed at
+    once, and the next plan's peers had not reported when the coordinator re-planned. Their newest
+    holdings (any epoch) keep live state in view; without them the swarm fell back to step 0."""
+    plan = _plan(["ab", "cd"], start=0, epoch=13)  # the failed plan, nobody reported under it yet
+    known = {
+        pid("a"): Holding(step=1700, first_layer=0, last_layer=1),
+        pid("c"): Holding(step=1700, first_layer=1, last_layer=2),
+    }
+    assert live_step(plan, {}, live("abcd"), known) == 1700
+    assert live_step(plan, {}, live("abd"), known) == 0  # c's holding is gone with c: the plan's start
+    assert live_step(plan, {}, live("ab"), known) is None  # and nobody of stage 1 is left
+    known[pid("c")] = Holding(step=1699, first_layer=1, last_layer=2)
+    assert live_step(plan, {}, live("abcd"), known) == 0  # no step at which both stages are held
+
+
+def test_a_newer_checkpoint_beats_an_older_live_state():
+    """Spares may still serve the state they held when they were placed, long ago."""
+    assert resume_point(JOB, on_disk(40), 0, live=23).step == 40
+    assert resume_point(JOB, None, 40, live=23).from_checkpoint
+    assert resume_point(JOB, None, 40, live=40).from_checkpoint is False  # a tie: live, no disk read
