@@ -235,6 +235,8 @@ class PlanWorker:
             logger.info("finished the job at step %d", trainer.step)
         except EXPECTED as e:  # the reason says it all
             logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
+            for holder in e.unreachable if isinstance(e, StateError) else ():
+                self.box.suspect(holder)  # a state holder no stream reached: the coordinator probes it
             self._keep(trainer)  # before the record, which says what this peer holds
             step = self._reported_step(plan, trainer)
             await self._publish(

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from potluck.errors import PotluckError
 
 
 class StateError(PotluckError):
-    """A stage's state could not be fetched: no source answered, or none answered with valid state."""
+    """A stage's state could not be fetched: no source answered, or none answered with valid state.
+
+    ``unreachable``: holders that no stream could be opened to (a dead peer whose heartbeat has not
+    expired yet); the fetching peer names them as suspects, so the coordinator stops counting on them."""
+
+    def __init__(self, message: str, unreachable: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.unreachable = frozenset(unreachable)
 
 
 class TransferError(StateError):

@@ -165,8 +165,11 @@ async def pull_state(
         if isinstance(r, BaseException) and not isinstance(r, Exception):
             raise r  # cancellation and the like are not a holder's fault
     sessions = [r for r in opened if isinstance(r, _Session)]
+    unreachable = [h for h, r in zip(dict.fromkeys(holders), opened, strict=True) if isinstance(r, WireError)]
     if not sessions:
-        raise StateError(f"no holder served layers [{want.first}, {want.last}) at step {want.step}: {faults}")
+        raise StateError(
+            f"no holder served layers [{want.first}, {want.last}) at step {want.step}: {faults}", unreachable
+        )
     sessions = _agreeing(sessions)
     manifest = sessions[0].manifest
     queue = collections.deque(range(len(manifest.chunks)))
@@ -176,7 +179,9 @@ async def pull_state(
             alive = [s for s in sessions if s.error is None]
             if not alive:
                 faults += [f"{s.holder}: {s.error}" for s in sessions]
-                raise StateError(f"every holder failed with {len(p.queue)} chunks left: {faults}")
+                raise StateError(
+                    f"every holder failed with {len(p.queue)} chunks left: {faults}", unreachable
+                )
             await asyncio.gather(*(_serve_session(s, p, cfg) for s in alive))
     finally:
         for s in sessions:

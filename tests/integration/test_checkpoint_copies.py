@@ -82,14 +82,11 @@ def test_losing_every_replica_of_a_stage_resumes_from_the_owners_copy(tmp_path):
         for name in victims:
             swarm.stop(name, signal.SIGKILL)
 
-        pattern = r"published plan epoch (\d+) from step (\d+)"  # the log line: never wrapped
-        later = _wait(
-            "a re-plan",
-            lambda: [m for m in re.finditer(pattern, log.read_text(errors="replace")) if m.group(1) != "1"],
-            120,
-            log,
-        )
-        start = int(later[0].group(2))
+        # A first re-plan may still count on a victim whose heartbeat has not expired and that nobody has named yet; its peers then fail to reach
+        # it for the state, name it, and the next plan resumes from the newest complete checkpoint.
+        pattern = r"resume at step (\d+): (?:complete checkpoint|every stage reported a checkpoint)"
+        resumed = _wait("a resume from a checkpoint", lambda: re.search(pattern, log.read_text()), 150, log)
+        start = int(resumed.group(1))
         assert start >= copied.step and start % 10 == 0, f"resumed at {start}, copy at {copied.step}"
 
         coordinator = swarm.procs["coordinator"]

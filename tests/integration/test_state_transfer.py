@@ -2,6 +2,7 @@
 holders at once, completion when a holder dies mid-transfer, and corrupted chunks caught by their hash."""
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -275,3 +276,24 @@ def test_checkpoints_on_a_holders_disk_are_served_recut_and_nothing_else(tmp_pat
             return (await source.fetch(want(1, 3), 30.0)).tensors
 
     assert_identical(asyncio.run(main()), rename(select(everything, 1, 3, MODEL.n_layers), -1))
+
+
+def test_a_dead_holder_is_named_unreachable_without_waiting_for_it_to_settle(tmp_path):
+    """A holder whose daemon is gone refuses the stream: the fetch fails at once (no settle_s of asking
+    again) and names it, so the peer can report it as a suspect."""
+    settling = dataclasses.replace(CFG, settle_s=30.0)
+
+    async def main() -> tuple[StateError, str, float]:
+        async with keyed_group(2, tmp_path) as nodes:
+            (p2p_a, _), (p2p_b, _) = nodes
+            dead = p2p_a.peer_id.to_base58()
+            await p2p_a.shutdown()
+            source = PeerSource(Streams(p2p_b), SWARM, [Holder(dead, 0, 2)], settling)
+            started = time.monotonic()
+            with pytest.raises(StateError) as caught:
+                await fetch_first([source], want(0, 2), 60.0)
+            return caught.value, dead, time.monotonic() - started
+
+    err, dead, took = asyncio.run(main())
+    assert err.unreachable == {dead}, err
+    assert took < 20.0, f"asked a dead holder again for {took:.1f} s"

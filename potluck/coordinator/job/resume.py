@@ -56,17 +56,13 @@ def live_step(
     any of them reported (a report may lag a step). A peer whose run ended holds exactly what it reports
     (``Progress.holds``: its stage's snapshot, or, when it failed before taking the plan's state, the
     layers it held before); a failed peer of its own stage also tells how far the pipeline got, since it
-    can hold only a committed step. A placed peer that never reported is taken to hold its stage at the
-    plan's start."""
+    can hold only a committed step. A placed peer that has not reported under this plan holds its stage
+    at the committed step once the plan committed one, else what it reported last (``known``): never
+    the plan's start as such, which it may not have reached."""
     running: list[tuple[int, int]] = []  # layer ranges of peers running the plan (at ``committed``)
     exact: list[tuple[int, int, int]] = []  # (step, first, last) of exactly known holdings
     committed: int | None = None
     reported = {p for p, rec in latest.items() if rec.epoch == plan.epoch}
-    for stage in plan.stages:
-        for p in stage.peers:
-            if p in live and p not in reported:
-                running.append((stage.first_layer, stage.last_layer))
-                committed = max(committed or 0, plan.start_step)
     for p in reported & set(live):
         rec = latest[p]
         pos = plan.position(p)
@@ -82,8 +78,17 @@ def live_step(
             exact.append((held.step, held.first_layer, held.last_layer))
             if held.range == mine:  # it held its stage at a step the pipeline committed
                 committed = max(committed or 0, held.step)
+    # A placed peer that has not reported under this plan: once the plan committed a step, it took
+    # part (a commit needs every placed peer), so it holds its stage at the committed step. Before that
+    # it holds what it held last, not the plan's start, which a hand-off plan's start (a step the old
+    # plan was still to reach) or a plan that failed at once never gave it.
+    trained = committed is not None and committed > plan.start_step
+    for stage in plan.stages:
+        for p in stage.peers:
+            if trained and p in live and p not in reported:
+                running.append((stage.first_layer, stage.last_layer))
     for p, held in (known or {}).items():
-        if p in live and p not in reported:
+        if p in live and p not in reported and not (trained and plan.position(p) is not None):
             exact.append((held.step, held.first_layer, held.last_layer))
     steps = sorted({s for s, _, _ in exact} | ({committed} if committed is not None else set()), reverse=True)
     for step in steps:

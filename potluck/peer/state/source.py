@@ -184,7 +184,9 @@ class PeerSource(StateSource):
             try:
                 return await self._fetch(want)
             except StateError as e:
-                if loop.time() + wait > give_up:
+                # A holder that refuses a stream is dead, not unwinding: report it now, so the
+                # coordinator re-plans without it instead of this peer asking again for settle_s.
+                if loop.time() + wait > give_up or e.unreachable:
                     raise
                 logger.info("%s: %s; asking again in %.1f s", self.name, e, wait)
                 await asyncio.sleep(wait)
@@ -200,11 +202,14 @@ class PeerSource(StateSource):
 
 async def fetch_first(sources: Sequence[StateSource], want: StateWant, timeout_s: float) -> FetchedState:
     """The first source that delivers; ``StateError`` listing every source's failure if none does."""
-    faults = []
+    faults: list[str] = []
+    unreachable: set[str] = set()
     for source in sources:
         try:
             return await source.fetch(want, timeout_s)
         except StateError as e:
             logger.warning("state source %s failed: %s", source.name, e)
             faults.append(str(e))
-    raise StateError(f"no source has layers [{want.first}, {want.last}) at step {want.step}: {faults}")
+            unreachable |= e.unreachable
+    where = f"layers [{want.first}, {want.last}) at step {want.step}"
+    raise StateError(f"no source has {where}: {faults}", unreachable)

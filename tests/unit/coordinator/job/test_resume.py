@@ -100,7 +100,10 @@ def test_live_state_is_the_newest_step_a_live_placed_peer_reported():
     }
     assert live_step(plan, latest, live("abc")) == 18  # d died; b failed at step 18, exactly
     assert live_step(plan, latest, live("ac")) == 17  # what the living reported
-    assert live_step(plan, {}, live("ac")) == 10  # nobody reported yet: the plan's start
+    assert live_step(plan, {}, live("ac")) is None  # nobody reported yet: nothing is known held
+    known = {pid("a"): Holding(step=10, first_layer=0, last_layer=1)}
+    known[pid("c")] = Holding(step=10, first_layer=1, last_layer=2)
+    assert live_step(plan, {}, live("ac"), known) == 10  # what they held when the plan began
 
 
 def test_a_stage_without_a_live_replica_has_no_live_state():
@@ -184,10 +187,17 @@ def test_what_peers_held_under_a_failed_plan_is_not_forgotten():
         pid("c"): Holding(step=1700, first_layer=1, last_layer=2),
     }
     assert live_step(plan, {}, live("abcd"), known) == 1700
-    assert live_step(plan, {}, live("abd"), known) == 0  # c's holding is gone with c: the plan's start
-    assert live_step(plan, {}, live("ab"), known) is None  # and nobody of stage 1 is left
+    assert live_step(plan, {}, live("abd"), known) is None  # c's holding is gone with c
     known[pid("c")] = Holding(step=1699, first_layer=1, last_layer=2)
-    assert live_step(plan, {}, live("abcd"), known) == 0  # no step at which both stages are held
+    assert live_step(plan, {}, live("abcd"), known) is None  # no step at which both stages are held
+
+
+def test_a_hand_off_start_the_old_plan_never_reached_is_not_held():
+    """A hand-off plan starts ahead (step 623); a kill stopped the old plan at 523. Peers that have not
+    reported under the new plan hold 523, not 623."""
+    plan = _plan(["ab", "cd"], start=623, epoch=2)
+    known = {pid(c): Holding(step=523, first_layer=i, last_layer=i + 1) for i, c in ((0, "a"), (1, "c"))}
+    assert live_step(plan, {}, live("abc"), known) == 523
 
 
 def test_a_newer_checkpoint_beats_an_older_live_state():
