@@ -18,7 +18,8 @@ import logging
 import signal
 from collections.abc import Awaitable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
-from types import TracebackType
+from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any, TypeVar
 
 from potluck.errors import DeadlineExceeded, TaskFailed
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_GRACE_S = 2.0  # seconds a cancelled task may spend in its cleanup before it is left behind
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+DUMP_FRAMES = 8  # innermost frames of each task that dump_tasks_on logs
 
 
 class Supervisor:
@@ -150,6 +152,42 @@ def stop_on_signals(
             loop.remove_signal_handler(sig)
             if handler is not None:  # None: installed outside Python; remove_signal_handler reset it
                 signal.signal(sig, handler)
+
+
+def awaiting(coro: object) -> list[FrameType]:
+    """The frames of ``coro`` and of what it awaits, outermost first (a suspended task's own stack holds
+    only its outer frame; the chain of awaits says where it really waits)."""
+    frames: list[FrameType] = []
+    while coro is not None and len(frames) < 64:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            frames.append(frame)
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return frames
+
+
+@contextmanager
+def dump_tasks_on(sig: signal.Signals = signal.SIGUSR1) -> Iterator[None]:
+    """Within the block, ``sig`` logs at WARNING what every asyncio task of the loop is waiting on (its
+    innermost frames): ``kill -USR1 <pid>`` shows where a process that seems stuck is, without stopping
+    it. Needs a running loop in the main thread."""
+    loop = asyncio.get_running_loop()
+
+    def dump() -> None:
+        tasks = sorted(asyncio.all_tasks(loop), key=lambda t: t.get_name())
+        logger.warning("%s: %d asyncio task(s)", sig.name, len(tasks))
+        for task in tasks:
+            where = " > ".join(
+                f"{f.f_code.co_name} ({Path(f.f_code.co_filename).name}:{f.f_lineno})"
+                for f in awaiting(task.get_coro())[-DUMP_FRAMES:]
+            )
+            logger.warning("task %s: %s", task.get_name(), where or "(finished)")
+
+    loop.add_signal_handler(sig, dump)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(sig)
 
 
 async def bounded(aw: Awaitable[T], seconds: float, what: str) -> T:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from potluck.aio import stop_on_signals
+from potluck.aio import dump_tasks_on, stop_on_signals
 from potluck.cli.common import (
     ANNOUNCE_HELP,
     HOST_MADDRS_HELP,
@@ -125,7 +125,8 @@ def _parse_bytes(text: str) -> int:
 
 async def _run(daemon: PeerDaemon) -> None:
     """Run the daemon until SIGINT or SIGTERM; say so once it has joined."""
-    with stop_on_signals(daemon.stop_event, again=daemon.leave_now):  # Ctrl-C twice: leave now
+    # Ctrl-C twice: leave now; kill -USR1 <pid>: log what every task waits on (a peer that seems stuck)
+    with stop_on_signals(daemon.stop_event, again=daemon.leave_now), dump_tasks_on():
         task = asyncio.create_task(daemon.run(), name="peer")
         ready = asyncio.create_task(daemon.ready.wait())
         await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)

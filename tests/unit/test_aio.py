@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from potluck.aio import Supervisor, bounded, stop_on_signals, supervise
+from potluck.aio import Supervisor, bounded, dump_tasks_on, stop_on_signals, supervise
 from potluck.errors import DeadlineExceeded, PotluckError, TaskFailed
 
 
@@ -174,3 +174,23 @@ def test_a_second_signal_sets_the_again_event():
         return first, again.is_set()
 
     assert asyncio.run(main()) == (False, True)
+
+
+def test_sigusr1_logs_where_every_task_waits(caplog):
+    async def parked(ev: asyncio.Event) -> None:
+        await ev.wait()
+
+    async def main() -> None:
+        ev = asyncio.Event()
+        task = asyncio.create_task(parked(ev), name="parked-task")
+        await asyncio.sleep(0)
+        with dump_tasks_on(signal.SIGUSR1):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            await asyncio.sleep(0.1)  # the handler runs on the loop
+        ev.set()
+        await task
+
+    with caplog.at_level(logging.WARNING, logger="potluck.aio"):
+        asyncio.run(main())
+    line = next(r.getMessage() for r in caplog.records if "parked-task" in r.getMessage())
+    assert "parked (test_aio.py" in line and "wait (locks.py" in line, line

@@ -125,7 +125,7 @@ def repair(
     polished = local_search(obj, _copy(cand), rng, deadline, max_passes=2, move_limit=2000, reorder=False)
     extra = _moved(before, polished.groups) - moved
     gain = (filled_cost - polished.cost) * cfg.horizon_steps
-    price = migration_seconds(job, s, extra, state)
+    price = migration_seconds(job, s, extra, state) + max(0, extra) * cfg.move_overhead_s
     if extra >= 0 and gain > price:
         cand, moved = polished, moved + extra
         notes.append(f"moves gain {gain:.1f} s over {cfg.horizon_steps} steps > migration {price:.1f} s")

@@ -45,6 +45,11 @@ class PlannerConfig:
     ls_move_limit: int = 4000  # moves per local-search pass before it samples around the worst groups
     max_shapes: int = 3  # (shape, peer ranking) pairs carried from screening into the search
     horizon_steps: int = 200  # re-planning: steps over which a better plan must repay migration
+    # Seconds each peer moved by a repair costs beyond its state transfer: it restarts on new layers,
+    # fetches them from holders that may die meanwhile, and the plan's first step waits for it. Without
+    # it a small model's migration prices at ~0 s and every repair reshuffled 3-4 peers for a gain of
+    # 1-7 s over the horizon (scripts/bench_churn.py, 2026-11-24).
+    move_overhead_s: float = 2.0
     repair_time_limit_s: float = 0.6  # local moves after the fill; the fill itself is not limited
     # Shape limits (the job's [limits]): a forced depth/width, or caps on them.
     stages: int | None = None

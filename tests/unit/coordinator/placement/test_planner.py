@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -70,6 +71,24 @@ def test_repair_after_departure_moves_few_peers() -> None:
     placed = [p for row in repaired.stages for p in row]
     assert gone not in placed and len(placed) == len(set(placed))
     assert repaired.detail["moved_peers"] <= 4
+
+
+def test_repair_moves_peers_only_when_the_gain_repays_each_move() -> None:
+    """Every moved peer costs move_overhead_s on top of its transfer: with a prohibitive overhead the
+    repair only fills the hole, and a free one may reshuffle."""
+    state = clustered_state(18, 3, 1)
+    first, _ = plan(state, SMALL_JOB, 0.0, None, FAST)
+    assert first is not None
+    gone = first.stages[0][0]
+    keep = [k for k, p in enumerate(state.peers) if p != gone]
+    after = PlanningState(
+        tuple(state.peers[k] for k in keep), tuple(state.devices[k] for k in keep), state.net.subset(keep)
+    )
+    costly = dataclasses.replace(FAST, move_overhead_s=1e6)
+    repaired, reason = plan(after, SMALL_JOB, 1.0, first, costly)
+    assert repaired is not None, reason
+    assert "moves gain" not in reason, reason  # no local move repays 1e6 s
+    assert repaired.detail["moved_peers"] <= 1  # the spare that fills the hole
 
 
 def test_unknown_scenario_is_an_error() -> None:
