@@ -5,7 +5,6 @@ checkpoint is written by each of its replicas to its own disk; the coordinator p
 checkpoint into the job's ``checkpoint.dir`` and serves it. When a stage loses every replica, the swarm
 resumes from the newest complete checkpoint and the stage's new peer fetches its layers over P2P."""
 
-import json
 import re
 import signal
 import time
@@ -19,6 +18,7 @@ from potluck.protocol.checkpoints import check_step, latest_complete, step_dir, 
 from potluck.protocol.identity import Identity
 from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
+from tests.helpers.logs import launch_summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -93,7 +93,7 @@ def test_losing_every_replica_of_a_stage_resumes_from_the_owners_copy(tmp_path):
         coordinator.popen.wait(timeout=300)  # launch ends by itself at the job's last step
         text = log.read_text(errors="replace")
         assert coordinator.popen.returncode == 0, text[-3000:]
-        summary = json.loads([line for line in text.splitlines() if line.startswith('{"steps"')][-1])
+        summary = launch_summary(text)
         assert summary["steps"] == steps
         # The final checkpoint is complete in the owner's directory.
         assert check_step(step_dir(owner, steps)).n_stages >= 1
@@ -152,7 +152,7 @@ def test_a_one_replica_stage_resumes_from_the_copy_a_live_peer_keeps(tmp_path):
         coordinator.popen.wait(timeout=300)
         text = log.read_text(errors="replace")
         assert coordinator.popen.returncode == 0, text[-3000:]
-        summary = json.loads([line for line in text.splitlines() if line.startswith('{"steps"')][-1])
+        summary = launch_summary(text)
         assert summary["steps"] == steps
         assert not owner.exists() or not any(owner.iterdir())  # nothing came through the owner's copy
         spare = next(n for n in names if n not in (first, second))

@@ -6,10 +6,8 @@ read by another (each writes under its own --checkpoint-dir). The victim is repl
 peer that used to be the only checkpoint writer: the issue's reproduction, where the survivors then
 failed on a checkpoint directory that lived only on the dead peer's disk."""
 
-import json
 import re
 import signal
-import time
 
 import pytest
 import torch
@@ -19,20 +17,12 @@ from potluck.protocol.checkpoints import check_step, step_dir, weights_path
 from potluck.protocol.identity import Identity
 from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
+from tests.helpers.logs import launch_summary, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 STEPS = 80
 INTERVAL = 10  # checkpoints all along: none may be needed, and the victim writes them too
-
-
-def _wait(log, pattern: str, timeout_s: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if m := re.search(pattern, log.read_text(errors="replace")):
-            return m
-        time.sleep(0.3)
-    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
@@ -60,8 +50,8 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
         for name in names:  # each peer keeps its checkpoints on its own "disk"
             swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
         log = swarm.procs["coordinator"].log
-        _wait(log, r"plan epoch 1: 2 stages x 2 replicas", 120)
-        _wait(log, r"step (1[5-9]|[2-9]\d)/", 120)  # past the first checkpoint
+        wait_for(log, r"plan epoch 1: 2 stages x 2 replicas", 120)
+        wait_for(log, r"step (1[5-9]|[2-9]\d)/", 120)  # past the first checkpoint
         ids = {n: Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in names}
         text = log.read_text(errors="replace")
         epoch1 = text[text.index("plan epoch 1") :]
@@ -71,14 +61,14 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
         before = max(int(s) for s in re.findall(r"step (\d+)/", log.read_text(errors="replace")))
         swarm.stop(victim, sig, timeout_s=90)  # SIGTERM: it hands its work over first (test_leave.py)
 
-        start = int(_wait(log, r"plan epoch 2: .*?from step (\d+)", 90).group(1))
+        start = int(wait_for(log, r"plan epoch 2: .*?from step (\d+)", 90).group(1))
         assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
 
         coordinator = swarm.procs["coordinator"]
         coordinator.popen.wait(timeout=180)  # launch ends by itself at the job's last step
         text = log.read_text(errors="replace")
         assert coordinator.popen.returncode == 0, text[-3000:]
-        summary = json.loads([line for line in text.splitlines() if line.startswith('{"steps"')][-1])
+        summary = launch_summary(text)
         assert summary["steps"] == STEPS
         starts = [int(s) for s in re.findall(r"plan epoch \d+: .*?from step (\d+)", text)][1:]
         assert starts and min(starts) >= before, (

@@ -6,7 +6,6 @@ plan epoch 1 and the progress from the DHT instead of publishing a new epoch 1, 
 summary. Every peer follows strictly increasing epochs."""
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -25,6 +24,7 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.keys import PLAN
 from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
 from tests.helpers.jobs import job_toml
+from tests.helpers.logs import launch_summary, wait_for
 from tests.unit.coordinator.job.test_plan import JOB
 from tests.unit.coordinator.job.test_recover import plan
 
@@ -37,16 +37,6 @@ SLOW = pytest.mark.skipif(os.environ.get("POTLUCK_SLOW_TESTS") != "1", reason="P
 # 90 steps (~30 s) leave room for twice that.
 PACE_S = 0.25
 STEPS = 90
-
-
-def _wait(log, pattern: str, timeout_s: float, start: int = 0) -> re.Match[str]:
-    """The first match of ``pattern`` in ``log`` at or after character ``start``, once it appears."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if m := re.compile(pattern).search(log.read_text(errors="replace"), start):
-            return m
-        time.sleep(0.2)
-    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 def _steps(text: str) -> list[int]:
@@ -116,8 +106,8 @@ def test_a_restarted_coordinator_carries_on_with_the_running_plan(tmp_path, monk
         for name in names:
             start_peer(name)
         first = swarm.procs["coordinator"].log
-        _wait(first, r"plan epoch 1: ", 120)
-        _wait(first, r"step ([5-9]|\d\d+)/", 120)
+        wait_for(first, r"plan epoch 1: ", 120)
+        wait_for(first, r"step ([5-9]|\d\d+)/", 120)
         swarm.stop("coordinator", signal.SIGKILL)
         before = max(_steps((run / "coordinator.log").read_text(errors="replace")))
         time.sleep(2)  # the peers are on their own now (and while the new launch starts, seconds)
@@ -125,25 +115,25 @@ def test_a_restarted_coordinator_carries_on_with_the_running_plan(tmp_path, monk
         swarm.start_coordinator(restart=True)
         coordinator = swarm.procs["coordinator"]
         log = coordinator.log
-        recovered = _wait(log, r"recovered: plan epoch (\d+) \(read from the DHT\) at step (\d+)", 60)
+        recovered = wait_for(log, r"recovered: plan epoch (\d+) \(read from the DHT\) at step (\d+)", 60)
         assert int(recovered.group(1)) == 1
         assert before < int(recovered.group(2)) < steps, "the restart should land mid-run: " + recovered[0]
         assert "rejoined swarm restart-test through the peers it remembers" in log.read_text()
         victim = None
         ids: dict[str, str] = {}
         if then_kill_a_peer:
-            table = _wait(log, r"│ 0 +│ [0-9-]+ +│ (\w{12}), (\w{12})", 30)
+            table = wait_for(log, r"│ 0 +│ [0-9-]+ +│ (\w{12}), (\w{12})", 30)
             ids = {n: Identity.load(run / n / "identity.pem").peer_id for n in names}
             victim = next(n for n, pid in ids.items() if pid.startswith(table.group(2)))
             survivor = next(n for n in names if n != victim)
             assert ids[survivor].startswith(table.group(1)), table[0]
             killed_at = len(log.read_text(errors="replace"))
             swarm.stop(victim, signal.SIGKILL)
-            _wait(log, r"not planning yet: ", 60, start=killed_at)  # the survivor alone is too few
+            wait_for(log, r"not planning yet: ", 60, start=killed_at)  # the survivor alone is too few
             start_peer("c")
             names.append("c")
-            epoch2 = _wait(log, r"published plan epoch 2 ", 120)
-            _wait(log, r"plan epoch 2: .*\n(.*\n){2,}└", 10, start=epoch2.start())
+            epoch2 = wait_for(log, r"published plan epoch 2 ", 120)
+            wait_for(log, r"plan epoch 2: .*\n(.*\n){2,}└", 10, start=epoch2.start())
             table2 = _table(log.read_text(errors="replace")[epoch2.start() :])
             ids["c"] = Identity.load(run / "c" / "identity.pem").peer_id
             assert _stage0(table2) <= {ids[survivor][:12], ids["c"][:12]}, table2
@@ -151,7 +141,7 @@ def test_a_restarted_coordinator_carries_on_with_the_running_plan(tmp_path, monk
         coordinator.popen.wait(timeout=300)  # it ends by itself at the job's last step
         text = log.read_text(errors="replace")
         assert coordinator.popen.returncode == 0, text[-3000:]
-        summary = json.loads([line for line in text.splitlines() if line.startswith('{"steps"')][-1])
+        summary = launch_summary(text)
         assert summary["steps"] == steps and summary["stages"] == limits["stages"], summary
         after = _steps(text)
         assert after and min(after) > before, (

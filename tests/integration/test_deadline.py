@@ -7,7 +7,6 @@ per step), so the same knob slows one trainer of an in-process swarm or one peer
 import asyncio
 import json
 import re
-import time
 from datetime import datetime
 
 import pytest
@@ -23,6 +22,7 @@ from potluck.peer.train.straggle import TEST_DELAY_ENV
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
+from tests.helpers.logs import wait_for
 from tests.helpers.p2p import p2p_group
 from tests.helpers.training import PROTOCOL, make_plan, tiny_dataset, tiny_job, train_swarm
 
@@ -137,15 +137,6 @@ def test_repeated_misses_are_reported_as_failures(tmp_path, monkeypatch):
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
-def _wait(log, pattern: str, timeout_s: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if m := re.search(pattern, log.read_text(errors="replace")):
-            return m
-        time.sleep(0.3)
-    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
-
-
 def _finished_at(text: str) -> datetime:
     line = next(ln for ln in text.splitlines() if "finished the job at step" in ln)
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
@@ -176,7 +167,7 @@ def test_a_slow_peer_is_left_out_on_a_local_swarm(tmp_path, monkeypatch):
                 name, "--state-dir", str(run / name), "--checkpoint-dir", str(run / name / "ckpt")
             )
         coordinator = swarm.procs["coordinator"]
-        _wait(coordinator.log, r"plan epoch 1: 1 stages? x 3 replicas", 120)
+        wait_for(coordinator.log, r"plan epoch 1: 1 stages? x 3 replicas", 120)
         coordinator.popen.wait(timeout=240)  # launch ends by itself once every replica reports the last step
         out = coordinator.log.read_text(errors="replace")
         assert coordinator.popen.returncode == 0, out[-3000:]

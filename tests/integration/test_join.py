@@ -9,11 +9,9 @@ replica serves its state: the newcomer's and its replicas' are fetched over libp
 for byte."""
 
 import asyncio
-import json
 import re
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,20 +32,12 @@ from potluck.transfer.errors import StateError
 from potluck.transfer.manifest import StateWant
 from potluck.transfer.server import TransferConfig
 from tests.helpers.jobs import job_toml
+from tests.helpers.logs import launch_summary, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 STEPS = 400
 SPARE_WITHIN_S = 30.0  # first heartbeat lands ~1 s after start; a loaded machine gets the rest
-
-
-def _wait(log: Path, pattern: str, timeout_s: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if m := re.search(pattern, log.read_text(errors="replace")):
-            return m
-        time.sleep(0.3)
-    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 class StateReader:
@@ -125,21 +115,21 @@ def test_a_peer_joining_mid_run_is_a_spare_at_once_then_placed_with_its_layers_o
         for name in ("a", "b"):
             swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
         log = swarm.procs["coordinator"].log
-        _wait(log, r"plan epoch 1: 1 stages x 2 replicas", 120)
-        before = int(_wait(log, r"step (1[5-9]|[2-9]\d)/", 120).group(1))
+        wait_for(log, r"plan epoch 1: 1 stages x 2 replicas", 120)
+        before = int(wait_for(log, r"step (1[5-9]|[2-9]\d)/", 120).group(1))
 
         joined = time.monotonic()
         newcomer = swarm.start_peer("c", "--checkpoint-dir", str(tmp_path / "run" / "c" / "ckpt"))
-        told = _wait(newcomer.log, r"not placed in plan epoch 1: (joined at step \d+.*)", 60)
+        told = wait_for(newcomer.log, r"not placed in plan epoch 1: (joined at step \d+.*)", 60)
         assert re.search(r"spare in plan epoch 1: \w{12}: joined at step", log.read_text(errors="replace"))
         assert time.monotonic() - joined < SPARE_WITHIN_S + 15, "named as a spare too late"
 
         # Placed as a third replica, or in the stead of a replica the swarm measured slower (this shared
         # machine makes one peer's steps slower now and then): whichever the model predicts faster.
-        placed = _wait(log, r"plan epoch 2: 1 stages x ([23]) replicas, from step (\d+)", 120)
+        placed = wait_for(log, r"plan epoch 2: 1 stages x ([23]) replicas, from step (\d+)", 120)
         start = int(placed.group(2))
         assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
-        resumed = _wait(newcomer.log, r"stage 0 resumed at step (\d+) from (peers:\S+)", 120)
+        resumed = wait_for(newcomer.log, r"stage 0 resumed at step (\d+) from (peers:\S+)", 120)
         assert int(resumed.group(1)) == start, resumed.group(0)
         reader = StateReader(invite)
 
@@ -147,7 +137,7 @@ def test_a_peer_joining_mid_run_is_a_spare_at_once_then_placed_with_its_layers_o
         coordinator.popen.wait(timeout=400)  # launch ends by itself at the job's last step
         text = log.read_text(errors="replace")
         assert coordinator.popen.returncode == 0, text[-3000:]
-        summary = json.loads([line for line in text.splitlines() if line.startswith('{"steps"')][-1])
+        summary = launch_summary(text)
         assert summary["steps"] == STEPS and summary["replicas"] == int(placed.group(1))
         epochs = re.findall(r"plan epoch (\d+): .*?from step (\d+)", text)
         starts = [int(step) for epoch, step in epochs if int(epoch) > 1]

@@ -5,32 +5,22 @@ without it while it is still running (the new epoch starts a few steps ahead of 
 plan's peers stop there together); the peer exits on its own once the new plan is under way, and no
 committed step is lost. A second SIGTERM cuts the wait short."""
 
-import json
 import re
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from potluck.protocol.identity import Identity
 from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
+from tests.helpers.logs import launch_summary, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 STEPS = 250
 LEAVE_WITHIN_S = 90.0  # the peer's leave_timeout_s (60 s) plus its shutdown, on a loaded machine
-
-
-def _wait(log: Path, pattern: str, timeout_s: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if m := re.search(pattern, log.read_text(errors="replace")):
-            return m
-        time.sleep(0.3)
-    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
 def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp_path):
@@ -55,8 +45,8 @@ def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp
         for name in names:
             swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
         log = swarm.procs["coordinator"].log
-        _wait(log, r"plan epoch 1: 2 stages x 2 replicas", 120)
-        _wait(log, r"step (1[5-9]|[2-9]\d)/", 120)
+        wait_for(log, r"plan epoch 1: 2 stages x 2 replicas", 120)
+        wait_for(log, r"step (1[5-9]|[2-9]\d)/", 120)
         ids = {n: Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in names}
         text = log.read_text(errors="replace")
         stage1 = re.search(r"│ 1 +│ [0-9-]+ +│ (\w{12}), (\w{12})", text[text.index("plan epoch 1") :])
@@ -80,13 +70,13 @@ def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp
         assert replanned_while_alive, f"epoch 2 was not published before {name} exited:\n{gone[-3000:]}"
         assert "leaving: hand-off complete" in gone, gone[-3000:]
 
-        start = int(_wait(log, r"plan epoch 2: .*?from step (\d+)", 30).group(1))
+        start = int(wait_for(log, r"plan epoch 2: .*?from step (\d+)", 30).group(1))
         assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
         coordinator = swarm.procs["coordinator"]
         coordinator.popen.wait(timeout=300)
         text = log.read_text(errors="replace")
         assert coordinator.popen.returncode == 0, text[-3000:]
-        summary = json.loads([line for line in text.splitlines() if line.startswith('{"steps"')][-1])
+        summary = launch_summary(text)
         assert summary["steps"] == STEPS
         starts = [int(s) for s in re.findall(r"plan epoch \d+: .*?from step (\d+)", text)][1:]
         assert starts and min(starts) >= before, (
@@ -105,10 +95,10 @@ def test_a_second_sigterm_leaves_at_once_while_the_swarm_cannot_replan(tmp_path)
         swarm.start_coordinator()
         for name in ("a", "b"):
             swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
-        _wait(swarm.procs["coordinator"].log, r"step ([5-9]|\d\d+)/", 120)
+        wait_for(swarm.procs["coordinator"].log, r"step ([5-9]|\d\d+)/", 120)
         leaver = swarm.procs["a"]
         leaver.popen.send_signal(signal.SIGTERM)
-        _wait(leaver.log, r"leaving: waiting for the coordinator to re-plan without this peer", 30)
+        wait_for(leaver.log, r"leaving: waiting for the coordinator to re-plan without this peer", 30)
         time.sleep(2.0)
         assert leaver.alive(), leaver.tail(40)  # still training and serving: nobody took over
         leaver.popen.send_signal(signal.SIGTERM)

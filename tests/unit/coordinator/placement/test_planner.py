@@ -56,15 +56,19 @@ def test_step_objective_leaves_slow_peers_out() -> None:
     assert sum(result.layers) == 8 and result.cost > 0
 
 
+def _without(state: PlanningState, gone: object) -> PlanningState:
+    keep = [k for k, p in enumerate(state.peers) if p != gone]
+    return PlanningState(
+        tuple(state.peers[k] for k in keep), tuple(state.devices[k] for k in keep), state.net.subset(keep)
+    )
+
+
 def test_repair_after_departure_moves_few_peers() -> None:
     state = clustered_state(18, 3, 1)
     first, _ = plan(state, SMALL_JOB, 0.0, None, FAST)
     assert first is not None
     gone = first.stages[0][0]
-    keep = [k for k, p in enumerate(state.peers) if p != gone]
-    after = PlanningState(
-        tuple(state.peers[k] for k in keep), tuple(state.devices[k] for k in keep), state.net.subset(keep)
-    )
+    after = _without(state, gone)
     repaired, reason = plan(after, SMALL_JOB, 1.0, first, FAST)
     assert repaired is not None, reason
     assert "left" in reason and str(gone) in reason
@@ -80,10 +84,7 @@ def test_repair_moves_peers_only_when_the_gain_repays_each_move() -> None:
     first, _ = plan(state, SMALL_JOB, 0.0, None, FAST)
     assert first is not None
     gone = first.stages[0][0]
-    keep = [k for k, p in enumerate(state.peers) if p != gone]
-    after = PlanningState(
-        tuple(state.peers[k] for k in keep), tuple(state.devices[k] for k in keep), state.net.subset(keep)
-    )
+    after = _without(state, gone)
     costly = dataclasses.replace(FAST, move_overhead_s=1e6)
     repaired, reason = plan(after, SMALL_JOB, 1.0, first, costly)
     assert repaired is not None, reason

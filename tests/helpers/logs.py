@@ -1,0 +1,30 @@
+"""Reading the logs of processes a test started: wait for a line, parse the launch's JSON summary."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+POLL_S = 0.2  # seconds between reads of a log that is still being written
+
+
+def wait_for(log: Path, pattern: str, timeout_s: float, start: int = 0) -> re.Match[str]:
+    """The first match of ``pattern`` in ``log`` at or after character ``start``, once it appears;
+    AssertionError with the log's tail after ``timeout_s``."""
+    compiled = re.compile(pattern)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if m := compiled.search(log.read_text(errors="replace"), start):
+            return m
+        time.sleep(POLL_S)
+    raise AssertionError(f"{pattern!r} not seen in {timeout_s} s:\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def launch_summary(text: str) -> dict[str, Any]:
+    """The last one-line JSON summary `potluck launch --json` printed."""
+    lines = [line for line in text.splitlines() if line.startswith('{"steps"')]
+    assert lines, text[-3000:]
+    return json.loads(lines[-1])
