@@ -229,7 +229,10 @@ class PlanWorker:
                 root,
                 sources=self._sources(plan, recent, root),
             )
-            await trainer.run(lambda r: self._on_step(plan, stage, replica, job, r))
+            await trainer.run(
+                lambda r: self._on_step(plan, stage, replica, job, r),
+                on_ready=lambda: self._took_state(plan, stage, replica),
+            )
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
             logger.info("finished the job at step %d", trainer.step)
@@ -251,6 +254,18 @@ class PlanWorker:
             )
         finally:
             self._keep(trainer)
+
+    async def _took_state(self, plan: TrainPlan, stage: int, replica: int) -> None:
+        """This peer now holds its stage of ``plan`` at the plan's start: say so at once. Until its first
+        step commits, the coordinator would otherwise still count the layers it held before (a moved
+        peer), and a death in the first step could look like the loss of a whole stage."""
+        a = plan.stages[stage]
+        self._held = Holding(step=plan.start_step, first_layer=a.first_layer, last_layer=a.last_layer)
+        assert self._tasks is not None
+        publish = self._publish(plan, stage, replica, plan.start_step, force=True)  # not holding step 1 up
+        task = self._tasks.start(f"progress-ready-{plan.epoch}", publish)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     def _keep(self, trainer: Trainer | None) -> None:
         """Serve what ``trainer`` ended with until the next run ends (once per run; a torn state is

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -310,11 +310,17 @@ class Trainer:
         return path
 
     async def run(
-        self, on_step: Callable[[StepReport], object] | None = None, until: int | None = None
+        self,
+        on_step: Callable[[StepReport], object] | None = None,
+        until: int | None = None,
+        on_ready: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         """Train until the job's last step (or ``until``); raises ``StepAborted`` when a step cannot be
-        committed, leaving weights and optimizer as they were before that step."""
+        committed, leaving weights and optimizer as they were before that step. ``on_ready`` is awaited
+        once the state is loaded, before the first step."""
         await self._restore()
+        if on_ready is not None:
+            await on_ready()
         end = self.job.steps if until is None else min(until, self.job.steps)
         first, drain = self.step, True
         try:

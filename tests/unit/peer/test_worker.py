@@ -133,7 +133,9 @@ def test_an_unexpected_error_is_published_as_failed_and_logged(tmp_path, monkeyp
     assert len(failed) == 1, published
     assert failed[0].step == 2 and failed[0].epoch == 1 and failed[0].peer_id == peer
     assert failed[0].message.startswith(reason) and len(failed[0].message) <= 128
-    assert [p.step for p in published if p.state == "training"] == [1, 2]  # it trained before failing
+    # It said it holds the plan's start (before step 1), then trained two steps before failing.
+    training = [p for p in published if p.state == "training"]
+    assert [p.step for p in training] == [0, 1, 2]
     [logged] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "epoch 1" in logged.getMessage() and logged.exc_info is not None and logged.exc_info[1] is error
 
