@@ -28,3 +28,13 @@ def launch_summary(text: str) -> dict[str, Any]:
     lines = [line for line in text.splitlines() if line.startswith('{"steps"')]
     assert lines, text[-3000:]
     return json.loads(lines[-1])
+
+
+def assert_no_step_lost(text: str, steps: int, before: int, event: str) -> dict[str, Any]:
+    """The launch ended at the job's last step (``steps``), and every plan epoch after the first started
+    at or after ``before``, the step the swarm had committed before ``event``. Returns the summary."""
+    summary = launch_summary(text)
+    assert summary["steps"] == steps, summary
+    starts = [int(s) for s in re.findall(r"plan epoch \d+: .*?from step (\d+)", text)][1:]
+    assert starts and min(starts) >= before, f"epochs after the {event} start at {starts}; committed {before}"
+    return summary
