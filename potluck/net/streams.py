@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from potluck.protocol.errors import WireError
+from potluck.protocol.errors import DialError
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ class Streams:
     async def open(
         self, peer_id: str, protocol: str, timeout_s: float
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A new stream to ``peer_id``; ``WireError`` if it cannot be opened within ``timeout_s``.
+        """A new stream to ``peer_id``; ``DialError`` if it cannot be opened within ``timeout_s``.
 
         One attempt, no retries over announced addresses (``dial.open_stream``): callers ask several
         peers at once (state holders), and a dead one must fail at once rather than hold up the others
@@ -69,7 +69,7 @@ class Streams:
                 self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol), timeout_s
             )
         except Exception as e:  # the daemon raises several types for unreachable or unknown peers
-            raise WireError(
+            raise DialError(
                 f"cannot open a {protocol} stream to {peer_id}: {e or type(e).__name__}"
             ) from None
         return reader, writer

@@ -33,5 +33,9 @@ class WireError(ProtocolError):
     """A stream frame was malformed, oversized, unexpected, or did not arrive in time."""
 
 
+class DialError(WireError):
+    """No stream could be opened to a peer: it is down or unreachable (not a peer that misbehaved)."""
+
+
 class CheckpointError(ProtocolError):
     """A checkpoint on disk is missing, incomplete, or damaged; the message names the file and the fault."""

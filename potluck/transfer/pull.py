@@ -25,7 +25,7 @@ import torch
 import zstandard
 
 from potluck.net.streams import Streams
-from potluck.protocol.errors import WireError
+from potluck.protocol.errors import DialError, WireError
 from potluck.protocol.wire import STATE_ZSTD, Frame, MsgType, read_frame, write_frame
 from potluck.transfer import manifest as mf
 from potluck.transfer.errors import StateError, TransferError
@@ -165,7 +165,7 @@ async def pull_state(
         if isinstance(r, BaseException) and not isinstance(r, Exception):
             raise r  # cancellation and the like are not a holder's fault
     sessions = [r for r in opened if isinstance(r, _Session)]
-    unreachable = [h for h, r in zip(dict.fromkeys(holders), opened, strict=True) if isinstance(r, WireError)]
+    unreachable = [h for h, r in zip(dict.fromkeys(holders), opened, strict=True) if isinstance(r, DialError)]
     if not sessions:
         raise StateError(
             f"no holder served layers [{want.first}, {want.last}) at step {want.step}: {faults}", unreachable
