@@ -355,12 +355,11 @@ class CoordinatorService:
         records = [v.record for v in await self.node.fetch(PROGRESS.name)]
         self.progress.update(self.plan, [r for r in records if isinstance(r, Progress)])
 
-    def _handoff_start(self, start: int, live: set[str]) -> int:
+    def _handoff_start(self, start: int) -> int:
         """``start`` moved ahead for a re-plan nothing failed for, when it came from live state (not from
-        a checkpoint: then the peers stand still, or restart, at ``start``)."""
-        known = self.progress.holdings
-        held = live_step(self.plan, self.progress.latest, live, known) if self.plan is not None else None
-        if held is None or start != min(held, self.job.steps):
+        a checkpoint, nor the seeded init: then the peers stand still, or restart, at ``start``).
+        ``_resume_step`` just decided where ``start`` came from (``resume_from``)."""
+        if self.resume_from != "live" or start == 0:
             return start
         lead_s = self.cfg.handoff_lead_s + 2 * self.cfg.poll_interval_s
         step_s = typical_step_s(self.progress.latest.values())
@@ -391,7 +390,7 @@ class CoordinatorService:
         live = set(state.peers) | (set(self.state.leaving) if handoff else set())  # leavers still hold it
         start = self._resume_step(live)
         if handoff:
-            start = self._handoff_start(start, live)
+            start = self._handoff_start(start)
         plan: TrainPlan | None
         placement: PlacementPlan | None
         if candidate is not None:
