@@ -66,6 +66,8 @@ class Stream(IntEnum):
     RELAXED_DONE = 9  # member -> leader: the attempt's all-reduce succeeded or failed
     RELAXED_VERDICT = 10  # leader -> member: commit or retry
     CATCHUP = 11  # relaxed round leader -> a replica left out of it: the committed mean
+    START_READY = 12  # start barrier, peer -> leader: this peer holds the plan's starting state
+    START_GO = 13  # start barrier, leader -> peer: every peer of the plan does; run the first step
 
 
 class Direction(IntEnum):

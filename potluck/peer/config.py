@@ -61,10 +61,10 @@ class TrainerConfig:
     chunk_elements: int = AllReduceConfig.chunk_elements  # all-reduce pipelining granularity
     bucket_elements: int = 1 << 17  # gradient bucket size (elements) for overlap with the backward
     overlap: bool = True  # start each bucket's all-reduce as soon as the backward finished it
-    # Extra wait on the first step of a run: peers of a new plan start it at different times, each after
-    # fetching its state (from its memory, its disk or other peers), so the fastest would time out on
-    # the slowest. Seconds; covers the state hand-off of a small model on a home link.
-    first_step_grace_s: float = 60.0
+    # How long the start barrier (train.barrier) waits for the slowest peer of a new plan to take its
+    # state (from its memory, its disk or other peers). Seconds; covers the state hand-off of a small
+    # model on a home link. Only the barrier waits this long: the first step runs under the step budget.
+    start_wait_s: float = 60.0
 
 
 @dataclass(frozen=True)

@@ -25,5 +25,9 @@ class PipelineError(PeerError):
     """A pipeline neighbour did not deliver in time, or sent something undecodable."""
 
 
+class StartError(PipelineError):
+    """A plan's peers did not all take their starting state in time: its first step cannot run."""
+
+
 class StepAborted(PeerError):
     """The step was not committed (a peer failed or disagreed); no replica applied it."""

@@ -42,6 +42,7 @@ from potluck.peer.errors import PeerError
 from potluck.peer.leave import switch_deadline, switch_verdict
 from potluck.peer.state.copies import CopyDuty
 from potluck.peer.state.source import DiskSource, Holder, LocalSource, PeerSource, StateSource
+from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
@@ -90,6 +91,7 @@ class PlanWorker:
         self._tasks: Supervisor | None = None  # set while run() runs
         self._task: asyncio.Task[None] | None = None  # the training run of the current plan
         self._datasets: dict[str, TokenDataset] = {}
+        self._budgets: dict[str, WaitBudget] = {}  # job -> its measured step times (train.budget)
         self._last_progress = 0.0
         self._tokens_per_s = 0.0
         self.steps_done = 0  # steps this worker completed (all plans)
@@ -228,6 +230,7 @@ class PlanWorker:
                 self.cfg.trainer(),
                 root,
                 sources=self._sources(plan, recent, root),
+                budget=self._budget(job.name),
             )
             await trainer.run(
                 lambda r: self._on_step(plan, stage, replica, job, r),
@@ -254,6 +257,14 @@ class PlanWorker:
             )
         finally:
             self._keep(trainer)
+
+    def _budget(self, job: str) -> WaitBudget:
+        """This peer's measured step times for ``job``, kept across plans: a new plan's waits start from
+        them (the factor and floor absorb a changed layer split) rather than from the cap."""
+        cfg = self.cfg.trainer()
+        if job not in self._budgets:
+            self._budgets[job] = WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
+        return self._budgets[job]
 
     async def _took_state(self, plan: TrainPlan, stage: int, replica: int) -> None:
         """This peer now holds its stage of ``plan`` at the plan's start: say so at once. Until its first

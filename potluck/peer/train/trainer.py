@@ -39,6 +39,7 @@ from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig, DiLoCoConfig, TrainerConfig
 from potluck.peer.errors import CollectiveError, LateError, PeerError, PipelineError, StepAborted
 from potluck.peer.state.source import StateSource, fetch_first
+from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
@@ -76,8 +77,11 @@ class Trainer:
         cfg: TrainerConfig,
         checkpoint_root: Path | None = None,
         sources: Sequence[StateSource] = (),
+        budget: WaitBudget | None = None,
     ) -> None:
-        """``sources``: where a plan starting after step 0 gets its state, in order (none: the checkpoint)."""
+        """``sources``: where a plan starting after step 0 gets its state, in order (none: the checkpoint).
+        ``budget``: the step times this peer measured under earlier plans of the job (a new plan's first
+        steps then need not wait the full ``step_timeout_s``); it goes on measuring."""
         pos = plan.position(box.peer_id)
         if pos is None:
             raise ValueError(f"peer {box.peer_id} is not placed by plan epoch {plan.epoch}")
@@ -113,7 +117,7 @@ class Trainer:
                 self.runner, box, self.schedule, self._allreduce_cfg(True), job.sync, comp.error_feedback
             )
         self._slowdown_s = slowdown_s(self.replica)  # test-only, 0 unless POTLUCK_TEST_STEP_DELAY_S
-        self.budget = WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
+        self.budget = budget or WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
         self.sync: BucketSync | None = None
         if self.diloco is None and self.deadline is None and plan.n_replicas > 1:
             self.sync = BucketSync(
@@ -318,15 +322,21 @@ class Trainer:
         """Train until the job's last step (or ``until``); raises ``StepAborted`` when a step cannot be
         committed, leaving weights and optimizer as they were before that step. ``on_ready`` is awaited
         once the state is loaded, before the first step."""
-        await self._restore()
+        try:
+            await self._restore()
+        except Exception as e:  # any failure to take the state: tell the plan's leader, then fail
+            await start_barrier(self.box, self.plan, self.cfg.start_wait_s, failed=str(e))
+            raise
         if on_ready is not None:
             await on_ready()
+        # Nobody steps before everyone holds its state: the first step then needs no extra wait, so a
+        # death inside it is noticed within the step budget (barrier.py).
+        await start_barrier(self.box, self.plan, self.cfg.start_wait_s)
         end = self.job.steps if until is None else min(until, self.job.steps)
-        first, drain = self.step, True
+        drain = True
         try:
             while self.step < end:
-                grace = self.cfg.first_step_grace_s if self.step == first else 0.0
-                report = await self.train_step(self.budget.timeout_s() + grace)
+                report = await self.train_step(self.budget.timeout_s())
                 self.budget.observe(report.seconds)
                 if on_step is not None:
                     on_step(report)

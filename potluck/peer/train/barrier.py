@@ -1,0 +1,117 @@
+"""The start barrier: no peer runs a plan's first step until every peer of the plan holds its state.
+
+Peers of a new plan take their state at different times (from memory in a millisecond, from another
+peer's disk over a home link in minutes), so without a barrier the first step itself must wait for the
+slowest of them, and every wait of that step needs the long bound a state fetch needs. A death inside
+that first step (the common case under churn: the kill that caused the plan was followed by another)
+then goes unnoticed until the victim's heartbeat expires. With the barrier, only this one exchange
+carries the long bound; the first step runs under the measured step budget like any other.
+
+Protocol, under the round (plan epoch, start step): each peer sends START_READY to the plan's leader
+once it holds its state (or once it failed to take it, with the reason); the leader waits for all of
+them (``wait_s``), then sends START_GO to all: go, or a no-go saying why (a peer that failed, or the
+peers that never came, which the leader's mailbox names as suspects so the coordinator checks their
+heartbeats). A peer waits for the leader's answer at most twice as long (the leader may start late).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from potluck.net.mailbox import Mailbox
+from potluck.net.tags import Round, Stream, Tag, make_tag
+from potluck.peer.errors import StartError
+from potluck.protocol.errors import WireError
+from potluck.protocol.training import TrainPlan
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 4 * 1024  # a ready or a go/no-go: a flag and a short reason
+MAX_NAMED = 16  # missing peers named in a no-go
+REASON_CHARS = 1000
+
+
+async def start_barrier(box: Mailbox, plan: TrainPlan, wait_s: float, failed: str | None = None) -> None:
+    """Return once every peer of ``plan`` holds its starting state; raises ``StartError`` otherwise.
+    ``failed``: this peer could not take its state (the reason); the others learn it at once instead
+    of waiting out ``wait_s``, and this call returns (the caller raises its own error)."""
+    peers = [p for st in plan.stages for p in st.peers]
+    me, leader = box.peer_id, plan.leader
+    if len(peers) <= 1:
+        return
+    rnd = Round(plan.epoch, plan.start_step)
+    tag_ready, tag_go = make_tag(rnd, Stream.START_READY), make_tag(rnd, Stream.START_GO)
+    if me != leader:
+        mine = {"ok": failed is None, "reason": (failed or "")[:REASON_CHARS]}
+        try:
+            await box.send(leader, tag_ready, json.dumps(mine).encode())
+            if failed is not None:
+                return
+            data = await box.recv(leader, tag_go, 2 * wait_s)
+        except WireError as e:
+            if failed is not None:
+                return
+            raise StartError(f"start barrier: no answer from the leader {leader}: {e}") from None
+        go, reason = _parse(data, leader, "go")
+        if not go:
+            raise StartError(f"start barrier: {reason}")
+        return
+    others = [p for p in peers if p != me]
+    reason = f"the leader {me} could not take its state: {failed}" if failed is not None else ""
+    if not reason:
+        reason = await _collect(box, others, tag_ready, wait_s)
+    answer = json.dumps({"go": not reason, "reason": reason[:REASON_CHARS]}).encode()
+    sent = await asyncio.gather(*(box.send(p, tag_go, answer) for p in others), return_exceptions=True)
+    for p, res in zip(others, sent, strict=True):
+        if isinstance(res, BaseException):
+            logger.info("start barrier: answer not delivered to %s: %s", p, res)
+    if reason and failed is None:
+        raise StartError(f"start barrier: {reason}")
+
+
+async def _collect(box: Mailbox, others: list[str], tag: Tag, wait_s: float) -> str:
+    """The leader's wait for every READY: "" when all came and say ok, else why not (at the first
+    peer that failed, not after the others' waits)."""
+
+    async def one(peer: str) -> tuple[str, str]:
+        try:
+            ok, why = _parse(await box.recv(peer, tag, wait_s), peer, "ok")
+        except WireError:
+            return peer, "missing"  # box.recv named it a suspect: the coordinator checks its heartbeat
+        except StartError as e:
+            return peer, str(e)
+        return peer, "" if ok else f"{peer} could not take its state: {why}"
+
+    waits = {asyncio.create_task(one(p)) for p in others}
+    missing: list[str] = []
+    try:
+        while waits:
+            done, waits = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                peer, why = task.result()
+                if why == "missing":
+                    missing.append(peer)
+                elif why:
+                    return why
+    finally:
+        for task in waits:
+            task.cancel()
+    if missing:
+        return f"no state taken within {wait_s:.0f} s by {sorted(missing)[:MAX_NAMED]}"
+    return ""
+
+
+def _parse(data: bytes, who: str, flag: str) -> tuple[bool, str]:
+    """A barrier message, checked: a small JSON object with a boolean ``flag`` and a reason string."""
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise StartError(f"start barrier: message from {who} is {len(data)} bytes")
+    try:
+        obj = json.loads(data)
+        value, reason = obj[flag], obj.get("reason", "")
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        raise StartError(f"start barrier: malformed message from {who}") from None
+    if not isinstance(value, bool) or not isinstance(reason, str):
+        raise StartError(f"start barrier: malformed message from {who}")
+    return value, reason[:REASON_CHARS]

@@ -1,0 +1,160 @@
+"""The start barrier (peer/train/barrier.py): a plan's first step runs under the step budget, and a peer
+that cannot take its state, or never comes, stops the others at once instead of after a long grace.
+
+Real p2pd daemons on loopback, one Trainer per peer in one event loop; ``start_wait_s`` is set far above
+each test's own bound, so a wait that still carried the old first-step grace would fail the test."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.helpers.training import PROTOCOL, make_plan, tiny_dataset, tiny_job
+
+SPLITS = [(0, 2), (2, 4)]  # [first, last) layers
+BOUND_S = 60.0  # each scenario must end well within this; start_wait_s is 600
+
+
+def _setup(n: int):
+    from potluck.net.config import TransportConfig
+    from potluck.net.mailbox import Mailbox
+
+    def boxes(nodes):
+        return [Mailbox(node, PROTOCOL, TransportConfig(timeout_s=3)) for node in nodes[:n]]
+
+    return boxes
+
+
+def test_a_peer_dying_right_after_the_barrier_fails_the_first_step_within_the_step_budget(tmp_path):
+    from potluck.peer.config import TrainerConfig
+    from potluck.peer.errors import PeerError
+    from potluck.peer.train.barrier import start_barrier
+    from potluck.peer.train.trainer import Trainer
+    from tests.helpers.p2p import p2p_group
+
+    job = tiny_job()
+    dataset = tiny_dataset(job)
+
+    async def main():
+        async with p2p_group(4) as nodes:
+            boxes = _setup(4)(nodes)
+            for b in boxes:
+                await b.start()
+            ids = [b.peer_id for b in boxes]
+            plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
+            cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0, start_wait_s=600.0)
+            trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes]
+
+            async def victim():  # takes its state, passes the barrier, dies before its first message
+                await start_barrier(boxes[3], plan, cfg.start_wait_s)
+                await nodes[3].shutdown()
+                return "died"
+
+            async def survivor(tr):
+                try:
+                    await tr.run()
+                except PeerError as e:
+                    return e
+                return "finished"
+
+            runs = [survivor(t) for t in trainers[:3]] + [victim()]
+            results = await asyncio.wait_for(asyncio.gather(*runs), BOUND_S)
+            return results, trainers, boxes
+
+    results, trainers, boxes = asyncio.run(main())
+    assert results[3] == "died"
+    assert all(isinstance(r, Exception) for r in results[:3]), results
+    assert [t.step for t in trainers[:3]] == [0, 0, 0]  # the first step was applied by nobody
+    victim_id = boxes[3].peer_id
+    # Its pipeline partner (stage 0, replica 1) and its stage's other replica waited on it: they name it.
+    assert victim_id in boxes[1].take_suspects()
+    assert victim_id in boxes[2].take_suspects()
+
+
+def test_a_peer_that_cannot_take_its_state_stops_the_plan_at_once_with_its_reason(tmp_path):
+    from potluck.peer.config import TrainerConfig
+    from potluck.peer.errors import StartError
+    from potluck.peer.train.trainer import Trainer
+    from potluck.transfer.errors import StateError
+    from tests.helpers.p2p import p2p_group
+
+    job = tiny_job()
+    dataset = tiny_dataset(job)
+
+    async def main():
+        async with p2p_group(4) as nodes:
+            boxes = _setup(4)(nodes)
+            for b in boxes:
+                await b.start()
+            ids = [b.peer_id for b in boxes]
+            plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
+            cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=600.0)
+            trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes]
+
+            async def no_state():
+                raise StateError("no holder of layers 2-3 at step 0 answered")
+
+            trainers[2]._restore = no_state  # type: ignore[method-assign]
+
+            async def run(tr):
+                try:
+                    await tr.run()
+                except (StartError, StateError) as e:
+                    return e
+                return "finished"
+
+            return await asyncio.wait_for(asyncio.gather(*(run(t) for t in trainers)), BOUND_S)
+
+    results = asyncio.run(main())
+    assert isinstance(results[2], StateError)
+    for r in (results[0], results[1], results[3]):
+        assert isinstance(r, StartError), r
+        assert "no holder of layers 2-3" in str(r)  # the failed peer's own reason reached everyone
+
+
+def test_a_peer_that_never_comes_is_named_after_the_barrier_wait(tmp_path):
+    from potluck.peer.config import TrainerConfig
+    from potluck.peer.errors import StartError
+    from potluck.peer.train.trainer import Trainer
+    from tests.helpers.p2p import p2p_group
+
+    job = tiny_job()
+    dataset = tiny_dataset(job)
+
+    async def main():
+        async with p2p_group(3) as nodes:
+            boxes = _setup(3)(nodes)
+            for b in boxes:
+                await b.start()
+            ids = [b.peer_id for b in boxes]
+            plan = make_plan(job, [[ids[0]], [ids[1]], [ids[2]]], [(0, 2), (2, 3), (3, 4)])
+            cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=2.0)
+            trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes[:2]]  # ids[2] never runs
+
+            async def run(tr):
+                try:
+                    await tr.run()
+                except StartError as e:
+                    return e
+                return "finished"
+
+            results = await asyncio.wait_for(asyncio.gather(*(run(t) for t in trainers)), BOUND_S)
+            return results, boxes[0].take_suspects(), ids
+
+    results, suspects, ids = asyncio.run(main())
+    assert all(isinstance(r, StartError) for r in results), results
+    assert ids[2] in str(results[0]) and ids[2] in str(results[1])
+    assert suspects == [ids[2]]  # the leader names the absent peer for the coordinator to check
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"not json", b"[]", b'{"go": "yes", "reason": ""}', b'{"reason": ""}', b"{" + b" " * 5000 + b"}"],
+)
+def test_malformed_barrier_messages_are_refused(data):
+    from potluck.peer.errors import StartError
+    from potluck.peer.train.barrier import _parse
+
+    with pytest.raises(StartError):
+        _parse(data, "peer", "go")
