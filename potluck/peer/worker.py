@@ -100,6 +100,7 @@ class PlanWorker:
         self._checkpoint: int | None = None  # the newest checkpoint this peer wrote
         self._held: Holding | None = None  # the live state this peer holds (Progress.holds)
         self._stored: list[Holding] = []  # the checkpoints its disk keeps (Progress.stored)
+        self._last_record: Progress | None = None  # the newest progress record it published
         self._kept: Trainer | None = None  # the run whose end state is offered
         # Serving and fetching live state needs the key that signs manifests; without one, disk only.
         self.streams = Streams(node.p2p)
@@ -107,7 +108,7 @@ class PlanWorker:
         self.state: StateServer | None = None
         if identity is not None:
             self.state = StateServer(self.streams, swarm_id, identity, self.transfer)
-        self.copies = CopyDuty(self.streams, swarm_id, peer_id, self.transfer, on_copied=self._look_at_disk)
+        self.copies = CopyDuty(self.streams, swarm_id, peer_id, self.transfer, on_copied=self._copy_landed)
 
     async def run(self) -> None:
         """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""
@@ -362,10 +363,28 @@ class PlanWorker:
             stored=self._stored,
             issued_at=get_dht_time(),
         )
+        self._last_record = record
+        await self._put(record)
+
+    async def _put(self, record: Progress) -> None:
         try:
             await self.node.publish(PROGRESS.name, record, self.cfg.progress_ttl_s, self.peer_id)
         except Exception:  # progress is best effort; training goes on
-            logger.exception("progress record for step %d not published", step)
+            logger.exception("progress record for step %d not published", record.step)
+
+    def _copy_landed(self, root: Path) -> None:
+        """A checkpoint copy was written under ``root``: say so now (the newest record again, with the
+        copy), not with the next step's record. The copy exists for the moment its stage's only replica
+        dies, and the coordinator can resume from it only once it knows."""
+        self._look_at_disk(root)
+        last = self._last_record
+        if last is None or self._tasks is None:
+            return
+        record = last.model_copy(update={"stored": self._stored, "issued_at": get_dht_time()})
+        self._last_record = record
+        task = self._tasks.start(f"progress-copy-{record.step}", self._put(record))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
 
     # ---- re-plans nobody stopped for, and leaving (peer/leave.py decides) -------------------------------
 

@@ -111,9 +111,13 @@ class JobProgress:
         return min(self.checkpoints.values())
 
     def step(self, plan: TrainPlan) -> int:
-        """Steps the whole swarm has completed under ``plan``, as far as the reports tell."""
+        """Steps the whole swarm has completed under ``plan``, as far as the reports tell. A placed peer
+        that has not reported under ``plan`` counts at its start only if the swarm was seen to get
+        there: a hand-off plan starts at a step the old plan has yet to reach, and a live resume may
+        start a step or two past the newest report; until its peers say so, that step is not done."""
         placed = [p for st in plan.stages for p in st.peers]
-        return min((self.latest[p].step if p in self.latest else plan.start_step) for p in placed)
+        unreported = min(plan.start_step, self.best_step)
+        return min((self.latest[p].step if p in self.latest else unreported) for p in placed)
 
     def probe_failed(self, peer: str, at: float) -> None:
         """The coordinator could not reach ``peer`` directly at DHT time ``at``."""

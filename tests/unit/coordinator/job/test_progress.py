@@ -230,3 +230,25 @@ def test_holdings_are_kept_across_epochs_and_the_newest_wins():
     prog.update(PLAN, [rec(P[0], 31).model_copy(update={"holds": new})])
     prog.update(PLAN, [rec(P[0], 30, epoch=1).model_copy(update={"holds": old})])  # older: ignored
     assert prog.holdings == {P[0]: new}
+
+
+def test_a_plan_start_nobody_reached_is_not_counted_as_done():
+    """A hand-off plan starts at a step the old plan has yet to reach: until its peers report, the swarm
+    has done what it was seen to do, not the plan's start (which would clear the failure count too)."""
+    prog = JobProgress()
+    prog.update(PLAN, [rec(p, 80) for p in P])
+    prog.advanced(PLAN)
+    assert prog.best_step == 80
+    prog.new_epoch(failed=True)
+    handoff = PLAN.model_copy(update={"epoch": 3, "start_step": 100})
+    assert prog.step(handoff) == 80
+    prog.update(handoff, [rec(p, 100, epoch=3) for p in P[:3]])
+    prog.advanced(handoff)
+    assert prog.step(handoff) == 80 and prog.failures == 1  # one peer has not said it got there
+    prog.update(handoff, [rec(P[3], 101, epoch=3)])
+    prog.advanced(handoff)
+    assert prog.step(handoff) == 100 and prog.best_step == 100 and prog.failures == 0
+    # A plan that starts at or before a step the swarm reached counts its start for silent peers.
+    again = PLAN.model_copy(update={"epoch": 4, "start_step": 90})
+    prog.new_epoch(failed=True)
+    assert prog.step(again) == 90
