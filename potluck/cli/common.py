@@ -61,7 +61,7 @@ def peers_table(peers: list[PeerView], now: float, title: str) -> Table:
         hw = p.record.hardware
         table.add_row(
             "…" + p.peer_id[-8:],
-            hw.device_name if hw.device_kind == "cpu" else f"{hw.device_kind}: {hw.device_name}",
+            hw.label,
             f"{hw.memory_total_bytes / 2**30:.1f}",
             f"{hw.memory_free_bytes / 2**30:.1f}",
             f"{hw.tflops_fp32:.3f}",

@@ -22,6 +22,7 @@ import typer
 from potluck.aio import bounded, stop_on_signals
 from potluck.cli.common import err_console, fail
 from potluck.cli.jobview import JobWatcher
+from potluck.cli.telemetry_opts import DASHBOARD_HELP, TelemetryOptions, TelemetryStack
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.net.config import NetworkConfig
 from potluck.protocol.errors import ProtocolError
@@ -58,6 +59,10 @@ def demo(
     run_dir: Path = typer.Option(None, "--run-dir", help="Keep keys, logs and checkpoints here."),
     timeout: float = typer.Option(1800.0, min=10.0, help="Give up after this many seconds."),
     threads: int = typer.Option(1, min=1, help="CPU threads per peer (4 peers share this machine)."),
+    telemetry: bool = typer.Option(
+        True, "--telemetry/--no-telemetry", help="MQTT telemetry and the dashboard."
+    ),
+    dashboard_bind: str = typer.Option("127.0.0.1:0", "--dashboard-bind", help=DASHBOARD_HELP),
 ) -> None:
     """Train a small model with a local swarm: 2 pipeline stages x 2 replicas, then print a summary."""
     run_dir = (run_dir or Path(tempfile.mkdtemp(prefix="potluck-demo-"))).resolve()
@@ -66,7 +71,8 @@ def demo(
         job = demo_job(steps, run_dir / "checkpoints")
     except ProtocolError as e:
         raise fail(str(e)) from None
-    summary, _ = asyncio.run(run_local_job(job, run_dir, timeout, threads))
+    opts = TelemetryOptions(telemetry, dashboard_bind=dashboard_bind)
+    summary, _ = asyncio.run(run_local_job(job, run_dir, timeout, threads, opts))
     err_console.print(f"final checkpoint: {summary['checkpoint']}   (logs in {run_dir})")
     if summary["checkpoint"]:
         err_console.print(f'try:  potluck generate {summary["checkpoint"]} --prompt "ada adds 12 and 30"')
@@ -75,17 +81,28 @@ def demo(
 
 
 async def run_local_job(
-    job: JobSpec, run_dir: Path, timeout: float, threads: int
+    job: JobSpec,
+    run_dir: Path,
+    timeout: float,
+    threads: int,
+    telemetry: TelemetryOptions | None = None,
 ) -> tuple[dict[str, object], JobWatcher]:
     """Coordinator here, ``job.min_peers`` peer processes on loopback; train to the end, then stop all.
+    ``telemetry``: the broker and dashboard to run (None: none, as benchmarks want).
 
     Returns the summary and the watcher (per-peer step timings, the plan) for benchmarks."""
     from potluck.coordinator.service import CoordinatorService  # hivemind, torch: only when run
     from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
 
     net = NetworkConfig(host_maddrs=(LOOPBACK,), bootstrap_timeout_s=30.0)
+    stack = TelemetryStack(telemetry or TelemetryOptions(enabled=False))
+    mqtt = await stack.open_broker()  # before the invite, which carries its URL
     cfg = CoordinatorConfig(
-        swarm_id="demo", identity_path=run_dir / "coordinator.pem", net=net, poll_interval_s=1.0
+        swarm_id="demo",
+        identity_path=run_dir / "coordinator.pem",
+        net=net,
+        poll_interval_s=1.0,
+        mqtt_url=mqtt,
     )
     service = CoordinatorService(cfg, job, Identity.load_or_create(cfg.identity_path))
     peer_args = (
@@ -109,6 +126,11 @@ async def run_local_job(
     ):
         swarm.invite = await service.start()
         try:
+            await stack.start(service)
+            if stack.dashboard_url:
+                err_console.print(f"dashboard: {stack.dashboard_url}", highlight=False)
+            if stack.target is not None:
+                err_console.print(f"mqtt: {stack.target.url(with_password=False)}", highlight=False)
             n = job.min_peers
             err_console.print(f"coordinator up; starting {n} peers on 127.0.0.1 (logs in {run_dir})")
             for i in range(n):
@@ -134,6 +156,7 @@ async def run_local_job(
             summary = watcher.summary()
             summary["seconds"] = round(time.monotonic() - start, 1)
         finally:
+            await bounded(stack.stop(), STOP_TIMEOUT_S, "stopping the telemetry")
             await bounded(service.stop(), STOP_TIMEOUT_S, "stopping the coordinator")
     return summary, watcher
 

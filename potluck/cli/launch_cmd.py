@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import time
@@ -22,6 +23,13 @@ from potluck.cli.common import (
     write_private_text,
 )
 from potluck.cli.jobview import JobWatcher
+from potluck.cli.telemetry_opts import (
+    DASHBOARD_HELP,
+    MQTT_BIND_HELP,
+    MQTT_URL_HELP,
+    TelemetryOptions,
+    TelemetryStack,
+)
 from potluck.coordinator.config import DEFAULT_HOME, CoordinatorConfig
 from potluck.coordinator.memory import unfinished_swarm
 from potluck.coordinator.state import SwarmState
@@ -68,10 +76,15 @@ def launch(
     copy_rate: float = typer.Option(
         20.0, "--copy-rate", min=0.0, help="MB/s the checkpoint copy may take (0: no cap)."
     ),
+    telemetry: bool = typer.Option(
+        True, "--telemetry/--no-telemetry", help="MQTT telemetry and the dashboard."
+    ),
+    mqtt_url: str = typer.Option(None, "--mqtt-url", help=MQTT_URL_HELP),
+    mqtt_bind: str = typer.Option("127.0.0.1:0", "--mqtt-bind", help=MQTT_BIND_HELP),
+    mqtt_ca: str = typer.Option(None, "--mqtt-ca", help="CA bundle to check an mqtts:// broker against."),
+    dashboard_bind: str = typer.Option("127.0.0.1:8470", "--dashboard-bind", help=DASHBOARD_HELP),
 ) -> None:
     """Coordinate a job: sign it, print an invite, plan the peers that join, train to the last step."""
-    from potluck.coordinator.service import CoordinatorService  # hivemind: only once the command runs
-
     try:
         job = load_job(job_file)
         swarm = check_swarm_id(swarm_id or _swarm_id(job, identity, new_swarm))
@@ -87,8 +100,9 @@ def launch(
         copy_checkpoints=checkpoint_copy,
         copy_rate_mb_s=copy_rate,
     )
+    stack = TelemetryStack(TelemetryOptions(telemetry, mqtt_url, mqtt_bind, dashboard_bind, mqtt_ca))
     try:
-        asyncio.run(_run(CoordinatorService(cfg, job), invite_file, as_json))
+        asyncio.run(_run(cfg, job, stack, invite_file, as_json))
     except ProtocolError as e:
         raise fail(str(e)) from None
     except TaskFailed as e:  # its traceback is in the log already
@@ -113,8 +127,14 @@ def _default_swarm_id(job: JobSpec) -> str:
     return f"{base}-{secrets.token_hex(3)}"
 
 
-async def _run(service: CoordinatorService, invite_file: Path | None, as_json: bool) -> None:
+async def _run(
+    cfg: CoordinatorConfig, job: JobSpec, stack: TelemetryStack, invite_file: Path | None, as_json: bool
+) -> None:
     """Report joins and leaves, and serve until the job ends or SIGINT / SIGTERM arrives."""
+    from potluck.coordinator.service import CoordinatorService
+
+    mqtt = await stack.open_broker()  # before the invite, which carries its URL
+    service = CoordinatorService(dataclasses.replace(cfg, mqtt_url=mqtt), job)
 
     def on_change(state: SwarmState, joined: list[str], left: list[str]) -> None:
         for pid in joined:
@@ -125,17 +145,29 @@ async def _run(service: CoordinatorService, invite_file: Path | None, as_json: b
         err_console.print(peers_table(list(state.peers.values()), time.time(), f"{len(state.peers)} live"))
 
     service.on_change = on_change
-    with stop_on_signals() as stop:
-        await _serve(service, stop, invite_file, as_json)
+    try:
+        with stop_on_signals() as stop:
+            await _serve(service, stack, stop, invite_file, as_json)
+    finally:
+        await stack.stop()
 
 
 async def _serve(
-    service: CoordinatorService, stop: asyncio.Event, invite_file: Path | None, as_json: bool
+    service: CoordinatorService,
+    stack: TelemetryStack,
+    stop: asyncio.Event,
+    invite_file: Path | None,
+    as_json: bool,
 ) -> None:
     """Print the invite, follow the job until it ends or ``stop`` is set, then stop the service."""
     cfg, job = service.cfg, service.job
     invite = await service.start()
     try:
+        await stack.start(service)
+        if stack.dashboard_url:
+            err_console.print(f"dashboard: {stack.dashboard_url}", highlight=False)
+        if stack.target is not None:
+            err_console.print(f"mqtt: {stack.target.url(with_password=False)}", highlight=False)
         text = invite.encode()
         if invite_file is not None:
             write_private_text(invite_file, text)

@@ -23,9 +23,12 @@ from potluck.net.config import LinkProbeConfig
 from potluck.peer.config import PeerConfig, WorkerConfig
 from potluck.protocol.errors import BootstrapError, IdentityError
 from potluck.protocol.identity import DEFAULT_HOME
+from potluck.telemetry.config import MqttTarget, TelemetryConfig
+from potluck.telemetry.errors import TelemetryError
 
 if TYPE_CHECKING:
     from potluck.peer.daemon import PeerDaemon
+    from potluck.peer.telemetry import Snapshot
 
 
 def peer(
@@ -69,12 +72,33 @@ def peer(
     swarm_gone_after: float = typer.Option(
         120.0, min=1.0, help="Leave after this many seconds with no coordinator or other peer visible."
     ),
+    telemetry: bool = typer.Option(
+        True, "--telemetry/--no-telemetry", help="Publish status, metrics and events to the swarm's broker."
+    ),
+    mqtt_url: str = typer.Option(
+        None, "--mqtt-url", help="Publish telemetry to this broker instead of the one the invite names."
+    ),
+    mqtt_ca: str = typer.Option(None, "--mqtt-ca", help="CA bundle to check an mqtts:// broker against."),
+    metrics_port: int = typer.Option(
+        None, "--metrics-port", min=0, max=65535, help="Serve Prometheus /metrics on 127.0.0.1:PORT."
+    ),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address /metrics listens on."),
+    telemetry_interval: float = typer.Option(
+        5.0, "--telemetry-interval", min=0.5, help="Seconds between two metrics messages."
+    ),
 ) -> None:
     """Join a swarm with this machine: probe the hardware, announce it, keep a heartbeat."""
     from potluck.peer.daemon import PeerDaemon  # torch, hivemind: only once the command runs
 
+    invite = parse_invite(join)
+    target = None
+    if telemetry and (mqtt_url or invite.mqtt):
+        try:
+            target = MqttTarget.parse(mqtt_url or invite.mqtt or "", mqtt_ca)
+        except TelemetryError as e:
+            raise fail(str(e)) from None
     cfg = PeerConfig(
-        invite=parse_invite(join),
+        invite=invite,
         identity_path=identity or state_dir / "identity.pem",
         net=network_config(
             host_maddrs, announce_maddrs, "/ip4/0.0.0.0/tcp/0", bootstrap_timeout, use_auto_relay
@@ -88,6 +112,8 @@ def peer(
         train=train,
         worker=WorkerConfig(state_dir=state_dir, checkpoint_root=checkpoint_dir, step_timeout_s=step_timeout),
         swarm_gone_after_s=swarm_gone_after,
+        telemetry=TelemetryConfig(target=target, interval_s=telemetry_interval),
+        metrics_bind=(metrics_host, metrics_port) if metrics_port is not None else None,
     )
     try:
         asyncio.run(_run(PeerDaemon(cfg)))
@@ -126,6 +152,7 @@ def _parse_bytes(text: str) -> int:
 async def _run(daemon: PeerDaemon) -> None:
     """Run the daemon until SIGINT or SIGTERM; say so once it has joined."""
     # Ctrl-C twice: leave now; kill -USR1 <pid>: log what every task waits on (a peer that seems stuck)
+    daemon.telemetry.on_change = lambda snap: err_console.print(status_line(snap), highlight=False)
     with stop_on_signals(daemon.stop_event, again=daemon.leave_now), dump_tasks_on():
         task = asyncio.create_task(daemon.run(), name="peer")
         ready = asyncio.create_task(daemon.ready.wait())
@@ -135,7 +162,7 @@ async def _run(daemon: PeerDaemon) -> None:
             assert hw is not None
             err_console.print(
                 f"joined swarm [bold]{daemon.cfg.invite.swarm_id}[/] as peer {daemon.peer_id} "
-                f"({hw.device_kind}: {hw.device_name}, {hw.tflops_fp32:.2f} TFLOP/s fp32); "
+                f"({hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32); "
                 "Ctrl-C to leave (it hands its work over first; twice: at once)",
                 highlight=False,
             )
@@ -145,3 +172,20 @@ async def _run(daemon: PeerDaemon) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("peer")(peer)
+
+
+def status_line(snap: Snapshot) -> str:
+    """The volunteer's answer to "is my node contributing?", printed whenever it changes."""
+    s, m = snap.status, snap.metrics
+    where = f"stage {s.stage}, replica {s.replica} of plan epoch {s.epoch}" if s.stage is not None else ""
+    parts = [f"[{s.state}]", where, f"step {s.step}" if s.stage is not None else ""]
+    if m.tokens_contributed:
+        parts.append(f"contributed {m.tokens_contributed:,} tokens ({m.flops_contributed / 1e12:,.1f} TFLOP)")
+    if m.links:
+        rates = sorted(link.mb_s for link in m.links.values())
+        parts.append(f"links {rates[0]:.1f}-{rates[-1]:.1f} MB/s")
+    if s.message and s.state != "contributing":
+        parts.append(s.message)
+    if s.last_abort:
+        parts.append(f"last aborted: {s.last_abort}")
+    return "  ".join(p for p in parts if p)

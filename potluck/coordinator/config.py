@@ -46,3 +46,4 @@ class CoordinatorConfig:
     recover_timeout_s: float = 60.0  # bound on reading the plan and progress left in the DHT
     recover_empty_reads: int = 3  # empty reads in a row (1 s apart) before "nothing to recover"
     recover_peers_s: float = 15.0  # wait for the recovered plan's placed peers' heartbeats this long
+    mqtt_url: str | None = None  # the telemetry broker peers publish to (it travels in the invite)

@@ -105,7 +105,7 @@ class CoordinatorService:
         if copy_mb_s is not None:
             tasks["copy-checkpoints"] = self._copy_checkpoints()
         self._running = asyncio.create_task(self._supervise(tasks), name="coordinator")
-        return Invite(self.cfg.swarm_id, bootstrap, self.identity.public_key)
+        return Invite(self.cfg.swarm_id, bootstrap, self.identity.public_key, mqtt=self.cfg.mqtt_url)
 
     async def _recover(self, saved: TrainPlan | None, joined: bool) -> None:
         """Carry on with the plan the swarm follows and its progress (``job.recover`` decides), and wait
@@ -214,7 +214,10 @@ class CoordinatorService:
         meta = read_manifest(manifest_path(on_disk.path, 0), on_disk.step, 0).meta if on_disk else None
         live = None
         if self.plan is not None:
-            live = live_step(self.plan, self.progress.latest, live_peers, self.progress.holdings)
+            progress = self.progress
+            live = live_step(
+                self.plan, progress.latest, live_peers, progress.holdings, progress.also_holdings
+            )
         # Peers' own disks, as their reports suggest; once that failed too, the owner's copy if there is one.
         reported = checkpoint_step(self.progress.stored, live_peers, self.job.model.n_layers)
         if self.progress.failures > LIVE_RESUME_TRIES and meta is not None:

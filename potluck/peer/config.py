@@ -13,6 +13,7 @@ from pathlib import Path
 from potluck.net.config import LinkProbeConfig, NetworkConfig
 from potluck.protocol.identity import DEFAULT_HOME
 from potluck.protocol.invite import Invite
+from potluck.telemetry.config import TelemetryConfig
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,8 @@ class PeerConfig:
     # Leave once neither the coordinator nor any other peer has been visible (no libp2p connection, no
     # live heartbeat in the DHT) for this many seconds, instead of running on alone; None: never.
     swarm_gone_after_s: float | None = 120.0
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)  # MQTT status, metrics, events
+    metrics_bind: tuple[str, int] | None = None  # serve Prometheus /metrics on (host, port); None: off
 
     @property
     def heartbeat_interval_s(self) -> float:

@@ -30,6 +30,7 @@ from potluck.net.node import SwarmNode
 from potluck.peer.config import PeerConfig
 from potluck.peer.leave import LeaveView, leave_verdict
 from potluck.peer.probe import apply_caps, pick_device, probe
+from potluck.peer.telemetry import PeerTelemetry, peer_metrics
 from potluck.peer.worker import PlanWorker
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import WireError
@@ -38,6 +39,7 @@ from potluck.protocol.keys import LINKS, PEERS, PROGRESS
 from potluck.protocol.membership import live_peers
 from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
 from potluck.protocol.training import Progress, TrainPlan
+from potluck.telemetry.http import serve_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,18 @@ class PeerDaemon:
         self.link_reports = 0  # link reports published so far
         self.worker: PlanWorker | None = None
         self.swarm_gone = False  # set when the daemon left because nobody else was visible
+        self.alone = False  # the last look found neither the coordinator nor another peer
+        self.link_samples: dict[str, LinkSample] = {}  # peer -> the newest measurement of our link to it
+        self.telemetry = PeerTelemetry(
+            self.identity,
+            cfg.invite.swarm_id,
+            cfg.telemetry,
+            hardware=lambda: self.hardware,
+            worker=lambda: self.worker,
+            links=lambda: self.link_samples,
+            leaving=self.stop_event.is_set,
+            alone=lambda: self.alone,
+        )
 
     @property
     def peer_id(self) -> str:
@@ -98,7 +112,10 @@ class PeerDaemon:
             "heartbeat": self._heartbeat(),
             "links": self._measure_links(),
             "hand-off": self._hand_off(),
+            "telemetry": self.telemetry.run(),
         }
+        if self.cfg.metrics_bind is not None:
+            tasks["metrics"] = serve_metrics(*self.cfg.metrics_bind, self._metrics_text)
         if self.cfg.swarm_gone_after_s is not None:
             tasks["swarm-watch"] = self._watch_swarm(self.cfg.swarm_gone_after_s)
         if self.cfg.train:
@@ -111,11 +128,17 @@ class PeerDaemon:
                 identity=self.identity,
                 owner=peer_id_from_public_key(self.cfg.invite.coordinator_key),
             )
+            self.worker.activity.on_event = self.telemetry.event
             tasks["train"] = self.worker.run()
+        hw = self.hardware
+        self.telemetry.event("joined", f"{hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32", {})
         try:
             await supervise(tasks, until=self._gone, grace_s=TASK_GRACE_S)
         finally:
             await self._leave()
+
+    def _metrics_text(self) -> bytes:
+        return peer_metrics(self.telemetry.snapshot())
 
     def stop(self) -> None:
         """Leave: the first call hands this peer's work over first, a second one leaves at once."""
@@ -172,7 +195,9 @@ class PeerDaemon:
                 samples: list[LinkSample] = []
                 for target in targets:
                     try:
-                        samples.append(await self.prober.measure(target))
+                        sample = await self.prober.measure(target)
+                        samples.append(sample)
+                        self.link_samples[target] = sample
                     except WireError as e:
                         logger.info("link to %s not measured: %s", target, e)
                 if samples:
@@ -201,6 +226,7 @@ class PeerDaemon:
                 logger.info("swarm visibility check failed: %s", e)
                 seen = False
             now = time.monotonic()
+            self.alone = not seen
             if seen:
                 last_seen = now
             elif now - last_seen >= limit_s:
@@ -225,6 +251,7 @@ class PeerDaemon:
         """Once asked to stop: train and serve on until this peer's work is handed over (``leave_verdict``),
         ``leave_timeout_s`` passed or a second stop came; then end the daemon's tasks."""
         await self.stop_event.wait()
+        self.telemetry.event("left", "leaving: handing its work over first", {})
         since = time.monotonic()
         worker = self.worker
         plan = worker.plan if worker is not None else None  # the plan it follows, not one it trains toward
@@ -281,6 +308,8 @@ class PeerDaemon:
         if self.node is None:
             return
         node, deadline = self.node, time.monotonic() + self.cfg.shutdown_timeout_s
+        # The retained status says "offline" (a death would leave it to the broker's last will).
+        await self.telemetry.goodbye(min(2.0, self.cfg.shutdown_timeout_s / 2))
         try:
             # The "leaving" record expires after the last "online" one, so it wins in the DHT.
             await bounded(

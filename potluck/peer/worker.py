@@ -37,6 +37,7 @@ from potluck.net.mailbox import Mailbox
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
 from potluck.net.tags import before
+from potluck.peer.activity import Activity
 from potluck.peer.config import WorkerConfig
 from potluck.peer.errors import PeerError
 from potluck.peer.leave import switch_deadline, switch_verdict
@@ -101,6 +102,8 @@ class PlanWorker:
         self._held: Holding | None = None  # the live state this peer holds (Progress.holds)
         self._stored: list[Holding] = []  # the checkpoints its disk keeps (Progress.stored)
         self._last_record: Progress | None = None  # the newest progress record it published
+        self.activity = Activity()  # what it does and did, for the volunteer and the telemetry
+        self._running: Trainer | None = None  # the trainer of the current run
         self._kept: Trainer | None = None  # the run whose end state is offered
         # Serving and fetching live state needs the key that signs manifests; without one, disk only.
         self.streams = Streams(node.p2p)
@@ -176,7 +179,10 @@ class PlanWorker:
         candidate; a candidate that does not hold what it is asked for says so and the others serve."""
         if self.state is None:
             return []  # the trainer's own disk path, as before live state existed
-        sources: list[StateSource] = [LocalSource(self.state.offered), DiskSource(root)]
+        sources: list[StateSource] = [LocalSource(held) for held in self.state.offered_all] or [
+            LocalSource(None)
+        ]
+        sources.append(DiskSource(root))
         holders = sorted(
             {
                 Holder(peer, a.first_layer, a.last_layer)
@@ -208,9 +214,14 @@ class PlanWorker:
         if pos is None:
             why = self._spare_reason(plan)
             logger.warning("not placed in plan epoch %d: %s", plan.epoch, why)  # a volunteer wants to know
+            self.activity.spared(plan.job, plan.epoch, why)
             await self._publish(plan, 0, 0, plan.start_step, state="waiting", message=why, force=True)
             return
         stage, replica = pos
+        a = plan.stages[stage]
+        self.activity.placed(
+            plan.job, plan.epoch, stage, replica, plan.start_step, f"{a.first_layer}-{a.last_layer - 1}"
+        )
         trainer: Trainer | None = None
         try:
             job = await self._job(plan)
@@ -233,12 +244,15 @@ class PlanWorker:
                 sources=self._sources(plan, recent, root),
                 budget=self._budget(job.name),
             )
+            run = self._running = trainer
+            self.activity.gradient_ratio = trainer.gradient_ratio()
             await trainer.run(
-                lambda r: self._on_step(plan, stage, replica, job, r),
-                on_ready=lambda: self._took_state(plan, stage, replica),
+                lambda r: self._on_step(plan, stage, replica, job, r, run.n_params),
+                on_ready=lambda: self._took_state(plan, stage, replica, run.took),
             )
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
+            self.activity.finished(trainer.step)
             logger.info("finished the job at step %d", trainer.step)
         except EXPECTED as e:  # the reason says it all
             logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
@@ -246,6 +260,7 @@ class PlanWorker:
                 self.box.suspect(holder)  # a state holder no stream reached: the coordinator probes it
             self._keep(trainer)  # before the record, which says what this peer holds
             step = self._reported_step(plan, trainer)
+            self.activity.failed(step, str(e))
             await self._publish(
                 plan, stage, replica, step, state="failed", message=str(e)[:REASON_CHARS], force=True
             )
@@ -253,11 +268,14 @@ class PlanWorker:
             logger.exception("training under plan epoch %d failed", plan.epoch)
             self._keep(trainer)
             step = self._reported_step(plan, trainer)
+            self.activity.failed(step, failure_reason(e))
             await self._publish(
                 plan, stage, replica, step, state="failed", message=failure_reason(e), force=True
             )
         finally:
             self._keep(trainer)
+            if self._running is trainer:
+                self._running = None
 
     def _budget(self, job: str) -> WaitBudget:
         """This peer's measured step times for ``job``, kept across plans: a new plan's waits start from
@@ -267,12 +285,21 @@ class PlanWorker:
             self._budgets[job] = WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
         return self._budgets[job]
 
-    async def _took_state(self, plan: TrainPlan, stage: int, replica: int) -> None:
+    async def _took_state(
+        self, plan: TrainPlan, stage: int, replica: int, took: tuple[str, float, int] | None = None
+    ) -> None:
         """This peer now holds its stage of ``plan`` at the plan's start: say so at once. Until its first
         step commits, the coordinator would otherwise still count the layers it held before (a moved
         peer), and a death in the first step could look like the loss of a whole stage."""
         a = plan.stages[stage]
         self._held = Holding(step=plan.start_step, first_layer=a.first_layer, last_layer=a.last_layer)
+        if took is not None:
+            self.activity.took_state(*took, step=plan.start_step)
+        trainer = self._running
+        if self.state is not None and trainer is not None:
+            # Served while it runs: if this run's pipeline breaks, the next plan's peers may need these
+            # layers before this peer notices (it may be waiting on a dead neighbour for a step timeout).
+            self.state.offer_live(trainer.snapshot)
         assert self._tasks is not None
         publish = self._publish(plan, stage, replica, plan.start_step, force=True)  # not holding step 1 up
         task = self._tasks.start(f"progress-ready-{plan.epoch}", publish)
@@ -285,11 +312,20 @@ class PlanWorker:
         if self.state is None or trainer is None or trainer is self._kept:
             return
         self._kept = trainer
+        self.state.offer_live(None)
         held = trainer.snapshot()
         if held is not None:
             self.state.offer(held)
             meta = held.meta
             self._held = Holding(step=meta.step, first_layer=meta.first_layer, last_layer=meta.last_layer)
+
+    def _also_held(self) -> list[Holding]:
+        """The states this peer offers besides its newest (``StateServer.offer``), for the report."""
+        extra = self.state.offered_all[1:] if self.state is not None else []
+        return [
+            Holding(step=s.meta.step, first_layer=s.meta.first_layer, last_layer=s.meta.last_layer)
+            for s in extra
+        ]
 
     def _look_at_disk(self, root: Path) -> None:
         """Note which checkpoints ``root`` keeps (manifests only: a few small files, read in place)."""
@@ -306,8 +342,13 @@ class PlanWorker:
             return max(step, held.meta.step)
         return step
 
-    def _on_step(self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport) -> None:
+    def _on_step(
+        self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport, n_params: int
+    ) -> None:
         self.steps_done += 1
+        tokens = job.batch.tokens_per_step // plan.n_replicas  # its replica's share passes its stage
+        self.activity.committed(r.step, tokens, 6.0 * n_params * tokens)
+        self.activity.activation_ratio = r.activation_ratio
         tps = job.batch.tokens_per_step / max(r.seconds, 1e-9)
         self._tokens_per_s = tps if self._tokens_per_s == 0 else 0.7 * self._tokens_per_s + 0.3 * tps
         force = r.checkpoint is not None or r.step + 1 >= job.steps
@@ -361,6 +402,7 @@ class PlanWorker:
             suspects=self.box.take_suspects() if state == "failed" else [],  # the coordinator checks them
             holds=self._held if self.state is not None else None,
             stored=self._stored,
+            also_holds=self._also_held(),
             issued_at=get_dht_time(),
         )
         self._last_record = record
@@ -445,6 +487,7 @@ class PlanWorker:
             return
         self.plan = plan
         why = self._spare_reason(plan)
+        self.activity.spared(plan.job, plan.epoch, why)
         if why != self._spare_reason(old):
             logger.warning("not placed in plan epoch %d: %s", plan.epoch, why)
             await self._publish(plan, 0, 0, plan.start_step, state="waiting", message=why, force=True)
@@ -452,6 +495,16 @@ class PlanWorker:
     def newest_plan(self) -> TrainPlan | None:
         """The plan this peer follows, or the newer one it trains on toward."""
         return self._pending or self.plan
+
+    @property
+    def last_report(self) -> StepReport | None:
+        """The newest step this peer committed under the plan it follows."""
+        return self._last_report
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The swarm's tokens per second over this peer's recent steps (smoothed)."""
+        return self._tokens_per_s
 
     def running(self) -> bool:
         return self._task is not None and not self._task.done()

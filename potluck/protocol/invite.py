@@ -1,8 +1,9 @@
 """Invites: one copy-pasteable line that tells a peer how to join a swarm and whom to trust.
 
 Format: ``potluck:`` + base64url (unpadded) of ``msgpack([version, swarm, bootstrap, coordinator_key,
-token]) || blake2b-4(payload)``. The 4-byte checksum turns a truncated or mistyped invite into a clear
-error instead of a confusing connection failure.
+token, mqtt]) || blake2b-4(payload)``. The 4-byte checksum turns a truncated or mistyped invite into a
+clear error instead of a confusing connection failure. Version 2 added ``mqtt`` (the telemetry broker's
+URL, or None); version 1 invites (five fields) are still read.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from potluck.protocol.identity import PUBLIC_KEY_BYTES
 from potluck.protocol.keys import check_swarm_id
 
 PREFIX = "potluck:"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # invite versions this build decodes
+MAX_MQTT_URL_CHARS = 512
 MAX_INVITE_CHARS = 8192
 _CHECK_BYTES = 4
 
@@ -30,6 +33,7 @@ class Invite:
     bootstrap: tuple[str, ...]  # multiaddrs with /p2p/<peer id> of DHT nodes to join through
     coordinator_key: bytes  # Ed25519 public key that signs the job and plans
     token: str | None = field(default=None)  # optional join token (reserved for moderated swarms)
+    mqtt: str | None = field(default=None)  # where peers publish telemetry: mqtt[s]://[user:pass@]host:port
 
     def __post_init__(self) -> None:
         try:
@@ -43,10 +47,16 @@ class Invite:
                 raise InviteError(f"invite bootstrap address {addr!r} is not a multiaddr ending in /p2p/<id>")
         if len(self.coordinator_key) != PUBLIC_KEY_BYTES:
             raise InviteError("invite's coordinator key is not a 32-byte Ed25519 key")
+        if self.mqtt is not None and not (
+            isinstance(self.mqtt, str)
+            and len(self.mqtt) <= MAX_MQTT_URL_CHARS
+            and self.mqtt.startswith(("mqtt://", "mqtts://"))
+        ):
+            raise InviteError("invite's telemetry broker is not an mqtt:// or mqtts:// URL")
 
     def encode(self) -> str:
         payload = msgpack.packb(
-            [VERSION, self.swarm_id, list(self.bootstrap), self.coordinator_key, self.token],
+            [VERSION, self.swarm_id, list(self.bootstrap), self.coordinator_key, self.token, self.mqtt],
             use_bin_type=True,
         )
         blob = payload + _checksum(payload)
@@ -77,18 +87,21 @@ class Invite:
             raise InviteError("the invite's contents are malformed") from None
         if not isinstance(fields, list) or not fields:
             raise InviteError("the invite's contents are malformed")
-        if fields[0] != VERSION:
+        if fields[0] not in READS:
             raise InviteError(
-                f"invite format version {fields[0]!r} is not supported (this potluck reads {VERSION})"
+                f"invite format version {fields[0]!r} is not supported (this potluck reads {READS})"
             )
-        if len(fields) != 5:
+        if len(fields) != 4 + fields[0]:  # version 1: five fields; 2: six
             raise InviteError("the invite's contents are malformed (wrong number of fields)")
-        _, swarm_id, bootstrap, key, token = fields
+        _, swarm_id, bootstrap, key, token, *rest = fields
+        mqtt = rest[0] if rest else None
+        if mqtt is not None and not isinstance(mqtt, str):
+            raise InviteError("the invite's telemetry broker is malformed")
         if not (isinstance(swarm_id, str) and isinstance(bootstrap, list) and isinstance(key, bytes)):
             raise InviteError("the invite's contents are malformed (field types)")
         if token is not None and not isinstance(token, str):
             raise InviteError("the invite's token is malformed")
-        return cls(swarm_id, tuple(bootstrap), key, token)
+        return cls(swarm_id, tuple(bootstrap), key, token, mqtt)
 
 
 def read_invite(arg: str) -> Invite:

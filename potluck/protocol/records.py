@@ -57,6 +57,11 @@ class Hardware(BaseModel):
     tflops_fp32: NonNegFloat  # measured dense matmul throughput, 10^12 FLOP/s
     tflops_bf16: NonNegFloat
 
+    @property
+    def label(self) -> str:
+        """How people name the device: "NVIDIA GeForce RTX 3060 (cuda)", or the CPU's name."""
+        return self.device_name if self.device_kind == "cpu" else f"{self.device_name} ({self.device_kind})"
+
     @field_validator("memory_free_bytes")
     @classmethod
     def _free_le_total(cls, v: int, info: object) -> int:

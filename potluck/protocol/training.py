@@ -179,6 +179,9 @@ class Progress(Record):
     # after a run that failed before taking its state, the layers it held before: the coordinator
     # resumes from live state only when what live peers hold covers every layer at one step.
     holds: Holding | None = None
+    # More live state it holds from an earlier run at the same step (other layers than ``holds``): a
+    # peer moved to a narrower stage still serves the wider layers it had until a newer step commits.
+    also_holds: list[Holding] = Field(default_factory=list, max_length=4)
     # The checkpoints this peer keeps on its disk (its own stages and the copies it holds), newest of
     # each layer range: where the swarm can resume from when live state is lost.
     stored: list[Holding] = Field(default_factory=list, max_length=16)

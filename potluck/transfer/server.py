@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +109,10 @@ class StateServer:
         self.streams, self.identity, self.cfg = streams, identity, cfg
         self.protocol = state_protocol(swarm_id)
         self._state: StageState | None = None
+        # The state offered before ``_state`` when the newer one does not cover it (same step, other
+        # layers: a peer that moved to a narrower stage still holds the wider layers it had).
+        self._extra: StageState | None = None
+        self._live: Callable[[], StageState | None] | None = None  # a running trainer's snapshot
         self._served: dict[tuple[str, int, int, int], asyncio.Task[Served]] = {}
         self._disk: dict[str, Path] = {}  # job name -> the checkpoint directory served for it
         self.bytes_sent = 0
@@ -119,12 +124,31 @@ class StateServer:
         await self.streams.unserve(self.protocol)
 
     def offer(self, state: StageState | None) -> None:
-        """Serve ``state`` from now on (None: serve nothing); conversations under way keep the old one."""
-        self._state, self._served = state, {}
+        """Serve ``state`` from now on (None: serve nothing); conversations under way keep the old one.
+        The state offered before stays offered too when ``state`` is of the same job and step but does
+        not cover its layers: until the swarm commits a newer step, those layers may exist nowhere else."""
+        old, keep = self._state, None
+        if old is not None and state is not None:
+            a, b = old.meta, state.meta
+            same = (a.job, a.step) == (b.job, b.step)
+            if same and not b.first_layer <= a.first_layer < a.last_layer <= b.last_layer:
+                keep = old
+        self._state, self._extra, self._served = state, keep, {}
+
+    def offer_live(self, snapshot: Callable[[], StageState | None] | None) -> None:
+        """Also serve what ``snapshot()`` returns when asked (a running trainer's state between steps;
+        None when torn): a peer still inside a step its pipeline cannot finish is the last holder of
+        its layers until it gives up, and the peers of the next plan must not wait for that."""
+        self._live = snapshot
 
     @property
     def offered(self) -> StageState | None:
         return self._state
+
+    @property
+    def offered_all(self) -> list[StageState]:
+        """Every state offered from memory (not the running trainer's), newest first."""
+        return [s for s in (self._state, self._extra) if s is not None]
 
     def serve_disk(self, job: str, root: Path | None) -> None:
         """Also serve the checkpoints of ``job`` kept under ``root`` (None: no longer)."""
@@ -157,13 +181,20 @@ class StateServer:
         return Served(manifest, manifest.signed(self.identity), data)
 
     def _holds(self, job: str, step: int, first: int, last: int) -> StageState | None:
-        state = self._state
-        if state is None:
-            return None
-        meta = state.meta
-        if (job, step) != (meta.job, meta.step) or not meta.first_layer <= first < last <= meta.last_layer:
-            return None
-        return state
+        def fits(state: StageState | None) -> bool:
+            if state is None:
+                return False
+            meta = state.meta
+            return (job, step) == (
+                meta.job,
+                meta.step,
+            ) and meta.first_layer <= first < last <= meta.last_layer
+
+        for state in self.offered_all:
+            if fits(state):
+                return state
+        live = self._live() if self._live is not None else None
+        return live if fits(live) else None
 
     def _load_and_prepare(self, job: str, step: int, first: int, last: int) -> Served:
         return self._prepare(self._from_disk(job, step, first, last), first, last)

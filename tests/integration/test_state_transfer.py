@@ -297,3 +297,36 @@ def test_a_dead_holder_is_named_unreachable_without_waiting_for_it_to_settle(tmp
     err, dead, took = asyncio.run(main())
     assert err.unreachable == {dead}, err
     assert took < 20.0, f"asked a dead holder again for {took:.1f} s"
+
+
+def test_a_peer_serves_the_wider_layers_it_held_and_its_running_state(tmp_path):
+    """Measured in the churn benchmark: a peer moved from layers 0-1 to layer 0 offered only layer 0,
+    and a holder still inside a step (waiting on a dead leader) offered nothing; the next plan found
+    layer 1 nowhere and the job restarted from step 0. Now the wider state stays offered at the same
+    step, and a running trainer's state is served between steps."""
+    wide, narrow, later = trained_stage(0, 2), trained_stage(0, 1), trained_stage(0, 2, step=4)
+    running = trained_stage(2, 4)
+    torn = {"now": False}
+
+    async def main() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        async with keyed_group(2, tmp_path) as nodes:
+            (p2p_a, id_a), (p2p_b, _) = nodes
+            server = StateServer(Streams(p2p_a), SWARM, id_a, CFG)
+            await server.start()
+            server.offer(wide)
+            server.offer(narrow)  # same step, fewer layers: the wide one stays offered
+            assert [s.meta.last_layer for s in server.offered_all] == [1, 2]
+            server.offer_live(lambda: None if torn["now"] else running)
+            source = PeerSource(Streams(p2p_b), SWARM, [Holder(p2p_a.peer_id.to_base58(), 0, 4)], CFG)
+            layer1 = (await source.fetch(want(1, 2), 30.0)).tensors
+            live = (await source.fetch(want(2, 4), 30.0)).tensors
+            torn["now"] = True  # inside the optimizer step: nothing is served rather than a torn state
+            server.offer(later)  # a newer step: the old states are dropped
+            with pytest.raises(StateError):
+                await source.fetch(want(1, 2), 30.0)
+            assert [s.meta.step for s in server.offered_all] == [4]
+            return layer1, live
+
+    layer1, live = asyncio.run(main())
+    assert_identical(layer1, rename(select(rename(wide.tensors, 0), 1, 2, MODEL.n_layers), -1))
+    assert_identical(live, running.tensors)

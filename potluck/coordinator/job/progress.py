@@ -66,6 +66,8 @@ class JobProgress:
     # plan that failed before its peers reported does not make the swarm forget what they still serve.
     holdings: dict[str, Holding] = field(default_factory=dict)
     _holdings_at: dict[str, float] = field(default_factory=dict)  # peer -> issued_at of that record
+    # peer -> the other live states of that record (Progress.also_holds: wider layers at the same step)
+    also_holdings: dict[str, list[Holding]] = field(default_factory=dict)
 
     def update(self, plan: TrainPlan | None, records: Iterable[Progress]) -> None:
         if plan is None:
@@ -75,6 +77,7 @@ class JobProgress:
                 continue
             if rec.holds is not None and rec.issued_at >= self._holdings_at.get(rec.peer_id, -1.0):
                 self.holdings[rec.peer_id], self._holdings_at[rec.peer_id] = rec.holds, rec.issued_at
+                self.also_holdings[rec.peer_id] = list(rec.also_holds)
             if rec.epoch != plan.epoch:
                 continue
             if rec.state == "training" and rec.timing.compute > 0:

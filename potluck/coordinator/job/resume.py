@@ -42,6 +42,7 @@ def live_step(
     latest: Mapping[str, Progress],
     live: Collection[str],
     known: Mapping[str, Holding] | None = None,
+    also: Mapping[str, Sequence[Holding]] | None = None,
 ) -> int | None:
     """The newest step whose every layer some live peer holds in memory, or None.
 
@@ -49,7 +50,8 @@ def live_step(
     and not excluded; ``known``: the newest ``Progress.holds`` each peer reported under any epoch
     (``JobProgress.holdings``), for live peers with no report of this epoch yet: a plan that failed
     before they reported (a start behind their step, a lost race) must not make the swarm forget the
-    state they still serve.
+    state they still serve. ``also``: further states live peers said they serve from memory
+    (``Progress.also_holds``, ``JobProgress.also_holdings``), each exactly known.
 
     A peer running its stage of the plan holds that stage's layers at the step the stage's replicas
     committed: commits are all-or-nothing across the pipeline, so every such peer holds the newest step
@@ -90,6 +92,9 @@ def live_step(
     for p, held in (known or {}).items():
         if p in live and p not in reported and not (trained and plan.position(p) is not None):
             exact.append((held.step, held.first_layer, held.last_layer))
+    for p, more in (also or {}).items():
+        if p in live:
+            exact += [(h.step, h.first_layer, h.last_layer) for h in more]
     steps = sorted({s for s, _, _ in exact} | ({committed} if committed is not None else set()), reverse=True)
     for step in steps:
         ranges = list(running) if step == committed else []

@@ -54,6 +54,9 @@ class Timing:
     allreduce: float = 0.0
     commit: float = 0.0
     bytes_sent: int = 0
+    # Activations and their gradients crossing stage boundaries: fp32 bytes before the codec, and after
+    wire_raw: int = 0
+    wire_coded: int = 0
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -79,6 +82,8 @@ async def pipeline_step(
         t0 = time.perf_counter()
         payload = codec.encode(tensor.detach().cpu().contiguous(), key=(tag.round, tag.stream, tag.chunk))
         timing.bytes_sent += len(payload)
+        timing.wire_raw += tensor.numel() * 4
+        timing.wire_coded += len(payload)
         sends.append(asyncio.create_task(box.send(peer, tag, payload)))
         timing.send += time.perf_counter() - t0
 

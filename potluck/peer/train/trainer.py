@@ -65,6 +65,7 @@ class StepReport:
     timing: StepTiming
     bytes_sent: int
     checkpoint: Path | None
+    activation_ratio: float = 0.0  # fp32 bytes / coded bytes of the activations (and grads) it sent
 
 
 class Trainer:
@@ -131,6 +132,8 @@ class Trainer:
             )
         self.step = plan.start_step  # the next step to run
         self.sources = list(sources)
+        self.took: tuple[str, float, int] | None = None  # (source, seconds, bytes) of the state it fetched
+        self.n_params = sum(p.numel() for p in self.runner.params)
         # True iff the runner holds exactly the state after self.step steps (loaded, and no step half-applied)
         self._consistent = False
 
@@ -153,7 +156,10 @@ class Trainer:
 
     async def _restore(self) -> None:
         if self.sources and self.plan.start_step > 0:
+            t0 = time.perf_counter()
             fetched = await fetch_first(self.sources, self.want(), STATE_FETCH_TIMEOUT_S)
+            nbytes = sum(t.numel() * t.element_size() for t in fetched.tensors.values())
+            self.took = (fetched.source, time.perf_counter() - t0, nbytes)
             await asyncio.to_thread(self.runner.load_state_tensors, fetched.tensors)
             if self.diloco is not None:
                 self.diloco = DiLoCo(self.runner.params, self.diloco.cfg)
@@ -161,6 +167,14 @@ class Trainer:
         else:
             await asyncio.to_thread(self.restore)
         self._consistent = True
+
+    def gradient_ratio(self) -> float:
+        """fp32 bytes / coded bytes of one all-reduce chunk of this stage's gradients (0: no replicas).
+        From the codec's payload size, not measured: the tree all-reduce re-encodes partial sums."""
+        if self.plan.n_replicas == 1:
+            return 0.0
+        n = max(1, min(self.n_params, self.cfg.chunk_elements))
+        return 4 * n / max(1, get_codec(self.grad_codec_spec).estimate_bytes((n,)))
 
     def stage_meta(self) -> StageMeta:
         """What this stage's state is after ``self.step`` steps (checkpoints and live snapshots)."""
@@ -285,7 +299,8 @@ class Trainer:
         )
         if self.deadline is not None:
             self.deadline.check()  # a straggler too many steps in a row: reported failed
-        return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint)
+        ratio = timing.wire_raw / timing.wire_coded if timing.wire_coded else 0.0
+        return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint, ratio)
 
     async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
         if self.plan.n_replicas == 1:

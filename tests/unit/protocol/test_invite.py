@@ -66,3 +66,29 @@ def test_missing_file_and_bad_fields(tmp_path):
         Invite("Bad Swarm!", (ADDR,), b"k" * 32)
     with pytest.raises(InviteError, match="32-byte"):
         Invite("swarm-a", (ADDR,), b"k")
+
+
+def _encode(fields):
+    import base64
+
+    import msgpack
+
+    from potluck.protocol.invite import _checksum
+
+    payload = msgpack.packb(fields, use_bin_type=True)
+    return "potluck:" + base64.urlsafe_b64encode(payload + _checksum(payload)).decode().rstrip("=")
+
+
+def test_the_telemetry_broker_travels_in_the_invite_and_version_1_is_still_read():
+    with_broker = Invite("swarm-a", (ADDR,), INVITE.coordinator_key, mqtt="mqtt://127.0.0.1:1883")
+    assert Invite.decode(with_broker.encode()).mqtt == "mqtt://127.0.0.1:1883"
+    old = _encode([1, "swarm-a", [ADDR], INVITE.coordinator_key, "t0k"])  # what earlier builds printed
+    assert Invite.decode(old) == INVITE and Invite.decode(old).mqtt is None
+    with pytest.raises(InviteError, match="wrong number of fields"):
+        Invite.decode(_encode([2, "swarm-a", [ADDR], INVITE.coordinator_key, "t0k"]))
+    with pytest.raises(InviteError, match="not supported"):
+        Invite.decode(_encode([3, "swarm-a", [ADDR], INVITE.coordinator_key, None, None, None]))
+    with pytest.raises(InviteError, match="telemetry broker"):
+        Invite("swarm-a", (ADDR,), INVITE.coordinator_key, mqtt="http://example.invalid/")
+    with pytest.raises(InviteError, match="telemetry broker"):
+        Invite.decode(_encode([2, "swarm-a", [ADDR], INVITE.coordinator_key, None, 42]))

@@ -200,6 +200,18 @@ def test_a_hand_off_start_the_old_plan_never_reached_is_not_held():
     assert live_step(plan, {}, live("abc"), known) == 523
 
 
+def test_wider_layers_a_moved_peer_still_serves_keep_live_state_in_view():
+    """Measured in the churn benchmark: a plan cut layers 0-1 / 2-3 into 0 / 1-3; the peer that held
+    0-1 took layer 0 for the new plan (its report now says 0-0), the plan failed before anyone took
+    layer 1, and the coordinator restarted the job from step 0. The peer still serves 0-1 (also_holds)."""
+    plan = _plan(["ab", "cd"], start=1819, epoch=6)  # layers 0 | 1
+    narrow = {pid("a"): Holding(step=1819, first_layer=0, last_layer=1)}
+    wide = {pid("a"): [Holding(step=1819, first_layer=0, last_layer=2)]}
+    assert live_step(plan, {}, live("a"), narrow) is None
+    assert live_step(plan, {}, live("a"), narrow, wide) == 1819
+    assert live_step(plan, {}, live("c"), narrow, wide) is None  # a is gone, and with it what it held
+
+
 def test_a_newer_checkpoint_beats_an_older_live_state():
     """Spares may still serve the state they held when they were placed, long ago."""
     assert resume_point(JOB, on_disk(40), 0, live=23).step == 40

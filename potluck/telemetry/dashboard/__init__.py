@@ -1,0 +1,1 @@
+"""The web dashboard: a page and a JSON API over the ``SwarmView`` (``server.py``), assets in ``static/``."""

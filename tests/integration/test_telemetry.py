@@ -1,0 +1,195 @@
+"""Telemetry with real processes on loopback: peers and coordinator publish to a real mosquitto (and to
+the embedded broker with nothing installed); a SIGKILLed peer's last will says "offline"; the dashboard's
+API lists the swarm; the broker dying mid-run does not stop training; Chromium renders the dashboard."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from potluck.protocol.telemetry import CoordinatorStatus, Event, PeerMetrics, PeerStatus
+from potluck.testbed.localswarm import LocalSwarm
+from tests.helpers.jobs import job_toml
+from tests.helpers.logs import wait_for
+from tests.helpers.mqtt import MOSQUITTO, collect, mosquitto
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+PEER_ARGS = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--telemetry-interval", "1")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
+
+
+def _job(tmp: Path, steps: int) -> Path:
+    job = tmp / "job.toml"
+    job.write_text(
+        job_toml("tel-test", steps=steps, ckpt=tmp / "ckpt", interval=10**6, n_layers=2, stages=2, replicas=1)
+    )
+    return job
+
+
+def _by_peer(seen, kind):
+    out: dict[str, list] = {}
+    for _, m in seen:
+        if isinstance(m, kind):
+            out.setdefault(m.peer, []).append(m)
+    return out
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed (scripts/test.sh installs it)")
+def test_telemetry_reaches_mosquitto_and_a_killed_peer_goes_offline(tmp_path):
+    with mosquitto(tmp_path) as (_, port), LocalSwarm(
+        tmp_path / "run", _job(tmp_path, 100_000), swarm_id="tel-mosq", peer_args=PEER_ARGS,
+        coordinator_args=("--mqtt-url", f"mqtt://127.0.0.1:{port}", "--dashboard-bind", "127.0.0.1:0"),
+    ) as swarm:  # fmt: skip
+        invite = swarm.start_coordinator()
+        assert invite.mqtt == f"mqtt://127.0.0.1:{port}"  # the invite tells peers where to publish
+        swarm.start_peer("a")
+        swarm.start_peer("b")
+        peers: set[str] = set()
+
+        def training(seen) -> bool:
+            status = _by_peer(seen, PeerStatus)
+            metrics = _by_peer(seen, PeerMetrics)
+            coord = [m for _, m in seen if isinstance(m, CoordinatorStatus) and m.stages]
+            contributing = {p for p, ms in status.items() if ms[-1].state == "contributing"}
+            peers.update(contributing)
+            return len(contributing) >= 2 and len(metrics) >= 2 and bool(coord)
+
+        seen = asyncio.run(collect("127.0.0.1", port, "tel-mosq", invite.coordinator_key, training, 150))
+        assert not [m for _, m in seen if isinstance(m, Exception)], "every message verified"
+        metrics = _by_peer(seen, PeerMetrics)
+        assert all(ms[-1].step > 0 and ms[-1].tokens_contributed > 0 for ms in metrics.values())
+        kinds = {m.kind for _, m in seen if isinstance(m, Event)}
+        assert {"joined", "placed"} <= kinds, kinds
+        coord = [m for _, m in seen if isinstance(m, CoordinatorStatus)][-1]
+        assert set(coord.members) >= peers and sum(len(s.peers) for s in coord.stages) == 2
+
+        url = wait_for(swarm.procs["coordinator"].log, r"dashboard: (http://\S+)", 30).group(1)
+        state = _get_json(url + "api/v1/state")
+        assert {p["id"] for p in state["peers"]} >= peers
+        assert state["plan"]["epoch"] >= 1 and len(state["plan"]["stages"]) == 2
+        with urllib.request.urlopen(url + "metrics", timeout=10) as r:
+            assert b"potluck_job_step" in r.read()
+
+        ids = {name: (swarm.root / name / "identity.pem") for name in ("a", "b")}
+        from potluck.protocol.identity import Identity
+
+        victim = Identity.load(ids["b"]).peer_id
+        swarm.stop("b", signal.SIGKILL)
+        t0 = time.monotonic()
+
+        def offline(seen) -> bool:
+            return any(
+                isinstance(m, PeerStatus) and m.peer == victim and m.state == "offline" for _, m in seen
+            )
+
+        seen = asyncio.run(collect("127.0.0.1", port, "tel-mosq", invite.coordinator_key, offline, 60))
+        will = next(
+            m for _, m in seen if isinstance(m, PeerStatus) and m.peer == victim and m.state == "offline"
+        )
+        assert will.message == "connection lost"  # the broker's last will, not a goodbye
+        assert time.monotonic() - t0 < 60
+
+
+def test_the_embedded_broker_needs_nothing_installed(tmp_path):
+    with LocalSwarm(
+        tmp_path / "run", _job(tmp_path, 100_000), swarm_id="tel-embedded", peer_args=PEER_ARGS,
+        coordinator_args=("--dashboard-bind", "127.0.0.1:0"),
+    ) as swarm:  # fmt: skip
+        invite = swarm.start_coordinator()
+        m = re.fullmatch(r"mqtt://127\.0\.0\.1:(\d+)", invite.mqtt or "")
+        assert m, invite.mqtt
+        swarm.start_peer("a")
+        swarm.start_peer("b")
+
+        def training(seen) -> bool:
+            status = _by_peer(seen, PeerStatus)
+            return sum(1 for ms in status.values() if ms[-1].state == "contributing") >= 2
+
+        seen = asyncio.run(
+            collect("127.0.0.1", int(m.group(1)), "tel-embedded", invite.coordinator_key, training, 150)
+        )
+        assert any(isinstance(x, CoordinatorStatus) for _, x in seen)
+        url = wait_for(swarm.procs["coordinator"].log, r"dashboard: (http://\S+)", 30).group(1)
+        assert len(_get_json(url + "api/v1/state")["peers"]) == 2
+
+
+@pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed (scripts/test.sh installs it)")
+def test_the_broker_dying_mid_run_does_not_stop_training(tmp_path):
+    with mosquitto(tmp_path) as (broker, port), LocalSwarm(
+        tmp_path / "run", _job(tmp_path, 150), swarm_id="tel-dies", peer_args=PEER_ARGS,
+        coordinator_args=("--mqtt-url", f"mqtt://127.0.0.1:{port}", "--dashboard-bind", "127.0.0.1:0", "--json"),
+    ) as swarm:  # fmt: skip
+        swarm.start_coordinator()
+        swarm.start_peer("a")
+        swarm.start_peer("b")
+        log = swarm.procs["coordinator"].log
+        wait_for(log, r"step ([3-9]\d|1\d\d)/150", 150)
+        broker.kill()  # mid-run: every publisher loses its broker at once
+        broker.wait(timeout=10)
+        coordinator = swarm.procs["coordinator"]
+        coordinator.popen.wait(timeout=200)
+        text = log.read_text()
+        assert coordinator.popen.returncode == 0, text[-3000:]
+        assert json.loads([ln for ln in text.splitlines() if ln.startswith('{"steps"')][-1])["steps"] == 150
+        for name in ("a", "b"):
+            assert "Traceback" not in swarm.procs[name].log.read_text()
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists(), reason="no chromium"
+)
+def test_chromium_renders_the_live_dashboard_of_a_demo(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers.browser import open_page
+
+    run = tmp_path / "demo"
+    out = open(tmp_path / "demo.out", "wb")  # noqa: SIM115
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "potluck", "demo", "--steps", "100000", "--run-dir", str(run)],
+        stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = wait_for(tmp_path / "demo.out", r"dashboard: (http://\S+)", 120).group(1)
+        wait_for(tmp_path / "demo.out", r"mqtt: mqtt://127\.0\.0\.1:\d+", 5)
+
+        async def look() -> None:
+            async with open_page(url) as page:
+                await page.wait_until(
+                    "Number(document.querySelector('#loss-chart').dataset.points) >= 3"
+                    " && document.querySelectorAll('#stage-table td.peer[data-state=contributing]').length == 4"
+                    " && document.querySelectorAll('#loss-chart canvas').length > 0",
+                    200,
+                )
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                await page.screenshot(ARTIFACTS / "dashboard.png")
+                rows = await page.evaluate("document.querySelectorAll('#peer-table tbody tr').length")
+                assert rows == 4
+
+        asyncio.run(look())
+        assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
+    finally:
+        import os
+
+        os.killpg(demo.pid, signal.SIGTERM)
+        try:
+            demo.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait(timeout=10)
+        out.close()

@@ -1,0 +1,51 @@
+"""The coordinator's status and events, as pure functions of what the service knows."""
+
+from potluck.coordinator.job.progress import JobProgress
+from potluck.coordinator.state import SwarmState
+from potluck.coordinator.telemetry import Moment, Watch, swarm_events, swarm_links, swarm_status
+from potluck.protocol.records import LinkReport, LinkSample
+from tests.unit.coordinator.job.test_plan import JOB, peer
+from tests.unit.coordinator.job.test_progress import PLAN, P, rec
+
+ME = "12D3KooW" + "c" * 44
+
+
+def moment(plan=PLAN, peers=P, progress=None, reason="", finished=False, error=None) -> Moment:
+    state = SwarmState("s", 1.0, {p: peer(p) for p in peers})
+    return Moment(JOB, plan, progress or JobProgress(), state, reason, finished, error)
+
+
+def test_status_names_the_members_the_plan_and_the_numbers():
+    prog = JobProgress()
+    prog.update(PLAN, [rec(p, 12).model_copy(update={"loss": 1.25, "bytes_sent_per_step": 100}) for p in P])
+    st = swarm_status(moment(progress=prog), ME, 5.0)
+    assert st.state == "training" and st.step == 12 and st.loss == 1.25 and st.bytes_per_step == 400
+    assert set(st.members) == set(P) and [s.peers for s in st.stages] == [P[:2], P[2:]]
+    assert swarm_status(moment(plan=None), ME, 5.0).state == "waiting"
+    assert swarm_status(moment(finished=True, error="3 plans failed"), ME, 5.0).state == "failed"
+
+
+def test_events_say_who_joined_left_what_was_replanned_and_recovered():
+    w = Watch()
+    assert swarm_events(w, moment(peers=P[:3]), 1.0) == []  # the first look: nobody "just joined"
+    out = swarm_events(w, moment(peers=P, reason="a placed peer left -> repair"), 2.0)
+    assert ("peer_joined", P[3]) in out
+    failed = PLAN.model_copy(update={"epoch": 3, "start_step": 40})
+    prog = JobProgress()
+    out = swarm_events(w, moment(plan=failed, peers=P[1:], progress=prog, reason="step failed at x"), 3.0)
+    assert ("peer_left", P[0]) in out and any(k == "replanned" and "epoch 3" in d for k, d in out)
+    prog.update(failed, [rec(p, 41, epoch=3) for p in P])
+    out = swarm_events(w, moment(plan=failed, peers=P[1:], progress=prog, reason="step failed at x"), 4.0)
+    assert out == [("recovered", "epoch 3 committed step 41")]
+    assert swarm_events(w, moment(plan=failed, peers=P[1:], progress=prog), 5.0) == []
+    out = swarm_events(w, moment(plan=failed, peers=P[1:], progress=prog, finished=True), 6.0)
+    assert out == [("job_done", f"{JOB.name} done")]
+
+
+def test_links_carry_every_measured_pair():
+    report = LinkReport(
+        peer_id=P[0], links=[LinkSample(dst=P[1], rtt_ms=2.0, bandwidth_gbps=0.8)], issued_at=1.0
+    )
+    state = SwarmState("s", 1.0, {p: peer(p) for p in P}, {P[0]: report})
+    links = swarm_links(state, ME, 2.0).links
+    assert [(x.src, x.dst, x.mb_s, x.measured) for x in links] == [(P[0], P[1], 100.0, True)]
