@@ -21,6 +21,7 @@ COMMANDS: tuple[str, ...] = (
     "potluck.cli.peer_cmd",
     "potluck.cli.launch_cmd",
     "potluck.cli.status_cmd",
+    "potluck.cli.monitor_cmd",
     "potluck.cli.demo_cmd",
     "potluck.cli.plan_cmd",
     "potluck.cli.generate_cmd",

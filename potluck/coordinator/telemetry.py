@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from potluck.coordinator.job.plan import network
 from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.identity import Identity
@@ -41,6 +42,7 @@ from potluck.telemetry.subscriber import Subscriber
 
 logger = logging.getLogger(__name__)
 
+MAX_ESTIMATED = 2000  # links in one message (~400 KB): beyond ~45 peers only the measured ones are sent
 LINKS_EVERY_S = 30.0  # the link matrix is sent when it changes, and at least this often (retained)
 
 
@@ -106,13 +108,29 @@ def swarm_status(m: Moment, peer: str, now: float) -> CoordinatorStatus:
 
 
 def swarm_links(state: SwarmState, peer: str, now: float) -> CoordinatorLinks:
-    """Pure: every measured link the peers reported (goodput in MB/s, round trip in ms)."""
-    links = [
-        LinkView(src=src, dst=s.dst, mb_s=s.bandwidth_gbps * 125.0, rtt_ms=s.rtt_ms, measured=True)
-        for src, report in sorted(state.links.items())
-        for s in report.links
-    ]
-    return CoordinatorLinks(v=VERSION, peer=peer, at=now, links=links[:16384])
+    """Pure: every link between members as the planner sees it: the measured ones (goodput in MB/s,
+    round trip in ms) and, while the matrix stays small enough for one message, the planner's estimates
+    for the pairs nobody measured yet (``measured`` False)."""
+    peers = sorted(state.peers)
+    links: list[LinkView] = []
+    if len(peers) >= 2:
+        model, _ = network(state, peers)
+        with_estimates = len(peers) * (len(peers) - 1) <= MAX_ESTIMATED
+        for i, src in enumerate(peers):
+            for j, dst in enumerate(peers):
+                measured = bool(model.measured[i, j])
+                if i == j or not (measured or with_estimates):
+                    continue
+                links.append(
+                    LinkView(
+                        src=src,
+                        dst=dst,
+                        mb_s=float(model.bandwidth_gbps[i, j]) * 125.0,
+                        rtt_ms=2.0 * float(model.latency_ms[i, j]),
+                        measured=measured,
+                    )
+                )
+    return CoordinatorLinks(v=VERSION, peer=peer, at=now, links=links[:MAX_ESTIMATED])
 
 
 @dataclass

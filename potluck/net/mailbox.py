@@ -8,7 +8,10 @@ Tags (``tags.py``) address messages by round, stream, chunk and direction; finis
 forgotten by span.
 
 Dialing (``dial.py``): the first send to a peer opens one stream, retrying with backoff over every
-address the peer announced, all within ``timeout_s``. A peer this mailbox could not open a stream to,
+address the peer announced, all within ``timeout_s``. A receiver closes a stream that stayed silent for
+``IDLE_CLOSE`` x ``timeout_s``; a sender never writes into a stream idle for ``REOPEN_AFTER_IDLE`` x
+``timeout_s`` but opens a fresh one, since a write into a stream its receiver already closed can be
+accepted by the local daemon and lost without an error. A peer this mailbox could not open a stream to,
 write to, or hear from in time becomes a *suspect* (``take_suspects``): the worker names it in its
 "failed" progress record so the coordinator can check whether that peer is still heartbeating.
 
@@ -36,6 +39,8 @@ from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
 logger = logging.getLogger(__name__)
 
 MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 16)
+IDLE_CLOSE = 10  # x timeout_s: an incoming stream silent this long is closed by its receiver
+REOPEN_AFTER_IDLE = 4  # x timeout_s: a sender opens a fresh stream rather than reuse one idle this long
 
 
 class Mailbox:
@@ -56,9 +61,11 @@ class Mailbox:
         self._pending_bytes = 0
         self._space = asyncio.Condition()
         self._out: dict[str, tuple[asyncio.StreamWriter, asyncio.Lock]] = {}
+        self._used: dict[str, float] = {}  # peer -> when its outgoing stream last carried a message
         self._opening: dict[str, asyncio.Lock] = {}
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.sent_to: dict[str, int] = {}  # peer -> payload bytes sent to it (telemetry: bytes per link)
         self._suspects: dict[str, float] = {}  # peer -> when it last failed us (monotonic s)
 
     async def start(self) -> None:
@@ -92,14 +99,21 @@ class Mailbox:
                 writer.close()
                 self.suspect(peer)
                 raise WireError(f"send to {peer} failed: {e}") from None
+            self._used[peer] = time.monotonic()
         self.bytes_sent += len(payload)
+        self.sent_to[peer] = self.sent_to.get(peer, 0) + len(payload)
 
     async def _stream_to(self, peer: str) -> tuple[asyncio.StreamWriter, asyncio.Lock]:
         # One outgoing stream per peer: concurrent first sends must not race to open several.
         async with self._opening.setdefault(peer, asyncio.Lock()):
             cached = self._out.get(peer)
+            idle = time.monotonic() - self._used.get(peer, 0.0)
             if cached is not None and not cached[0].is_closing():
-                return cached
+                if idle < REOPEN_AFTER_IDLE * self.cfg.timeout_s:
+                    return cached
+                # The receiver drops a stream silent for IDLE_CLOSE x timeout; a write into it could be
+                # accepted locally and never read (seen: a pipeline deadlocked on a lost activation).
+                cached[0].close()
             return await self._open(peer)
 
     async def _open(self, peer: str) -> tuple[asyncio.StreamWriter, asyncio.Lock]:
@@ -110,6 +124,7 @@ class Mailbox:
             raise
         entry = (writer, asyncio.Lock())
         self._out[peer] = entry
+        self._used[peer] = time.monotonic()
         return entry
 
     # ---- suspects ----------------------------------------------------------------------------------
@@ -192,7 +207,7 @@ class Mailbox:
             while True:
                 try:
                     # Idle streams are normal between rounds: wait long, but never forever.
-                    frame = await read_frame(reader, 10 * self.cfg.timeout_s, expect={MsgType.TENSOR})
+                    frame = await read_frame(reader, IDLE_CLOSE * self.cfg.timeout_s, expect={MsgType.TENSOR})
                 except WireError as e:
                     if "closed" not in str(e):
                         logger.info("stream from %s ended: %s", sender, e)

@@ -22,6 +22,7 @@ from potluck.peer.activity import Activity, EventData
 from potluck.protocol.identity import Identity
 from potluck.protocol.records import Hardware, LinkSample
 from potluck.protocol.telemetry import (
+    MAX_LINKS,
     VERSION,
     Event,
     LinkRate,
@@ -151,6 +152,7 @@ class PeerTelemetry:
             bytes_sent=box.bytes_sent if box is not None else 0,
             bytes_received=box.bytes_received if box is not None else 0,
             links=links,
+            bytes_per_link=_top(box.sent_to, MAX_LINKS) if box is not None else {},
             codec_ratio=ratios,  # type: ignore[arg-type]
             memory_bytes=self._rss(),
             device_memory_bytes=_device_memory(),
@@ -231,6 +233,11 @@ class PeerTelemetry:
             return
         offline = self.snapshot().status.model_copy(update={"state": "offline", "message": "left"})
         await self.publisher.once(self._status(offline), timeout_s)
+
+
+def _top(counts: dict[str, int], n: int) -> dict[str, int]:
+    """The ``n`` largest entries (a message carries at most ``MAX_LINKS`` links)."""
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1])[:n])
 
 
 def _device_memory() -> int:

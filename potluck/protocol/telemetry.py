@@ -123,6 +123,9 @@ class PeerMetrics(_Message):
     bytes_sent: int = Field(default=0, ge=0)  # since it joined, all streams
     bytes_received: int = Field(default=0, ge=0)
     links: dict[PeerId, LinkRate] = Field(default_factory=dict, max_length=MAX_LINKS)
+    bytes_per_link: dict[PeerId, int] = Field(
+        default_factory=dict, max_length=MAX_LINKS
+    )  # sent to each, total
     codec_ratio: dict[Literal["activations", "gradients"], Num] = Field(default_factory=dict)  # raw / wire
     memory_bytes: int = Field(default=0, ge=0)  # resident memory of the process
     device_memory_bytes: int = Field(default=0, ge=0)  # accelerator memory in use

@@ -221,4 +221,5 @@ class SwarmView:
             "tokens_contributed": m.tokens_contributed if m else 0,
             "flops_contributed": m.flops_contributed if m else 0.0,
             "links": {p: link.model_dump() for p, link in m.links.items()} if m else {},
+            "bytes_per_link": dict(m.bytes_per_link) if m else {},
         }

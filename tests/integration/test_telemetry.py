@@ -20,6 +20,7 @@ from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
 from tests.helpers.logs import wait_for
 from tests.helpers.mqtt import MOSQUITTO, collect, mosquitto
+from tests.helpers.swarm import potluck_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -125,6 +126,18 @@ def test_the_embedded_broker_needs_nothing_installed(tmp_path):
         assert any(isinstance(x, CoordinatorStatus) for _, x in seen)
         url = wait_for(swarm.procs["coordinator"].log, r"dashboard: (http://\S+)", 30).group(1)
         assert len(_get_json(url + "api/v1/state")["peers"]) == 2
+        # The terminal view, from MQTT alone (the invite names the broker and the coordinator's key) ...
+        got = potluck_cli(
+            "monitor", "--join", invite.encode(), "--once", "--json", "--wait", "20", timeout=60
+        )
+        assert got.returncode == 0, got.stderr
+        snap = json.loads(got.stdout)
+        assert snap["job"]["name"] == "tel-test" and len(snap["peers"]) == 2
+        assert snap["telemetry"]["rejected"] == 0
+        # ... and from the dashboard's API.
+        got = potluck_cli("monitor", url, "--once", timeout=60)
+        assert got.returncode == 0, got.stderr
+        assert "plan epoch" in got.stdout and "contributing" in got.stdout
 
 
 @pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed (scripts/test.sh installs it)")

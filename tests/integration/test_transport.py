@@ -93,3 +93,38 @@ def test_pending_bytes_are_bounded_with_backpressure():
             await b.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("reopen", [True, False])
+def test_a_message_after_a_long_silence_is_not_lost(monkeypatch, reopen):
+    """Measured in the churn benchmark: after a re-plan, a peer wrote activations into a stream its
+    partner had closed for being idle (10 x timeout_s); the write succeeded locally, the message never
+    arrived, and the pipeline deadlocked until the step timeout. A sender now opens a fresh stream
+    after 4 x timeout_s of silence (``reopen=False`` shows the loss the reopening prevents)."""
+    import potluck.net.mailbox as mailbox
+
+    if not reopen:
+        monkeypatch.setattr(mailbox, "REOPEN_AFTER_IDLE", 10**6)
+    monkeypatch.setattr(mailbox, "IDLE_CLOSE", 3)
+
+    async def main() -> bytes | None:
+        async with p2p_group(2) as nodes:
+            a, b = await mailboxes(nodes, TransportConfig(timeout_s=0.5))
+            await a.send(b.peer_id, Tag(1), b"first")
+            assert await b.recv(a.peer_id, Tag(1)) == b"first"
+            await asyncio.sleep(2.5)  # b closed the idle stream after 1.5 s
+            got: bytes | None
+            try:
+                await a.send(b.peer_id, Tag(2), b"after the silence")
+                got = await b.recv(a.peer_id, Tag(2), 3.0)
+            except WireError:
+                got = None
+            for box in (a, b):
+                await box.close()
+            return got
+
+    got = asyncio.run(main())
+    if reopen:
+        assert got == b"after the silence"
+    else:
+        assert got is None

@@ -42,10 +42,13 @@ def test_events_say_who_joined_left_what_was_replanned_and_recovered():
     assert out == [("job_done", f"{JOB.name} done")]
 
 
-def test_links_carry_every_measured_pair():
+def test_links_carry_the_measured_pairs_and_the_planners_estimates():
     report = LinkReport(
         peer_id=P[0], links=[LinkSample(dst=P[1], rtt_ms=2.0, bandwidth_gbps=0.8)], issued_at=1.0
     )
     state = SwarmState("s", 1.0, {p: peer(p) for p in P}, {P[0]: report})
-    links = swarm_links(state, ME, 2.0).links
-    assert [(x.src, x.dst, x.mb_s, x.measured) for x in links] == [(P[0], P[1], 100.0, True)]
+    links = {(x.src, x.dst): x for x in swarm_links(state, ME, 2.0).links}
+    assert len(links) == len(P) * (len(P) - 1)  # every ordered pair of members
+    got = links[(P[0], P[1])]
+    assert (got.mb_s, got.rtt_ms, got.measured) == (100.0, 2.0, True)
+    assert sum(x.measured for x in links.values()) == 1
