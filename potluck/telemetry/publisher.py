@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import aiomqtt
 
 from potluck.telemetry.config import MqttTarget, PublisherConfig
+from potluck.telemetry.connection import ERRORS, client, keep_connected
 
 logger = logging.getLogger(__name__)
 
@@ -73,59 +73,38 @@ class Publisher:
 
     async def run(self) -> None:
         """Connect, send, reconnect with backoff; runs until cancelled."""
-        backoff, told = self.cfg.first_backoff_s, False
-        while True:
-            before = self.connects
-            try:
-                await self._session()
-            except (aiomqtt.MqttError, OSError, TimeoutError) as e:
-                # Said once per outage: a broker that stays away must not fill the peer's log.
-                (logger.debug if told else logger.info)(
-                    "telemetry broker %s unavailable (%s); retrying with backoff", self.target.url(False), e
-                )
-                told = True
-            finally:
-                self.connected, self._client = False, None
-            if self.connects > before:  # it was up: a fresh outage starts from the first backoff
-                backoff, told = self.cfg.first_backoff_s, False
-            await asyncio.sleep(backoff * random.uniform(0.8, 1.2))  # jitter: no reconnect storm
-            backoff = min(self.cfg.max_backoff_s, backoff * 2)
+        await keep_connected(self._session, self.target, self.cfg, lambda: self.connects, "telemetry")
 
     async def _session(self) -> None:
         will = None
         if self.will is not None:
             w = self.will()
             will = aiomqtt.Will(w.topic, w.payload, qos=1, retain=True)
-        t = self.target
-        async with aiomqtt.Client(
-            t.host,
-            t.port,
-            username=t.username,
-            password=t.password,
-            identifier=self.client_id,
-            will=will,
-            keepalive=self.cfg.keepalive_s,
-            timeout=self.cfg.connect_timeout_s,
-            tls_context=t.tls_context(),
-        ) as client:
-            self._client, self.connected = client, True
-            self.connects += 1
-            logger.info("telemetry: connected to %s", t.url(False))
-            for message in list(self._retained.values()):  # a restarted broker forgot them
-                await self._publish(client, message)
-            while True:
-                while self._queue:
-                    message = self._queue.popleft()
-                    if message.retain and self._retained.get(message.topic) is not message:
-                        continue  # superseded by a newer retained message, already sent or queued
-                    await self._publish(client, message)
-                self._wake.clear()
-                await self._wake.wait()
+        try:
+            async with client(self.target, self.client_id, self.cfg, will) as mqtt:
+                await self._serve(mqtt)
+        finally:
+            self.connected, self._client = False, None
 
-    async def _publish(self, client: aiomqtt.Client, m: Outgoing) -> None:
+    async def _serve(self, mqtt: aiomqtt.Client) -> None:
+        self._client, self.connected = mqtt, True
+        self.connects += 1
+        logger.info("telemetry: connected to %s", self.target.url(False))
+        for message in list(self._retained.values()):  # a restarted broker forgot them
+            await self._publish(mqtt, message)
+        while True:
+            while self._queue:
+                message = self._queue.popleft()
+                if message.retain and self._retained.get(message.topic) is not message:
+                    continue  # superseded by a newer retained message, already sent or queued
+                await self._publish(mqtt, message)
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _publish(self, mqtt: aiomqtt.Client, m: Outgoing) -> None:
         try:
             await asyncio.wait_for(
-                client.publish(m.topic, m.payload, qos=m.qos, retain=m.retain), self.cfg.publish_timeout_s
+                mqtt.publish(m.topic, m.payload, qos=m.qos, retain=m.retain), self.cfg.publish_timeout_s
             )
         except TimeoutError:
             self.dropped += 1
@@ -135,23 +114,14 @@ class Publisher:
     async def once(self, message: Outgoing, timeout_s: float = 3.0) -> bool:
         """Publish ``message`` over a connection of its own (the run task may be gone: a goodbye after
         the daemon's tasks ended); True if the broker took it within ``timeout_s``."""
-        t = self.target
 
         async def go() -> None:
-            async with aiomqtt.Client(
-                t.host,
-                t.port,
-                username=t.username,
-                password=t.password,
-                identifier=self.client_id,
-                timeout=timeout_s,
-                tls_context=t.tls_context(),
-            ) as client:
-                await client.publish(message.topic, message.payload, qos=1, retain=message.retain)
+            async with client(self.target, self.client_id, self.cfg, timeout_s=timeout_s) as mqtt:
+                await mqtt.publish(message.topic, message.payload, qos=1, retain=message.retain)
 
         try:
             await asyncio.wait_for(go(), timeout_s)
-        except (aiomqtt.MqttError, OSError, TimeoutError) as e:
+        except ERRORS as e:
             logger.info("telemetry: %s not sent: %s", message.topic, e)
             return False
         return True

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import secrets
 import time
-
-import aiomqtt
 
 from potluck.protocol.telemetry import swarm_filter
 from potluck.telemetry.aggregate import SwarmView
 from potluck.telemetry.config import MqttTarget, PublisherConfig
+from potluck.telemetry.connection import client, keep_connected
 
 logger = logging.getLogger(__name__)
 
@@ -27,41 +25,22 @@ class Subscriber:
         self.target, self.view, self.cfg = target, view, cfg or PublisherConfig()
         self.connected = asyncio.Event()
         self.client_id = f"potluck-view-{secrets.token_hex(4)}"
+        self.sessions = 0  # sessions that connected
 
     async def run(self) -> None:
         """Until cancelled."""
-        backoff, told = self.cfg.first_backoff_s, False
-        while True:
-            try:
-                await self._session()
-            except (aiomqtt.MqttError, OSError, TimeoutError) as e:
-                (logger.debug if told else logger.warning)(
-                    "telemetry broker %s unavailable (%s); retrying", self.target.url(False), e
-                )
-                told = True
-                if self.connected.is_set():
-                    backoff, told = self.cfg.first_backoff_s, False
-            finally:
-                self.connected.clear()
-            await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
-            backoff = min(self.cfg.max_backoff_s, backoff * 2)
+        await keep_connected(self._session, self.target, self.cfg, lambda: self.sessions, "telemetry reader")
 
     async def _session(self) -> None:
-        t = self.target
-        async with aiomqtt.Client(
-            t.host,
-            t.port,
-            username=t.username,
-            password=t.password,
-            identifier=self.client_id,
-            keepalive=self.cfg.keepalive_s,
-            timeout=self.cfg.connect_timeout_s,
-            tls_context=t.tls_context(),
-        ) as client:
-            await client.subscribe(swarm_filter(self.view.swarm_id), qos=1)
-            self.connected.set()
-            logger.info("telemetry: reading swarm %s from %s", self.view.swarm_id, t.url(False))
-            async for message in client.messages:
-                payload = message.payload
-                if isinstance(payload, bytes | bytearray):
-                    self.view.ingest(str(message.topic), bytes(payload), time.time())
+        try:
+            async with client(self.target, self.client_id, self.cfg) as mqtt:
+                await mqtt.subscribe(swarm_filter(self.view.swarm_id), qos=1)
+                self.connected.set()
+                self.sessions += 1
+                logger.info("telemetry: reading swarm %s from %s", self.view.swarm_id, self.target.url(False))
+                async for message in mqtt.messages:
+                    payload = message.payload
+                    if isinstance(payload, bytes | bytearray):
+                        self.view.ingest(str(message.topic), bytes(payload), time.time())
+        finally:
+            self.connected.clear()

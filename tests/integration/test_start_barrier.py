@@ -16,56 +16,54 @@ SPLITS = [(0, 2), (2, 4)]  # [first, last) layers
 BOUND_S = 60.0  # each scenario must end well within this; start_wait_s is 600
 
 
-def _setup(n: int):
+async def _trainers(nodes, n_run: int, grid, splits, cfg, tmp_path):
+    """Mailboxes on every node, one plan over them, Trainers for the first ``n_run`` peers."""
     from potluck.net.config import TransportConfig
     from potluck.net.mailbox import Mailbox
+    from potluck.peer.train.trainer import Trainer
 
-    def boxes(nodes):
-        return [Mailbox(node, PROTOCOL, TransportConfig(timeout_s=3)) for node in nodes[:n]]
+    job = tiny_job()
+    dataset = tiny_dataset(job)
+    boxes = [Mailbox(node, PROTOCOL, TransportConfig(timeout_s=3)) for node in nodes]
+    for b in boxes:
+        await b.start()
+    ids = [b.peer_id for b in boxes]
+    plan = make_plan(job, [[ids[i] for i in row] for row in grid], splits)
+    return boxes, plan, [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes[:n_run]]
 
-    return boxes
+
+async def _run(tr, *errors):
+    try:
+        await tr.run()
+    except errors as e:
+        return e
+    return "finished"
 
 
 def test_a_peer_dying_right_after_the_barrier_fails_the_first_step_within_the_step_budget(tmp_path):
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import PeerError
     from potluck.peer.train.barrier import start_barrier
-    from potluck.peer.train.trainer import Trainer
     from tests.helpers.p2p import p2p_group
 
-    job = tiny_job()
-    dataset = tiny_dataset(job)
+    cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0, start_wait_s=600.0)
 
     async def main():
         async with p2p_group(4) as nodes:
-            boxes = _setup(4)(nodes)
-            for b in boxes:
-                await b.start()
-            ids = [b.peer_id for b in boxes]
-            plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
-            cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0, start_wait_s=600.0)
-            trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes]
+            boxes, plan, trainers = await _trainers(nodes, 3, [[0, 1], [2, 3]], SPLITS, cfg, tmp_path)
 
             async def victim():  # takes its state, passes the barrier, dies before its first message
                 await start_barrier(boxes[3], plan, cfg.start_wait_s)
                 await nodes[3].shutdown()
                 return "died"
 
-            async def survivor(tr):
-                try:
-                    await tr.run()
-                except PeerError as e:
-                    return e
-                return "finished"
-
-            runs = [survivor(t) for t in trainers[:3]] + [victim()]
-            results = await asyncio.wait_for(asyncio.gather(*runs), BOUND_S)
-            return results, trainers, boxes
+            runs = [_run(t, PeerError) for t in trainers] + [victim()]
+            return await asyncio.wait_for(asyncio.gather(*runs), BOUND_S), trainers, boxes
 
     results, trainers, boxes = asyncio.run(main())
     assert results[3] == "died"
     assert all(isinstance(r, Exception) for r in results[:3]), results
-    assert [t.step for t in trainers[:3]] == [0, 0, 0]  # the first step was applied by nobody
+    assert [t.step for t in trainers] == [0, 0, 0]  # the first step was applied by nobody
     victim_id = boxes[3].peer_id
     # Its pipeline partner (stage 0, replica 1) and its stage's other replica waited on it: they name it.
     assert victim_id in boxes[1].take_suspects()
@@ -75,36 +73,21 @@ def test_a_peer_dying_right_after_the_barrier_fails_the_first_step_within_the_st
 def test_a_peer_that_cannot_take_its_state_stops_the_plan_at_once_with_its_reason(tmp_path):
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StartError
-    from potluck.peer.train.trainer import Trainer
     from potluck.transfer.errors import StateError
     from tests.helpers.p2p import p2p_group
 
-    job = tiny_job()
-    dataset = tiny_dataset(job)
+    cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=600.0)
 
     async def main():
         async with p2p_group(4) as nodes:
-            boxes = _setup(4)(nodes)
-            for b in boxes:
-                await b.start()
-            ids = [b.peer_id for b in boxes]
-            plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
-            cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=600.0)
-            trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes]
+            _, _, trainers = await _trainers(nodes, 4, [[0, 1], [2, 3]], SPLITS, cfg, tmp_path)
 
             async def no_state():
                 raise StateError("no holder of layers 2-3 at step 0 answered")
 
             trainers[2]._restore = no_state  # type: ignore[method-assign]
-
-            async def run(tr):
-                try:
-                    await tr.run()
-                except (StartError, StateError) as e:
-                    return e
-                return "finished"
-
-            return await asyncio.wait_for(asyncio.gather(*(run(t) for t in trainers)), BOUND_S)
+            runs = [_run(t, StartError, StateError) for t in trainers]
+            return await asyncio.wait_for(asyncio.gather(*runs), BOUND_S)
 
     results = asyncio.run(main())
     assert isinstance(results[2], StateError)
@@ -116,31 +99,20 @@ def test_a_peer_that_cannot_take_its_state_stops_the_plan_at_once_with_its_reaso
 def test_a_peer_that_never_comes_is_named_after_the_barrier_wait(tmp_path):
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StartError
-    from potluck.peer.train.trainer import Trainer
     from tests.helpers.p2p import p2p_group
 
-    job = tiny_job()
-    dataset = tiny_dataset(job)
+    cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=2.0)
+    splits = [(0, 2), (2, 3), (3, 4)]
 
     async def main():
         async with p2p_group(3) as nodes:
-            boxes = _setup(3)(nodes)
-            for b in boxes:
-                await b.start()
-            ids = [b.peer_id for b in boxes]
-            plan = make_plan(job, [[ids[0]], [ids[1]], [ids[2]]], [(0, 2), (2, 3), (3, 4)])
-            cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=2.0)
-            trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes[:2]]  # ids[2] never runs
-
-            async def run(tr):
-                try:
-                    await tr.run()
-                except StartError as e:
-                    return e
-                return "finished"
-
-            results = await asyncio.wait_for(asyncio.gather(*(run(t) for t in trainers)), BOUND_S)
-            return results, boxes[0].take_suspects(), ids
+            boxes, _, trainers = await _trainers(
+                nodes, 2, [[0], [1], [2]], splits, cfg, tmp_path
+            )  # 2 never runs
+            results = await asyncio.wait_for(
+                asyncio.gather(*(_run(t, StartError) for t in trainers)), BOUND_S
+            )
+            return results, boxes[0].take_suspects(), [b.peer_id for b in boxes]
 
     results, suspects, ids = asyncio.run(main())
     assert all(isinstance(r, StartError) for r in results), results
