@@ -20,7 +20,7 @@ from pathlib import Path
 import typer
 
 from potluck.aio import bounded, stop_on_signals
-from potluck.cli.common import err_console, fail
+from potluck.cli.common import err_console, fail, write_private_text
 from potluck.cli.jobview import JobWatcher
 from potluck.cli.telemetry_opts import DASHBOARD_HELP, TelemetryOptions, TelemetryStack
 from potluck.coordinator.config import CoordinatorConfig
@@ -125,6 +125,8 @@ async def run_local_job(
         LocalSwarm(run_dir, run_dir / "unused.toml", "demo", peer_args, verbose=verbose) as swarm,
     ):
         swarm.invite = await service.start()
+        # Another terminal can watch or join: potluck monitor --join @RUN_DIR/invite.txt
+        write_private_text(run_dir / "invite.txt", swarm.invite.encode())
         try:
             await stack.start(service)
             if stack.dashboard_url:

@@ -94,6 +94,8 @@ async def _watch(read: Any, source: str, once: bool, as_json: bool, wait: float,
             while time.monotonic() < deadline and snap.get("job") is None:
                 await asyncio.sleep(0.5)
                 snap = await read()
+            await asyncio.sleep(min(1.0, wait))  # the rest of the retained burst (every peer's status)
+            snap = await read()
             if as_json:
                 typer.echo(json.dumps(snap))
             else:

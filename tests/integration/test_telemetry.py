@@ -1,12 +1,12 @@
-"""Telemetry with real processes on loopback: peers and coordinator publish to a real mosquitto (and to
-the embedded broker with nothing installed); a SIGKILLed peer's last will says "offline"; the dashboard's
-API lists the swarm; the broker dying mid-run does not stop training; Chromium renders the dashboard."""
+"""Telemetry with real processes on loopback: peers and coordinator publish to a real mosquitto; a
+SIGKILLed peer's last will says "offline"; the dashboard's API lists the swarm; the broker dying mid-run
+does not stop training; `potluck demo` runs with the embedded broker (nothing installed), Chromium renders
+its live dashboard, and `potluck monitor` shows it from MQTT and from the dashboard's API."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shutil
 import signal
 import time
@@ -105,59 +105,24 @@ def test_telemetry_reaches_mosquitto_and_a_killed_peer_goes_offline(tmp_path):
         assert time.monotonic() - t0 < 60
 
 
-def test_the_embedded_broker_needs_nothing_installed(tmp_path):
-    with LocalSwarm(
-        tmp_path / "run", _job(tmp_path, 100_000), swarm_id="tel-embedded", peer_args=PEER_ARGS,
-        coordinator_args=("--dashboard-bind", "127.0.0.1:0"),
-    ) as swarm:  # fmt: skip
-        invite = swarm.start_coordinator()
-        m = re.fullmatch(r"mqtt://127\.0\.0\.1:(\d+)", invite.mqtt or "")
-        assert m, invite.mqtt
-        swarm.start_peer("a")
-        swarm.start_peer("b")
-
-        def training(seen) -> bool:
-            status = _by_peer(seen, PeerStatus)
-            return sum(1 for ms in status.values() if ms[-1].state == "contributing") >= 2
-
-        seen = asyncio.run(
-            collect("127.0.0.1", int(m.group(1)), "tel-embedded", invite.coordinator_key, training, 150)
-        )
-        assert any(isinstance(x, CoordinatorStatus) for _, x in seen)
-        url = wait_for(swarm.procs["coordinator"].log, r"dashboard: (http://\S+)", 30).group(1)
-        assert len(_get_json(url + "api/v1/state")["peers"]) == 2
-        # The terminal view, from MQTT alone (the invite names the broker and the coordinator's key) ...
-        got = potluck_cli(
-            "monitor", "--join", invite.encode(), "--once", "--json", "--wait", "20", timeout=60
-        )
-        assert got.returncode == 0, got.stderr
-        snap = json.loads(got.stdout)
-        assert snap["job"]["name"] == "tel-test" and len(snap["peers"]) == 2
-        assert snap["telemetry"]["rejected"] == 0
-        # ... and from the dashboard's API.
-        got = potluck_cli("monitor", url, "--once", timeout=60)
-        assert got.returncode == 0, got.stderr
-        assert "plan epoch" in got.stdout and "contributing" in got.stdout
-
-
 @pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed (scripts/test.sh installs it)")
 def test_the_broker_dying_mid_run_does_not_stop_training(tmp_path):
     with mosquitto(tmp_path) as (broker, port), LocalSwarm(
-        tmp_path / "run", _job(tmp_path, 150), swarm_id="tel-dies", peer_args=PEER_ARGS,
+        tmp_path / "run", _job(tmp_path, 80), swarm_id="tel-dies", peer_args=PEER_ARGS,
         coordinator_args=("--mqtt-url", f"mqtt://127.0.0.1:{port}", "--dashboard-bind", "127.0.0.1:0", "--json"),
     ) as swarm:  # fmt: skip
         swarm.start_coordinator()
         swarm.start_peer("a")
         swarm.start_peer("b")
         log = swarm.procs["coordinator"].log
-        wait_for(log, r"step ([3-9]\d|1\d\d)/150", 150)
+        wait_for(log, r"step ([2-7]\d)/80", 150)
         broker.kill()  # mid-run: every publisher loses its broker at once
         broker.wait(timeout=10)
         coordinator = swarm.procs["coordinator"]
         coordinator.popen.wait(timeout=200)
         text = log.read_text()
         assert coordinator.popen.returncode == 0, text[-3000:]
-        assert json.loads([ln for ln in text.splitlines() if ln.startswith('{"steps"')][-1])["steps"] == 150
+        assert json.loads([ln for ln in text.splitlines() if ln.startswith('{"steps"')][-1])["steps"] == 80
         for name in ("a", "b"):
             assert "Traceback" not in swarm.procs[name].log.read_text()
 
@@ -165,7 +130,7 @@ def test_the_broker_dying_mid_run_does_not_stop_training(tmp_path):
 @pytest.mark.skipif(
     shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists(), reason="no chromium"
 )
-def test_chromium_renders_the_live_dashboard_of_a_demo(tmp_path):
+def test_the_demo_needs_nothing_installed_and_chromium_renders_its_live_dashboard(tmp_path):
     import subprocess
     import sys
 
@@ -178,8 +143,21 @@ def test_chromium_renders_the_live_dashboard_of_a_demo(tmp_path):
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
+        # The demo runs the embedded broker: nothing installed, its URL in the invite the demo writes.
         url = wait_for(tmp_path / "demo.out", r"dashboard: (http://\S+)", 120).group(1)
-        wait_for(tmp_path / "demo.out", r"mqtt: mqtt://127\.0\.0\.1:\d+", 5)
+        port = int(wait_for(tmp_path / "demo.out", r"mqtt: mqtt://127\.0\.0\.1:(\d+)", 5).group(1))
+        from potluck.protocol.invite import read_invite
+
+        invite = read_invite(f"@{run / 'invite.txt'}")
+        assert invite.mqtt == f"mqtt://127.0.0.1:{port}"
+
+        def contributing(seen) -> bool:
+            status = _by_peer(seen, PeerStatus)
+            return sum(1 for ms in status.values() if ms[-1].state == "contributing") == 4
+
+        seen = asyncio.run(collect("127.0.0.1", port, "demo", invite.coordinator_key, contributing, 150))
+        assert any(isinstance(x, CoordinatorStatus) for _, x in seen)
+        assert not [m for _, m in seen if isinstance(m, Exception)], "every message verified"
 
         async def look() -> None:
             async with open_page(url) as page:
@@ -196,6 +174,19 @@ def test_chromium_renders_the_live_dashboard_of_a_demo(tmp_path):
 
         asyncio.run(look())
         assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
+        # The terminal view, from MQTT alone (the invite names the broker and the coordinator's key) ...
+        got = potluck_cli(
+            "monitor", "--join", f"@{run / 'invite.txt'}", "--once", "--json", "--wait", "20", timeout=60
+        )
+        assert got.returncode == 0, got.stderr
+        snap = json.loads(got.stdout)
+        assert (
+            snap["job"]["name"] == "demo" and len(snap["peers"]) == 4 and snap["telemetry"]["rejected"] == 0
+        )
+        # ... and from the dashboard's API.
+        got = potluck_cli("monitor", url, "--once", timeout=60)
+        assert got.returncode == 0, got.stderr
+        assert "plan epoch" in got.stdout and "contributing" in got.stdout
     finally:
         import os
 
