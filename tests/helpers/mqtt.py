@@ -24,11 +24,13 @@ MOSQUITTO = MOSQUITTO or shutil.which("mosquitto")
 
 
 @contextlib.contextmanager
-def mosquitto(tmp: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def mosquitto(tmp: Path, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """mosquitto on ``port`` (None: a free one) of 127.0.0.1, killed by PID on exit."""
     assert MOSQUITTO is not None, "mosquitto is not installed (scripts/test.sh installs it)"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
     conf = tmp / "mosquitto.conf"
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_packet_size 1048576\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import signal
 import time
@@ -44,17 +45,36 @@ def _by_peer(seen, kind):
     return out
 
 
+def _newest_step(log: Path, at_least: int, timeout_s: float) -> int:
+    """The newest step the coordinator printed, once it is at least ``at_least``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        steps = [int(m) for m in re.findall(r"step (\d+)/\d+", log.read_text())]
+        if steps and max(steps) >= at_least:
+            return max(steps)
+        assert time.monotonic() < deadline, (
+            f"no step >= {at_least} within {timeout_s:.0f} s (saw {steps[-3:]})"
+        )
+        time.sleep(0.5)
+
+
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as r:
         return json.loads(r.read())
 
 
 @pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed (scripts/test.sh installs it)")
-def test_telemetry_reaches_mosquitto_and_a_killed_peer_goes_offline(tmp_path):
-    with mosquitto(tmp_path) as (_, port), LocalSwarm(
+def test_telemetry_over_mosquitto_survives_the_broker_and_a_killed_peer_goes_offline(tmp_path):
+    """Telemetry arrives on the documented topics, verified; the dashboard lists the swarm; the broker
+    dies mid-run and training goes on; a new broker on the same port gets the publishers back; a peer
+    SIGKILLed then is announced "offline" by its last will."""
+    from potluck.protocol.identity import Identity
+
+    with LocalSwarm(
         tmp_path / "run", _job(tmp_path, 100_000), swarm_id="tel-mosq", peer_args=PEER_ARGS,
-        coordinator_args=("--mqtt-url", f"mqtt://127.0.0.1:{port}", "--dashboard-bind", "127.0.0.1:0"),
-    ) as swarm:  # fmt: skip
+        coordinator_args=("--mqtt-url", "mqtt://127.0.0.1:{port}", "--dashboard-bind", "127.0.0.1:0"),
+    ) as swarm, mosquitto(tmp_path) as (broker, port):  # fmt: skip
+        swarm.coordinator_args = tuple(a.format(port=port) for a in swarm.coordinator_args)
         invite = swarm.start_coordinator()
         assert invite.mqtt == f"mqtt://127.0.0.1:{port}"  # the invite tells peers where to publish
         swarm.start_peer("a")
@@ -78,51 +98,39 @@ def test_telemetry_reaches_mosquitto_and_a_killed_peer_goes_offline(tmp_path):
         coord = [m for _, m in seen if isinstance(m, CoordinatorStatus)][-1]
         assert set(coord.members) >= peers and sum(len(s.peers) for s in coord.stages) == 2
 
-        url = wait_for(swarm.procs["coordinator"].log, r"dashboard: (http://\S+)", 30).group(1)
+        log = swarm.procs["coordinator"].log
+        url = wait_for(log, r"dashboard: (http://\S+)", 30).group(1)
         state = _get_json(url + "api/v1/state")
         assert {p["id"] for p in state["peers"]} >= peers
         assert state["plan"]["epoch"] >= 1 and len(state["plan"]["stages"]) == 2
         with urllib.request.urlopen(url + "metrics", timeout=10) as r:
             assert b"potluck_job_step" in r.read()
 
-        ids = {name: (swarm.root / name / "identity.pem") for name in ("a", "b")}
-        from potluck.protocol.identity import Identity
+        # The broker dies mid-run: training goes on (30 more steps), nobody crashes.
+        broker.kill()
+        broker.wait(timeout=10)
+        at = _newest_step(log, 0, 30)
+        assert _newest_step(log, at + 30, 60) >= at + 30
 
-        victim = Identity.load(ids["b"]).peer_id
-        swarm.stop("b", signal.SIGKILL)
-        t0 = time.monotonic()
+        with mosquitto(tmp_path, port) as _:  # a new broker on the same port: the publishers come back
+            victim = Identity.load(swarm.root / "b" / "identity.pem").peer_id
 
-        def offline(seen) -> bool:
-            return any(
-                isinstance(m, PeerStatus) and m.peer == victim and m.state == "offline" for _, m in seen
-            )
+            def back(seen) -> bool:
+                return {m.peer for _, m in seen if isinstance(m, PeerMetrics)} >= peers
 
-        seen = asyncio.run(collect("127.0.0.1", port, "tel-mosq", invite.coordinator_key, offline, 60))
+            asyncio.run(collect("127.0.0.1", port, "tel-mosq", invite.coordinator_key, back, 60))
+            swarm.stop("b", signal.SIGKILL)
+
+            def offline(seen) -> bool:
+                return any(
+                    isinstance(m, PeerStatus) and m.peer == victim and m.state == "offline" for _, m in seen
+                )
+
+            seen = asyncio.run(collect("127.0.0.1", port, "tel-mosq", invite.coordinator_key, offline, 60))
         will = next(
             m for _, m in seen if isinstance(m, PeerStatus) and m.peer == victim and m.state == "offline"
         )
         assert will.message == "connection lost"  # the broker's last will, not a goodbye
-        assert time.monotonic() - t0 < 60
-
-
-@pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto not installed (scripts/test.sh installs it)")
-def test_the_broker_dying_mid_run_does_not_stop_training(tmp_path):
-    with mosquitto(tmp_path) as (broker, port), LocalSwarm(
-        tmp_path / "run", _job(tmp_path, 80), swarm_id="tel-dies", peer_args=PEER_ARGS,
-        coordinator_args=("--mqtt-url", f"mqtt://127.0.0.1:{port}", "--dashboard-bind", "127.0.0.1:0", "--json"),
-    ) as swarm:  # fmt: skip
-        swarm.start_coordinator()
-        swarm.start_peer("a")
-        swarm.start_peer("b")
-        log = swarm.procs["coordinator"].log
-        wait_for(log, r"step ([2-7]\d)/80", 150)
-        broker.kill()  # mid-run: every publisher loses its broker at once
-        broker.wait(timeout=10)
-        coordinator = swarm.procs["coordinator"]
-        coordinator.popen.wait(timeout=200)
-        text = log.read_text()
-        assert coordinator.popen.returncode == 0, text[-3000:]
-        assert json.loads([ln for ln in text.splitlines() if ln.startswith('{"steps"')][-1])["steps"] == 80
         for name in ("a", "b"):
             assert "Traceback" not in swarm.procs[name].log.read_text()
 
