@@ -31,7 +31,7 @@ from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from potluck.net.config import Pacer, TransportConfig
-from potluck.net.dial import AddressBook, open_stream
+from potluck.net.dial import AddressBook, open_stream, reachable
 from potluck.net.tags import TAG_BYTES, RoundSpan, Tag
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 16)
 IDLE_CLOSE = 10  # x timeout_s: an incoming stream silent this long is closed by its receiver
 REOPEN_AFTER_IDLE = 4  # x timeout_s: a sender opens a fresh stream rather than reuse one idle this long
+GONE_CHECK_S = 2.0  # bound on the liveness check of a peer whose stream to us just ended
 
 
 class Mailbox:
@@ -67,11 +68,14 @@ class Mailbox:
         self.bytes_received = 0
         self.sent_to: dict[str, int] = {}  # peer -> payload bytes sent to it (telemetry: bytes per link)
         self._suspects: dict[str, float] = {}  # peer -> when it last failed us (monotonic s)
+        self._checks: dict[str, asyncio.Task[None]] = {}  # peer -> its liveness check under way
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
 
     async def close(self) -> None:
+        for task in list(self._checks.values()):
+            task.cancel()
         for writer, _ in self._out.values():
             writer.close()
         self._out.clear()
@@ -211,6 +215,8 @@ class Mailbox:
                 except WireError as e:
                     if "closed" not in str(e):
                         logger.info("stream from %s ended: %s", sender, e)
+                    else:  # the sender closed it: a fresh stream (after a silence), or it died
+                        self._check_alive(sender)
                     return
                 if len(frame.payload) < TAG_BYTES:
                     logger.warning("message without a tag from %s; closing its stream", sender)
@@ -221,3 +227,37 @@ class Mailbox:
             logger.warning("%s", e)
         finally:
             writer.close()
+
+    # ---- a peer whose stream ended: alive, or gone? -------------------------------------------------
+
+    def _check_alive(self, peer: str) -> None:
+        """A killed process's streams end at once (its connections are reset), long before anyone's wait
+        for it runs out: check whether ``peer`` still accepts a connection, and if not, fail the waits on
+        it now. A live peer that merely reopened its stream answers at once and nothing happens."""
+        if self.addresses is None or peer in self._checks or not self._waiting_on(peer):
+            return
+        task = asyncio.create_task(self._check(peer, self.addresses), name=f"alive-{peer[-8:]}")
+        self._checks[peer] = task
+        task.add_done_callback(lambda _: self._checks.pop(peer, None))
+
+    def _waiting_on(self, peer: str) -> bool:
+        return any(p == peer and not fut.done() for (p, _), fut in self._waiters.items())
+
+    async def _check(self, peer: str, addresses: AddressBook) -> None:
+        try:
+            maddrs = await asyncio.wait_for(addresses(peer), GONE_CHECK_S)
+            alive = bool(maddrs) and await reachable(self.p2p, peer, maddrs, GONE_CHECK_S)
+        except (TimeoutError, WireError):
+            return  # no answer either way: the waits run their course
+        if alive:
+            return
+        self.suspect(peer)
+        gone = WireError(f"{peer} is gone: its stream ended and it refuses connections")
+        failed = 0
+        for (p, _), fut in list(self._waiters.items()):
+            if p == peer and not fut.done():
+                fut.set_exception(gone)
+                failed += 1
+        logger.info(
+            "%s is gone (its stream ended, it refuses connections): %d wait(s) failed now", peer, failed
+        )

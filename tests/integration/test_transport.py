@@ -128,3 +128,38 @@ def test_a_message_after_a_long_silence_is_not_lost(monkeypatch, reopen):
         assert got == b"after the silence"
     else:
         assert got is None
+
+
+def test_a_dead_senders_waits_fail_as_soon_as_its_stream_ends():
+    """A killed process's streams end at once; the receiver checks whether the sender still accepts a
+    connection and, when it does not, fails the waits on it then instead of after their timeout."""
+
+    async def main() -> tuple[str, float]:
+        async with p2p_group(2) as nodes:
+            maddrs = {n.peer_id.to_base58(): [str(m) for m in await n.get_visible_maddrs()] for n in nodes}
+
+            async def book(peer: str) -> list[str]:
+                return maddrs.get(peer, [])
+
+            a, b = (Mailbox(n, PROTO, TransportConfig(timeout_s=30.0), addresses=book) for n in nodes)
+            for box in (a, b):
+                await box.start()
+            await a.send(b.peer_id, Tag(1), b"hello")  # a's stream to b is open
+            assert await b.recv(a.peer_id, Tag(1)) == b"hello"
+            waiting = asyncio.create_task(b.recv(a.peer_id, Tag(2), 30.0))
+            await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            await nodes[0].shutdown()  # a's daemon dies: its connections are reset
+            try:
+                await waiting
+                why = "delivered"
+            except WireError as e:
+                why = str(e)
+            elapsed = time.monotonic() - t0
+            assert a.peer_id in b.take_suspects()
+            await b.close()
+            return why, elapsed
+
+    why, elapsed = asyncio.run(main())
+    assert "is gone" in why, why
+    assert elapsed < 15.0  # the wait's own bound is 30 s
