@@ -26,9 +26,7 @@ LEAVE_WITHIN_S = 90.0  # the peer's leave_timeout_s (60 s) plus its shutdown, on
 def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(
-        job_toml(
-            "leave-test", steps=STEPS, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=2, max_replicas=2
-        )
+        job_toml("leave-test", steps=STEPS, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=2, replicas=2)
     )
     peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
     peer_args += ("--step-timeout", "10")
