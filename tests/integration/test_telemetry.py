@@ -87,7 +87,8 @@ def test_telemetry_over_mosquitto_survives_the_broker_and_a_killed_peer_goes_off
             coord = [m for _, m in seen if isinstance(m, CoordinatorStatus) and m.stages]
             contributing = {p for p, ms in status.items() if ms[-1].state == "contributing"}
             peers.update(contributing)
-            return len(contributing) >= 2 and len(metrics) >= 2 and bool(coord)
+            counted = {p for p, ms in metrics.items() if ms[-1].step > 0 and ms[-1].tokens_contributed > 0}
+            return len(contributing) >= 2 and len(counted) >= 2 and bool(coord)
 
         seen = asyncio.run(collect("127.0.0.1", port, "tel-mosq", invite.coordinator_key, training, 150))
         assert not [m for _, m in seen if isinstance(m, Exception)], "every message verified"
