@@ -23,8 +23,9 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from hivemind.utils import get_dht_time
 
@@ -248,7 +249,7 @@ class PlanWorker:
             self.activity.gradient_ratio = trainer.gradient_ratio()
             await trainer.run(
                 lambda r: self._on_step(plan, stage, replica, job, r, run.n_params),
-                on_ready=lambda: self._took_state(plan, stage, replica, run.took),
+                on_ready=lambda: self._took_state(plan, stage, replica),
             )
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
@@ -285,26 +286,21 @@ class PlanWorker:
             self._budgets[job] = WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
         return self._budgets[job]
 
-    async def _took_state(
-        self, plan: TrainPlan, stage: int, replica: int, took: tuple[str, float, int] | None = None
-    ) -> None:
+    async def _took_state(self, plan: TrainPlan, stage: int, replica: int) -> None:
         """This peer now holds its stage of ``plan`` at the plan's start: say so at once. Until its first
         step commits, the coordinator would otherwise still count the layers it held before (a moved
         peer), and a death in the first step could look like the loss of a whole stage."""
         a = plan.stages[stage]
         self._held = Holding(step=plan.start_step, first_layer=a.first_layer, last_layer=a.last_layer)
-        if took is not None:
-            self.activity.took_state(*took, step=plan.start_step)
         trainer = self._running
+        if trainer is not None and trainer.took is not None:
+            self.activity.took_state(*trainer.took, step=plan.start_step)
         if self.state is not None and trainer is not None:
             # Served while it runs: if this run's pipeline breaks, the next plan's peers may need these
             # layers before this peer notices (it may be waiting on a dead neighbour for a step timeout).
             self.state.offer_live(trainer.snapshot)
-        assert self._tasks is not None
         publish = self._publish(plan, stage, replica, plan.start_step, force=True)  # not holding step 1 up
-        task = self._tasks.start(f"progress-ready-{plan.epoch}", publish)
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._send_later(f"progress-ready-{plan.epoch}", publish)
 
     def _keep(self, trainer: Trainer | None) -> None:
         """Serve what ``trainer`` ended with until the next run ends (once per run; a torn state is
@@ -360,10 +356,14 @@ class PlanWorker:
         a = plan.stages[stage]
         self._held = Holding(step=r.step + 1, first_layer=a.first_layer, last_layer=a.last_layer)
         self._stop_at_handoff(r)
-        assert self._tasks is not None
-        task = self._tasks.start(
+        self._send_later(
             f"progress-{r.step + 1}", self._publish(plan, stage, replica, r.step + 1, force=force)
         )
+
+    def _send_later(self, name: str, publish: Coroutine[Any, Any, None]) -> None:
+        """Publish off the training path; "done" waits for these (``_sending``) so it stays the newest."""
+        assert self._tasks is not None
+        task = self._tasks.start(name, publish)
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
@@ -424,9 +424,7 @@ class PlanWorker:
             return
         record = last.model_copy(update={"stored": self._stored, "issued_at": get_dht_time()})
         self._last_record = record
-        task = self._tasks.start(f"progress-copy-{record.step}", self._put(record))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._send_later(f"progress-copy-{record.step}", self._put(record))
 
     # ---- re-plans nobody stopped for, and leaving (peer/leave.py decides) -------------------------------
 
