@@ -76,6 +76,12 @@ class Invite:
             blob = base64.b64decode(body + "=" * (-len(body) % 4), altchars=b"-_", validate=True)
         except (binascii.Error, ValueError):
             raise InviteError("the invite is corrupted (not base64url); copy the whole line again") from None
+        # The last character of unpadded base64 carries 2 or 4 unused bits: an altered last character can
+        # decode to the same bytes. Only the canonical spelling is an invite.
+        if base64.urlsafe_b64encode(blob).decode("ascii").rstrip("=") != body:
+            raise InviteError(
+                "the invite is truncated or altered (non-canonical ending); copy the whole line again"
+            )
         payload, check = blob[:-_CHECK_BYTES], blob[-_CHECK_BYTES:]
         if len(blob) <= _CHECK_BYTES or _checksum(payload) != check:
             raise InviteError(

@@ -92,3 +92,19 @@ def test_the_telemetry_broker_travels_in_the_invite_and_version_1_is_still_read(
         Invite("swarm-a", (ADDR,), INVITE.coordinator_key, mqtt="http://example.invalid/")
     with pytest.raises(InviteError, match="telemetry broker"):
         Invite.decode(_encode([2, "swarm-a", [ADDR], INVITE.coordinator_key, None, 42]))
+
+
+def test_every_spelling_of_the_last_character_but_one_is_refused():
+    # unpadded base64's last character has unused low bits; flipping them must not pass as the same invite
+    text = INVITE.encode()
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    accepted = [c for c in alphabet if _decodes(text[:-1] + c)]
+    assert accepted == [text[-1]]
+
+
+def _decodes(text):
+    try:
+        Invite.decode(text)
+    except InviteError:
+        return False
+    return True
