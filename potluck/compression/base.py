@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +26,13 @@ from .wire import (
 )
 
 SpecResolver = Callable[[str], "Codec"]
+
+
+def raw_bound(numel: int) -> int:
+    """Most decompressed section bytes any chain needs for ``numel`` elements: values of up to 8 bytes,
+    positions of up to 4 and low-rank factors within that, plus 64 KiB of metadata. A payload declaring
+    more is refused before zstd runs, so a small payload cannot inflate far past its tensor's size."""
+    return 12 * numel + (64 << 10)
 
 
 class Codec:
@@ -149,17 +156,40 @@ class Codec:
         return sections, x.sub_(back(recon_vec).reshape(-1))
 
     # ---- decode -------------------------------------------------------------------------------
-    def _open(self, data: bytes | bytearray | memoryview) -> tuple[Codec, Header, SectionReader, StageCtx]:
-        header, off = unpack_header(data, self.max_elements)
+    #
+    # A payload from another machine is decoded *strictly*: the receiver says what it expects (this
+    # codec's spec and the tensor's shape or element count) and everything else is refused after reading
+    # the fixed header, before any section is decompressed or any tensor allocated. Only local data (a
+    # round trip to measure a codec's error) is decoded loosely, naming its own codec.
+
+    def _open(
+        self, data: bytes | bytearray | memoryview, numel: int | None, shape: tuple[int, ...] | None
+    ) -> tuple[Codec, Header, SectionReader, StageCtx]:
+        header, off = unpack_header(data, self.max_elements if numel is None else numel)
+        if numel is not None:
+            if header.spec != self.spec:
+                raise DecodeError(f"payload uses codec {header.spec!r}; this link carries {self.spec!r}")
+            if header.numel != numel or (shape is not None and header.shape != shape):
+                want = shape if shape is not None else f"{numel} elements"
+                raise DecodeError(f"payload holds shape {header.shape}; expected {want}")
         codec = self if header.spec == self.spec else self._resolve(header.spec)
         sections = unpack_sections(data, off, header.payload_len)
         if codec.lossless is not None:
+            raw = sum(sec.raw_len for sec in sections)
+            if raw > raw_bound(header.numel):
+                raise DecodeError(f"payload sections declare {raw} raw bytes for {header.numel} elements")
             sections = codec.lossless.decompress(sections)
         return codec, header, SectionReader(sections), StageCtx(header.dtype, header.shape, header.key)
 
-    def decode(self, data: bytes | bytearray | memoryview) -> torch.Tensor:
-        """The tensor a payload carries, in its original dtype and shape (any codec's payload)."""
-        codec, header, r, ctx = self._open(data)
+    def decode(
+        self, data: bytes | bytearray | memoryview, expect: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        """The tensor a payload carries, in its original dtype and shape.
+
+        ``expect``: the shape the receiver expects; the payload must then use this codec and hold exactly
+        that shape (bytes from another peer). Without it any codec's payload decodes (local data only)."""
+        shape = None if expect is None else tuple(int(d) for d in expect)
+        codec, header, r, ctx = self._open(data, None if shape is None else math.prod(shape), shape)
         out = codec._decode_flat(r, header.numel, ctx)
         r.done()
         return out.to(header.dtype).reshape(header.shape)
@@ -181,12 +211,22 @@ class Codec:
         return back(vec.to(torch.float32)).reshape(-1) if back is not None else vec
 
     def decode_into(
-        self, data: bytes | bytearray | memoryview, out: torch.Tensor, accumulate: bool = True
+        self,
+        data: bytes | bytearray | memoryview,
+        out: torch.Tensor,
+        accumulate: bool = True,
+        strict: bool = True,
     ) -> torch.Tensor:
-        """Decode into ``out`` (same number of elements); with ``accumulate`` add to it (reductions)."""
-        codec, header, r, ctx = self._open(data)
-        if out.numel() != header.numel:
-            raise DecodeError(f"payload holds shape {header.shape}, out has shape {tuple(out.shape)}")
+        """Decode into ``out`` (same number of elements); with ``accumulate`` add to it (reductions).
+
+        ``strict`` (the default): the payload must use this codec and hold ``out.numel()`` elements,
+        checked before anything is decompressed; ``strict=False`` accepts any codec (local data)."""
+        if strict:
+            codec, header, r, ctx = self._open(data, out.numel(), None)
+        else:
+            codec, header, r, ctx = self._open(data, None, None)
+            if out.numel() != header.numel:
+                raise DecodeError(f"payload holds shape {header.shape}, out has shape {tuple(out.shape)}")
         n = header.numel
         fused = accumulate and out.is_contiguous() and out.device.type == "cpu" and out.dtype == torch.float32
         if fused and codec.transform is None and codec.select is None:

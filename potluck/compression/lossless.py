@@ -82,6 +82,11 @@ class ZstdStage(LosslessStage):
                 out.append(s)
                 continue
             try:
+                # zstd allocates the size a frame's header states, whatever max_output_size says: a 32 KiB
+                # frame may state 1 GiB. Refuse any frame whose stated size is not the section's.
+                stated = zstandard.frame_content_size(s.data.data)
+                if stated not in (-1, s.raw_len):
+                    raise DecodeError(f"zstd section states {stated} bytes, its table entry {s.raw_len}")
                 raw = d.decompress(s.data.data, max_output_size=s.raw_len)
             except zstandard.ZstdError as exc:
                 raise DecodeError(f"zstd section is corrupt: {exc}") from exc

@@ -119,6 +119,11 @@ class StageRunner:
 
     # ---- gradients and the step --------------------------------------------------------------------------
 
+    @property
+    def grad_vector_len(self) -> int:
+        """Elements of ``grad_vector()``: what a replica's gradient payload must hold."""
+        return sum(p.numel() for p in self.params)
+
     def grad_vector(self) -> torch.Tensor:
         """All parameter gradients as one flat fp32 vector (zeros where a parameter got none)."""
         return torch.cat(

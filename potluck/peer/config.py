@@ -13,6 +13,7 @@ from pathlib import Path
 from potluck.net.config import LinkProbeConfig, NetworkConfig
 from potluck.protocol.identity import DEFAULT_HOME
 from potluck.protocol.invite import Invite
+from potluck.protocol.jobspec import AggregationRule
 from potluck.telemetry.config import TelemetryConfig
 
 
@@ -28,6 +29,10 @@ class AllReduceConfig:
     # has reached it (0: no limit). Unbounded, a peer hands its whole share to the transport at once and
     # the broadcast chunks everyone waits on queue behind that backlog on a capped uplink.
     window: int = 4
+    # How a shard owner on a one-hop schedule combines the replicas' contributions (collectives/robust.py):
+    # "mean", "trimmed_mean" (dropping ``trim`` of each side per coordinate) or "centered_clip".
+    rule: AggregationRule = "mean"
+    trim: float = 0.2
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,14 @@ class CollectiveError(PeerError):
     """An all-reduce could not complete: a peer was missing, slow past its deadline, or sent bad data."""
 
 
+class ContributionError(CollectiveError):
+    """A replica's contribution to an all-reduce was refused (NaN or Inf): the fault is that peer's."""
+
+    def __init__(self, peer: str, message: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
 class LateError(CollectiveError):
     """This peer's contribution missed the deadline: it was left out of the round."""
 
@@ -31,3 +39,12 @@ class StartError(PipelineError):
 
 class StepAborted(PeerError):
     """The step was not committed (a peer failed or disagreed); no replica applied it."""
+
+
+class NeighbourError(PipelineError):
+    """A pipeline neighbour sent something this peer refuses (undecodable, wrong shape, NaN or Inf): the
+    fault is that peer's, and the failure report names it."""
+
+    def __init__(self, peer: str, message: str) -> None:
+        super().__init__(message)
+        self.peer = peer

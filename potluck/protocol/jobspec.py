@@ -143,6 +143,22 @@ class CheckpointSpec(_Section):
     keep: int = Field(default=3, ge=1, le=1000)  # complete checkpoints kept on disk
 
 
+# How a stage's replicas' gradients are combined (peer/collectives/robust.py); the robust rules need a
+# one-hop schedule, where each shard owner sees every replica's contribution unsummed.
+AggregationRule = Literal["mean", "trimmed_mean", "centered_clip"]
+
+
+class TrustSpec(_Section):
+    """How far the job trusts its volunteers (docs/security.md).
+
+    ``aggregation``: ``mean`` for a swarm of trusted peers; ``trimmed_mean`` or ``centered_clip`` where a
+    minority may send poisoned gradients (each stage then all-reduces over one-hop trees). NaN or Inf
+    contributions are refused under every rule."""
+
+    aggregation: AggregationRule = "mean"
+    trim: float = Field(default=0.2, ge=0.0, lt=0.5)  # trimmed_mean: share dropped from each side
+
+
 class LimitsSpec(_Section):
     """Bounds on the shape the planner may choose."""
 
@@ -169,6 +185,7 @@ class JobSpec(Record):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     sync: SyncSpec = Field(default_factory=SyncSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    trust: TrustSpec = Field(default_factory=TrustSpec)
 
     @model_validator(mode="after")
     def _batch_holds_sequences(self) -> JobSpec:

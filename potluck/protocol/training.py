@@ -12,6 +12,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from potluck.protocol.jobspec import AggregationRule
 from potluck.protocol.records import Name, NonNegFloat, PeerId, Record, ShortText
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
@@ -33,10 +34,13 @@ class StageAssignment(BaseModel):
     last_layer: int = Field(ge=1, le=1024)  # exclusive
     peers: list[PeerId] = Field(min_length=1, max_length=4096)  # index = replica (pipeline) number
     trees: list[TreeRecord] = Field(default_factory=list, max_length=64)  # empty: one-hop trees
+    aggregation: AggregationRule = "mean"
 
     @model_validator(mode="after")
     def _trees_span_the_group(self) -> StageAssignment:
         n = len(self.peers)
+        if self.aggregation != "mean" and self.trees:
+            raise ValueError(f"aggregation {self.aggregation!r} needs one-hop trees (an empty tree list)")
         for t in self.trees:
             if len(t.parents) != n or sum(p == -1 for p in t.parents) != 1:
                 raise ValueError("each tree needs one parent entry per replica and exactly one root")

@@ -3,6 +3,7 @@ and bit-exact with a pure reference of the same algorithm when the codec is loss
 
 import asyncio
 import random
+from collections import Counter
 
 import pytest
 import torch
@@ -10,10 +11,12 @@ import torch
 from potluck.compression import get_codec
 from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
+from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import ring_allreduce, tree_allreduce
 from potluck.peer.config import AllReduceConfig
-from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
+from potluck.protocol.collective import AllReduceSchedule, TreeSpec, one_hop_schedule, split_elements
 from tests.helpers.gloo import gloo_mean
+from tests.helpers.hostile import HostileMailbox
 from tests.helpers.p2p import p2p_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -122,3 +125,67 @@ def test_ring_allreduce_equals_gloo_and_is_identical_everywhere(n, codec):
         assert torch.equal(r, results[0])
     tol = dict(rtol=1e-5, atol=1e-6) if codec == "none" else dict(rtol=0.0, atol=0.05)
     torch.testing.assert_close(results[0], gloo_mean(inputs), **tol)
+
+
+def _one_hop_with_attacker(fn, rule: str, n: int = 5):
+    """All-reduce over one-hop trees where the last peer rewrites each contribution it sends with ``fn``
+    (its own shard it aggregates honestly); returns (results, honest inputs, audits, peer ids)."""
+    gen = torch.Generator().manual_seed(5)
+    inputs = [torch.randn(2000, generator=gen) + 1.0 for _ in range(n)]
+    cfg = AllReduceConfig(codec="none", chunk_elements=250, timeout_s=20, rule=rule)
+    audits = [Audit() for _ in range(n)]
+
+    async def main():
+        async with p2p_group(n) as nodes:
+            tcfg = TransportConfig(timeout_s=20)
+            boxes = [Mailbox(node, "potluck/test/robust/1", tcfg) for node in nodes[:-1]]
+            boxes.append(HostileMailbox(nodes[-1], "potluck/test/robust/1", tcfg, fn=fn))
+            for box in boxes:
+                await box.start()
+            sched = one_hop_schedule([b.peer_id for b in boxes])
+            out = await asyncio.gather(
+                *(
+                    tree_allreduce(b, sched, x, 3, cfg, audit)
+                    for b, x, audit in zip(boxes, inputs, audits, strict=True)
+                )
+            )
+            for box in boxes:
+                await box.close()
+            return out, [b.peer_id for b in boxes]
+
+    results, peers = asyncio.run(main())
+    return results, inputs, audits, peers
+
+
+def _nan(x):
+    x = x.clone()
+    x[0] = float("nan")
+    return x
+
+
+def test_a_nan_contribution_is_refused_and_the_others_mean_is_committed():
+    results, inputs, audits, peers = _one_hop_with_attacker(_nan, "mean")
+    for r in results:
+        assert torch.equal(r, results[0])
+    # the attacker's own shard holds its honest values (it aggregated that one itself); every other
+    # shard is the mean of the four honest replicas: shard k is the k-th fifth of the buffer
+    honest_mean, all_mean = torch.stack(inputs[:-1]).mean(0), torch.stack(inputs).mean(0)
+    own = slice(4 * 400, 2000)
+    torch.testing.assert_close(results[0][: 4 * 400], honest_mean[: 4 * 400], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[0][own], all_mean[own], rtol=1e-5, atol=1e-6)
+    refused = sum((a.refused for a in audits), Counter())
+    assert set(refused) == {peers[-1]} and refused[peers[-1]] == 4 * 8  # 4 owners x 8 chunks each
+
+
+def test_centered_clip_holds_off_a_scaled_sign_flip_that_the_mean_follows():
+    clipped, inputs, audits, peers = _one_hop_with_attacker(lambda x: -100.0 * x, "centered_clip")
+    plain, *_ = _one_hop_with_attacker(lambda x: -100.0 * x, "mean")
+    clean = torch.stack(inputs).mean(0)
+
+    def err(x):
+        return float((x - clean).norm() / clean.norm())
+
+    assert all(torch.equal(r, clipped[0]) for r in clipped)
+    # 5 replicas whose values spread as wide as their mean: a robust estimate sits ~0.35 from the mean
+    assert err(clipped[0]) < 0.5 < 10 < err(plain[0]), (err(clipped[0]), err(plain[0]))
+    assert {p for a in audits for p in a.clipped} == {peers[-1]}

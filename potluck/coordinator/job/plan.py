@@ -191,9 +191,17 @@ def make_train_plan(
             (first == 0) + (row is placement.stages[-1])
         )
         nbytes = 2.0 * params * sj.codecs.gradient_wan  # fp16 bytes x the codec's ratio to fp16
-        trees = stage_trees(net, index, peers, cfg.max_trees_per_stage, nbytes)
+        rule = job.trust.aggregation
+        # A robust rule needs every contribution unsummed at its shard owner: one-hop trees (an empty list).
+        trees = stage_trees(net, index, peers, cfg.max_trees_per_stage, nbytes) if rule == "mean" else []
         stages.append(
-            StageAssignment(first_layer=first, last_layer=first + n_layers, peers=list(peers), trees=trees)
+            StageAssignment(
+                first_layer=first,
+                last_layer=first + n_layers,
+                peers=list(peers),
+                trees=trees,
+                aggregation=rule,
+            )
         )
         first += n_layers
     spares += [Spare(peer_id=str(p), reason="spare: the plan is faster without it") for p in placement.spares]

@@ -24,6 +24,7 @@ from potluck.compression import ErrorFeedback, decode, get_codec
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import BUCKET_PHASES, Round
+from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig
 from potluck.protocol.collective import AllReduceSchedule
@@ -58,8 +59,10 @@ class BucketSync:
         bucket_elements: int,
         error_feedback: bool,
         overlap: bool = True,
+        audit: Audit | None = None,
     ) -> None:
         self.runner, self.box, self.schedule, self.cfg, self.overlap = runner, box, schedule, cfg, overlap
+        self.audit = audit
         sizes = [p.numel() for p in runner.params]
         self.buckets = _bucketize(sizes, max(bucket_elements, math.ceil(sum(sizes) / MAX_BUCKETS)))
         self.bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
@@ -109,7 +112,7 @@ class BucketSync:
         ef = self.feedback[b]
         if ef is not None:  # error feedback at the source: send what the codec keeps, carry the rest
             flat = decode(self._codec.encode(flat, key=(round_no, 0, 0), state=ef))
-        return await tree_allreduce(self.box, self.schedule, flat, round_no, self._step_cfg)
+        return await tree_allreduce(self.box, self.schedule, flat, round_no, self._step_cfg, self.audit)
 
     async def finish(self) -> None:
         """After the pipeline: start buckets not started yet, wait for all, write the sums back."""

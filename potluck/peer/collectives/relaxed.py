@@ -32,6 +32,7 @@ import torch
 
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import ATTEMPTS, Round, Stream, Tag, make_tag
+from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig, RelaxedConfig
 from potluck.peer.errors import CollectiveError, LateError
@@ -48,6 +49,7 @@ async def relaxed_allreduce(
     rnd: Round,
     cfg: AllReduceConfig,
     relax: RelaxedConfig,
+    audit: Audit | None = None,
 ) -> tuple[torch.Tensor, tuple[str, ...]]:
     """Mean of ``tensor`` over this round's contributors, identical on each; returns (mean, members).
 
@@ -84,7 +86,7 @@ async def relaxed_allreduce(
                     raise LateError(f"round {rnd}: contribution missed the {relax.deadline_s:.1f} s deadline")
             result: torch.Tensor | None = None
             try:
-                result = await tree_allreduce(box, restrict(schedule, members), tensor, tag_round, cfg)
+                result = await tree_allreduce(box, restrict(schedule, members), tensor, tag_round, cfg, audit)
             except CollectiveError as e:
                 logger.info("round %s attempt %d failed at %s: %s", rnd, attempt, me, e)
             if me == leader:

@@ -17,6 +17,7 @@ Every receive has the schedule's timeout; any failure raises ``CollectiveError``
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable
 
@@ -26,16 +27,26 @@ from potluck.compression import Codec, get_codec
 from potluck.compression.errors import CompressionError
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Direction, Stream, Tag, make_tag
+from potluck.peer.collectives.robust import Audit, aggregate, finite_rows, plain_sum
 from potluck.peer.config import AllReduceConfig
-from potluck.peer.errors import CollectiveError
+from potluck.peer.errors import CollectiveError, ContributionError
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from potluck.protocol.errors import WireError
 
+logger = logging.getLogger(__name__)
+
 
 async def tree_allreduce(
-    box: Mailbox, schedule: AllReduceSchedule, tensor: torch.Tensor, round_no: int, cfg: AllReduceConfig
+    box: Mailbox,
+    schedule: AllReduceSchedule,
+    tensor: torch.Tensor,
+    round_no: int,
+    cfg: AllReduceConfig,
+    audit: Audit | None = None,
 ) -> torch.Tensor:
-    """All-reduce ``tensor`` (any shape, float) with the group; returns a new tensor, same on every peer."""
+    """All-reduce ``tensor`` (any shape, float) with the group; returns a new tensor, same on every peer.
+
+    ``audit`` (optional) counts, per peer, the contributions this peer refused or found outlying."""
     me = box.peer_id
     if me not in schedule.peers:
         raise CollectiveError(f"peer {me} is not in this all-reduce group")
@@ -51,7 +62,7 @@ async def tree_allreduce(
         chunks = (
             list(torch.split(part, split_elements(part.numel(), [1.0] * n_chunks))) if part.numel() else []
         )
-        runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg))
+        runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg, audit))
     tasks = [asyncio.create_task(run) for run in runs]
     try:
         await asyncio.gather(*tasks)
@@ -72,6 +83,7 @@ async def _run_tree(
     round_no: int,
     codec: Codec,
     cfg: AllReduceConfig,
+    audit: Audit | None,
 ) -> None:
     me = box.peer_id
     parent = tree.parent[me]
@@ -89,22 +101,65 @@ async def _run_tree(
     def down(c: int) -> Tag:
         return make_tag(round_no, Stream.TREE, index=t_idx, chunk=c, direction=Direction.BROADCAST)
 
+    # Where the root hears every replica unsummed (a star), it applies the stage's aggregation rule;
+    # elsewhere children's partial sums are added, and one holding NaN or Inf fails the round naming it.
+    star = parent is None and all(tree.parent[p] in (me, None) for p in schedule.peers)
+    n = len(schedule.peers)
+
     async def reduce() -> None:
         for c, chunk in enumerate(chunks):
             if cfg.window > 0:  # cannot deadlock: it waits only on chunks whose reduce already left
                 async with progress:
                     await progress.wait_for(reached(c - cfg.window))
-            acc = chunk.clone()
-            for child in children:
-                data = await box.recv(child, up(c), cfg.timeout_s)
-                codec.decode_into(data, acc, accumulate=True)
+            if star:
+                acc = await gather_rows(c, chunk)
+            else:
+                acc = chunk.clone()
+                for child in children:
+                    data = await box.recv(child, up(c), cfg.timeout_s)
+                    part = codec.decode_into(data, torch.empty_like(acc), accumulate=False)
+                    if not _finite(part):
+                        if audit is not None:
+                            audit.refused[child] += 1
+                        raise ContributionError(child, f"{child} sent a partial sum holding NaN or Inf")
+                    acc += part
             key = (round_no, t_idx, c)
             if parent is None:
-                if cfg.average:
-                    acc /= len(schedule.peers)
+                if cfg.average and not star:
+                    acc /= n
                 await finished.put(codec.encode(acc, key=key))
             else:
                 await box.send(parent, up(c), codec.encode(acc, key=key))
+
+    async def gather_rows(c: int, own: torch.Tensor) -> torch.Tensor:
+        """Every replica's chunk ``c`` as one row each (the group's order), the rule applied over them;
+        the mean, or the sum when not ``cfg.average`` (the rule's mean times the group's size)."""
+        rows, who = [own], [me]
+        for child in children:
+            data = await box.recv(child, up(c), cfg.timeout_s)
+            rows.append(codec.decode_into(data, torch.empty_like(own), accumulate=False))
+            who.append(child)
+        stack = torch.stack(rows)
+        ok = finite_rows(stack).tolist()
+        for peer, fine in zip(who, ok, strict=True):
+            if not fine:
+                logger.warning("refused %s's contribution to round %d: NaN or Inf", peer, round_no)
+        if not any(ok):
+            raise CollectiveError(f"every contribution to round {round_no} holds NaN or Inf")
+        kept = [p for p, fine in zip(who, ok, strict=True) if fine]
+        rows_kept = stack[torch.tensor(ok)]
+        if audit is not None:
+            audit.seen.update(who)
+            audit.refused.update(p for p, fine in zip(who, ok, strict=True) if not fine)
+        if cfg.rule == "mean":  # the running sum of the other trees, so every schedule gives the same bits
+            total = plain_sum(rows_kept)
+            if cfg.average:
+                return total / len(kept)
+            return total if len(kept) == n else total * (n / len(kept))
+        mean, outliers = aggregate(cfg.rule, rows_kept, cfg.trim)
+        if audit is not None:
+            audit.clipped.update(p for p, out in zip(kept, outliers.tolist(), strict=True) if out)
+        return mean if cfg.average else mean * n
 
     async def broadcast() -> None:
         nonlocal landed
@@ -117,6 +172,8 @@ async def _run_tree(
             # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
             await asyncio.gather(*(box.send(child, down(c), data) for child in children))
             codec.decode_into(data, chunk, accumulate=False)
+            if parent is not None and not _finite(chunk):
+                raise ContributionError(parent, f"{parent} broadcast a result holding NaN or Inf")
             async with progress:
                 landed = c + 1
                 progress.notify_all()
@@ -154,6 +211,8 @@ async def ring_allreduce(
             sending = asyncio.create_task(box.send(nxt, ring_tag(send_s, step, Direction.REDUCE), payload))
             data = await box.recv(prv, ring_tag(recv_s, step, Direction.REDUCE), cfg.timeout_s)
             codec.decode_into(data, segments[recv_s], accumulate=True)
+            if not _finite(segments[recv_s]):
+                raise ContributionError(prv, f"{prv} sent a partial sum holding NaN or Inf")
             await sending
         own = (i + 1) % n  # the segment this peer finished
         if cfg.average:
@@ -169,3 +228,9 @@ async def ring_allreduce(
     except (WireError, CompressionError) as e:
         raise CollectiveError(f"ring all-reduce round {round_no} failed at {me}: {e}") from None
     return flat.reshape(tensor.shape).to(tensor.dtype)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    # One read-only pass: a finite float64 sum implies every element is finite (and almost always the
+    # converse; an overflowing sum of finite values is checked element-wise).
+    return t.numel() == 0 or math.isfinite(float(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())

@@ -11,6 +11,7 @@ started as tasks so the next micro-batch's compute overlaps the transfer of the 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from potluck.compression.errors import CompressionError
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, Tag, make_tag
-from potluck.peer.errors import PipelineError
+from potluck.peer.errors import NeighbourError, PipelineError
 from potluck.peer.train.schedule import one_f_one_b
 from potluck.protocol.errors import WireError
 
@@ -42,6 +43,9 @@ class MicroBatch:
     targets: torch.Tensor | None  # next-token ids (last stage only)
     weight: float  # gradient scale: share of the batch this replica's gradient averages over
     share: float  # loss scale: share of the global batch (the reported loss sums these)
+    # (sequences, tokens, d_model) of the hidden states crossing a stage boundary, both ways: what a
+    # neighbour's payload must decode to, checked before anything is decompressed or allocated
+    boundary: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass
@@ -87,10 +91,16 @@ async def pipeline_step(
         sends.append(asyncio.create_task(box.send(peer, tag, payload)))
         timing.send += time.perf_counter() - t0
 
-    async def recv(peer: str, tag: Tag) -> torch.Tensor:
+    async def recv(peer: str, tag: Tag, shape: tuple[int, int, int]) -> torch.Tensor:
         t0 = time.perf_counter()
         data = await box.recv(peer, tag, timeout_s)
-        tensor = codec.decode(data)
+        try:
+            tensor = codec.decode(data, expect=shape)
+        except CompressionError as e:
+            raise NeighbourError(peer, f"undecodable {tag} from {peer}: {e}") from None
+        # One NaN or Inf would poison every later stage's output and every replica's mean after it.
+        if not math.isfinite(float(tensor.sum(dtype=torch.float64))):
+            raise NeighbourError(peer, f"{tag} from {peer} holds NaN or Inf")
         timing.recv += time.perf_counter() - t0
         return tensor
 
@@ -109,7 +119,7 @@ async def pipeline_step(
                     assert mb.inputs is not None
                     x = mb.inputs
                 else:
-                    x = await recv(where.prev, tag)
+                    x = await recv(where.prev, tag, mb.boundary)
                 out = await compute(runner.forward, m, x, mb.targets, mb.weight)
                 if where.next is not None:
                     await send(where.next, tag, out)
@@ -117,7 +127,7 @@ async def pipeline_step(
                     loss += float(out) * mb.share
             else:
                 tag = make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m)
-                grad = None if where.next is None else await recv(where.next, tag)
+                grad = None if where.next is None else await recv(where.next, tag, mb.boundary)
                 grad_in = await compute(runner.backward, m, grad)
                 if where.prev is not None:
                     assert grad_in is not None
@@ -125,6 +135,8 @@ async def pipeline_step(
         t0 = time.perf_counter()
         await asyncio.gather(*sends)
         timing.send += time.perf_counter() - t0
+    except NeighbourError:
+        raise
     except (WireError, CompressionError) as e:
         raise PipelineError(f"pipeline step (round {rnd}) of stage {where.stage} failed: {e}") from None
     finally:

@@ -41,6 +41,7 @@ from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, Tag, make_tag
 from potluck.peer.collectives.relaxed import relaxed_allreduce
+from potluck.peer.collectives.robust import Audit
 from potluck.peer.config import AllReduceConfig, RelaxedConfig
 from potluck.peer.errors import CollectiveError, LateError, StragglerError
 from potluck.protocol.collective import AllReduceSchedule
@@ -88,8 +89,10 @@ class DeadlineSync:
         cfg: AllReduceConfig,
         spec: SyncSpec,
         error_feedback: bool,
+        audit: Audit | None = None,
     ) -> None:
         self.runner, self.box, self.schedule, self.cfg, self.spec = runner, box, schedule, cfg, spec
+        self.audit = audit
         self.peers = list(schedule.peers)
         self.leader = self.peers[0]
         self.feedback = ErrorFeedback() if error_feedback else None
@@ -112,7 +115,9 @@ class DeadlineSync:
             flat = decode(self._codec.encode(flat, key=(round_no.pack(), 0, 0), state=self.feedback))
         relax = RelaxedConfig(deadline_s=wait_s)
         try:
-            mean, members = await relaxed_allreduce(self.box, self.schedule, flat, round_no, self.cfg, relax)
+            mean, members = await relaxed_allreduce(
+                self.box, self.schedule, flat, round_no, self.cfg, relax, self.audit
+            )
         except LateError:
             self.misses += 1
             self.left_out += 1
@@ -132,7 +137,7 @@ class DeadlineSync:
         """A left-out replica: take the committed mean of step ``rnd`` from the round leader."""
         try:
             data = await self.box.recv(self.leader, make_tag(rnd, Stream.CATCHUP), timeout_s)
-            self._apply(decode(data))
+            self._apply(self._lossless.decode(data, expect=(self.runner.grad_vector_len,)))
         except (WireError, CompressionError, ValueError) as e:
             raise CollectiveError(f"round {rnd}: no committed mean from {self.leader}: {e}") from None
         logger.info("left out of step %d (%d in a row): applied the committed mean", rnd.step, self.misses)

@@ -35,9 +35,17 @@ from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Phase, Round, before
 from potluck.peer.collectives.buckets import BucketSync
 from potluck.peer.collectives.diloco import DiLoCo
+from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig, DiLoCoConfig, TrainerConfig
-from potluck.peer.errors import CollectiveError, LateError, PeerError, PipelineError, StepAborted
+from potluck.peer.errors import (
+    CollectiveError,
+    LateError,
+    NeighbourError,
+    PeerError,
+    PipelineError,
+    StepAborted,
+)
 from potluck.peer.state.source import StateSource, fetch_first
 from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
@@ -112,10 +120,17 @@ class Trainer:
         self.diloco: DiLoCo | None = None
         if comp.sync_every > 1:
             self.diloco = DiLoCo(self.runner.params, DiLoCoConfig(inner_steps=comp.sync_every))
+        self.audit = Audit()  # contributions this replica refused or found outlying, per peer
         self.deadline: DeadlineSync | None = None  # the job's sync.policy = "deadline"
         if job.sync.policy == "deadline" and self.diloco is None and plan.n_replicas > 1:
             self.deadline = DeadlineSync(
-                self.runner, box, self.schedule, self._allreduce_cfg(True), job.sync, comp.error_feedback
+                self.runner,
+                box,
+                self.schedule,
+                self._allreduce_cfg(True),
+                job.sync,
+                comp.error_feedback,
+                self.audit,
             )
         self._slowdown_s = slowdown_s(self.replica)  # test-only, 0 unless POTLUCK_TEST_STEP_DELAY_S
         self.budget = budget or WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
@@ -129,6 +144,7 @@ class Trainer:
                 cfg.bucket_elements,
                 comp.error_feedback,
                 cfg.overlap,
+                self.audit,
             )
         self.step = plan.start_step  # the next step to run
         self.sources = list(sources)
@@ -206,13 +222,19 @@ class Trainer:
                     targets if self.runner.is_last else None,
                     weight=n / denom,
                     share=n / per_step,
+                    boundary=(n, inputs.shape[1], self.job.model.d_model),
                 )
             )
         return out
 
     def _allreduce_cfg(self, average: bool) -> AllReduceConfig:
         return AllReduceConfig(
-            self.grad_codec_spec, self.cfg.chunk_elements, self.cfg.allreduce_timeout_s, average
+            self.grad_codec_spec,
+            self.cfg.chunk_elements,
+            self.cfg.allreduce_timeout_s,
+            average,
+            rule=self.plan.stages[self.stage].aggregation,
+            trim=self.job.trust.trim,
         )
 
     async def _sync_gradients(self, rnd: Round, timing: Timing, loss: float, timeout_s: float) -> Ready:
@@ -255,6 +277,8 @@ class Trainer:
         except LateError:
             ready = None  # left out of the stage's mean: it votes nothing and catches up after the commit
         except (PipelineError, CollectiveError) as e:
+            if isinstance(e, NeighbourError):
+                self.box.suspect(e.peer)  # the failure report names the peer that sent it
             if self.sync is not None:
                 self.sync.disarm()
             failed = e
@@ -306,10 +330,10 @@ class Trainer:
         if self.plan.n_replicas == 1:
             return pseudo
         t0 = time.perf_counter()
-        cfg = AllReduceConfig(
-            self.grad_codec_spec, self.cfg.chunk_elements, self.cfg.allreduce_timeout_s, True
+        cfg = self._allreduce_cfg(average=True)
+        out = await tree_allreduce(
+            self.box, self.schedule, pseudo, rnd.at(Phase.OUTER).pack(), cfg, self.audit
         )
-        out = await tree_allreduce(self.box, self.schedule, pseudo, rnd.at(Phase.OUTER).pack(), cfg)
         timing.allreduce += time.perf_counter() - t0
         return out
 

@@ -1,0 +1,108 @@
+"""Aggregation rules for one chunk of a stage's all-reduce, where one peer sees every contribution.
+
+On a one-hop schedule each shard owner receives every replica's slice of its shard unsummed, so it can
+refuse and weigh them before they mix (after BTARD-SGD, Gorbunov et al. 2022):
+
+- ``mean``: the plain average (trusted swarms);
+- ``trimmed_mean``: per coordinate, drop the ``trim`` fraction of largest and of smallest values, average
+  the rest (Yin et al. 2018);
+- ``centered_clip``: start at the coordinate-wise median and move by the mean of the contributions'
+  differences, each clipped to radius ``tau`` (Karimireddy et al. 2021); ``tau`` is the median distance
+  of the contributions to the start, so it scales with the honest spread and needs no tuning per model.
+
+Whatever the rule, a contribution holding NaN or Inf is refused (it is not averaged, and the result is
+the rule over the others). Every rule is a pure function of the stacked contributions: same inputs, same
+bits, on every owner. ``Audit`` counts, per peer, contributions refused and clipped, which the trainer
+reports.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import get_args
+
+import torch
+
+from potluck.protocol.jobspec import AggregationRule as Rule
+
+logger = logging.getLogger(__name__)
+
+RULES: tuple[str, ...] = get_args(Rule)
+CLIP_ITERATIONS = 3  # centered clipping converges in a few steps from the median (Karimireddy et al.)
+CLIPPED_BEYOND = 2.0  # a contribution farther than this x tau from the result counts as clipped
+
+
+@dataclass
+class Audit:
+    """What the aggregation rule did to each peer's contributions over a run (counts of chunks)."""
+
+    refused: Counter[str] = field(default_factory=Counter)  # NaN or Inf
+    clipped: Counter[str] = field(default_factory=Counter)  # far outside the others (robust rules)
+    seen: Counter[str] = field(default_factory=Counter)
+
+    def take(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """(refused, clipped, seen) since the last call; forgets them."""
+        out = dict(self.refused), dict(self.clipped), dict(self.seen)
+        self.refused.clear()
+        self.clipped.clear()
+        self.seen.clear()
+        return out
+
+
+def finite_rows(stack: torch.Tensor) -> torch.Tensor:
+    """Boolean mask of the rows of ``stack`` ([k, n]) that hold no NaN or Inf."""
+    return torch.isfinite(stack).all(dim=1)
+
+
+def plain_sum(stack: torch.Tensor) -> torch.Tensor:
+    """The rows' sum added one row after another, in order: the same bits as a tree's running sum."""
+    total = stack[0].clone()
+    for row in stack[1:]:
+        total += row
+    return total
+
+
+def aggregate(rule: Rule, stack: torch.Tensor, trim: float = 0.2) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule's estimate of the mean of ``stack``'s rows ([k, n], finite), and a boolean mask of the
+    rows it treated as outliers (always all False for ``mean``)."""
+    k = stack.shape[0]
+    if k == 0:
+        raise ValueError("no contributions to aggregate")
+    if rule == "mean" or k <= 2:  # two values: nothing robust to say about which is wrong
+        return plain_sum(stack) / k, torch.zeros(k, dtype=torch.bool)
+    if rule == "trimmed_mean":
+        return _trimmed_mean(stack, trim)
+    if rule == "centered_clip":
+        return _centered_clip(stack)
+    raise ValueError(f"unknown aggregation rule {rule!r}; known: {RULES}")
+
+
+def _trimmed_mean(stack: torch.Tensor, trim: float) -> tuple[torch.Tensor, torch.Tensor]:
+    k = stack.shape[0]
+    b = min(int(trim * k), (k - 1) // 2)  # at least one value stays per coordinate
+    if b == 0:
+        return stack.mean(dim=0), torch.zeros(k, dtype=torch.bool)
+    ordered, order = stack.sort(dim=0)
+    result = ordered[b : k - b].mean(dim=0)
+    # A row is an outlier when most of its coordinates were trimmed away.
+    trimmed = torch.zeros_like(stack, dtype=torch.bool)
+    trimmed.scatter_(0, order[:b], True)
+    trimmed.scatter_(0, order[k - b :], True)
+    share = trimmed.float().mean(dim=1)
+    return result, share > 0.5 + 0.5 * (2 * b / k)  # well above the share trimming gives every row
+
+
+def _centered_clip(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    v = stack.median(dim=0).values
+    dist = (stack - v).norm(dim=1)
+    tau = float(dist.median())
+    if tau == 0.0:
+        return v, dist > 0
+    for _ in range(CLIP_ITERATIONS):
+        diff = stack - v
+        norms = diff.norm(dim=1, keepdim=True)
+        scale = torch.clamp(tau / norms.clamp_min(1e-30), max=1.0)
+        v = v + (diff * scale).mean(dim=0)
+    return v, (stack - v).norm(dim=1) > CLIPPED_BEYOND * tau
