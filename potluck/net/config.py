@@ -32,6 +32,9 @@ class NetworkConfig:
 class TransportConfig:
     timeout_s: float = 30.0  # bound on every send and receive
     max_pending_bytes: int = 256 << 20  # buffered, not-yet-claimed message bytes per mailbox
+    max_pending_per_sender: int = 64 << 20  # of which one sender may hold at most this much
+    steps_ahead: int = 8  # messages for a step further ahead of this peer's than this are refused
+    epochs_ahead: int = 4  # and those for a plan epoch this far past its current one
 
 
 @dataclass(frozen=True)

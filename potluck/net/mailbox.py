@@ -15,9 +15,16 @@ accepted by the local daemon and lost without an error. A peer this mailbox coul
 write to, or hear from in time becomes a *suspect* (``take_suspects``): the worker names it in its
 "failed" progress record so the coordinator can check whether that peer is still heartbeating.
 
-Bounds: a message is at most the wire layer's TENSOR limit; messages that arrive before anyone waits
-for them are buffered up to ``max_pending_bytes`` in total, beyond which the handler stops reading (TCP
-backpressure on the sender) until space frees or ``timeout_s`` passes, and then drops the stream.
+Bounds, checked before a message's payload is read: a message is at most the wire layer's TENSOR
+limit; messages that arrive before anyone waits for them are buffered up to ``max_pending_bytes`` in
+total and ``max_pending_per_sender`` per sender, each costing its length plus ``MESSAGE_COST`` (so empty
+messages count); beyond that the handler stops reading (TCP backpressure on the sender) until space
+frees or ``timeout_s`` passes, and then drops the stream.
+
+Who may send (``admit``): once the worker names its plan's peers, streams from anyone else are closed
+unread and their buffered messages dropped. What may be sent (``advance``): a message for a round more
+than ``steps_ahead`` steps past this peer's step, or ``epochs_ahead`` plan epochs past its own, is
+refused rather than stored (nothing would ever claim it).
 """
 
 from __future__ import annotations
@@ -26,15 +33,16 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from potluck.net.config import Pacer, TransportConfig
 from potluck.net.dial import AddressBook, open_stream, reachable
-from potluck.net.tags import TAG_BYTES, RoundSpan, Tag
+from potluck.net.tags import TAG_BYTES, Round, RoundSpan, Tag
 from potluck.protocol.errors import WireError
-from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
+from potluck.protocol.wire import Frame, MsgType, read_exactly, read_header, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +50,7 @@ MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 
 IDLE_CLOSE = 10  # x timeout_s: an incoming stream silent this long is closed by its receiver
 REOPEN_AFTER_IDLE = 4  # x timeout_s: a sender opens a fresh stream rather than reuse one idle this long
 GONE_CHECK_S = 2.0  # bound on the liveness check of a peer whose stream to us just ended
+MESSAGE_COST = 1024  # bytes a buffered message is charged beyond its payload (key, tag, bookkeeping)
 
 
 class Mailbox:
@@ -52,15 +61,21 @@ class Mailbox:
         cfg: TransportConfig,
         pacer: Pacer | None = None,
         addresses: AddressBook | None = None,
+        vouch: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
         self.pacer = pacer  # paces sends to configured link rates (benchmarks, upload caps)
         self.addresses = addresses  # where a peer said it listens (its heartbeat); None: the daemon's route
+        self.vouch = vouch  # asked about a sender outside the admitted peers: is it in a newer plan?
         self.peer_id = p2p.peer_id.to_base58()
         self._pending: dict[tuple[str, Tag], bytes] = {}
         self._waiters: dict[tuple[str, Tag], asyncio.Future[bytes]] = {}
         self._pending_bytes = 0
+        self._held: dict[str, int] = {}  # sender -> bytes charged for its buffered messages
         self._space = asyncio.Condition()
+        self._admitted: frozenset[str] | None = None  # None: anyone (before the first plan; tests)
+        self._horizon: Round | None = None  # the newest round a message may be for; None: any
+        self.refused = 0  # messages and streams refused (unadmitted sender, too far ahead, over quota)
         self._out: dict[str, tuple[asyncio.StreamWriter, asyncio.Lock]] = {}
         self._used: dict[str, float] = {}  # peer -> when its outgoing stream last carried a message
         self._opening: dict[str, asyncio.Lock] = {}
@@ -90,6 +105,7 @@ class Mailbox:
     async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
         """Deliver ``payload`` to ``peer`` under ``tag``; raises ``WireError`` on failure or timeout."""
         if peer == self.peer_id:  # loopback to ourselves: no stream needed
+            await self._reserve(peer, len(payload))
             await self._deliver(peer, tag, payload)
             return
         writer, lock = await self._stream_to(peer)
@@ -145,6 +161,44 @@ class Mailbox:
         self._suspects.clear()
         return out
 
+    # ---- who may send what ---------------------------------------------------------------------------
+
+    async def admit(self, peers: frozenset[str] | set[str] | None) -> None:
+        """Accept messages only from ``peers`` (and ourselves); ``None``: from anyone. Buffered messages
+        of senders no longer admitted are dropped."""
+        self._admitted = None if peers is None else frozenset(peers) | {self.peer_id}
+        if self._admitted is None:
+            return
+        async with self._space:
+            for key in [k for k in self._pending if k[0] not in self._admitted]:
+                self._release(key)
+            self._space.notify_all()
+
+    def advance(self, epoch: int, step: int) -> None:
+        """This peer now runs step ``step`` of plan epoch ``epoch``: messages for rounds beyond
+        ``steps_ahead`` steps later (in this or the next ``epochs_ahead`` epochs) are refused."""
+        ahead = min(step + self.cfg.steps_ahead, (1 << 30) - 1)
+        self._horizon = Round(min(epoch + self.cfg.epochs_ahead, (1 << 27) - 1), ahead)
+
+    async def _admissible(self, sender: str) -> bool:
+        if self._admitted is None or sender in self._admitted:
+            return True
+        if self.vouch is None:
+            return False
+        try:  # a newer plan may name it before this peer has read that plan
+            vouched = await asyncio.wait_for(self.vouch(sender), self.cfg.timeout_s)
+        except TimeoutError:
+            return False
+        if vouched and self._admitted is not None:
+            self._admitted |= {sender}  # until the next admit(), which the newer plan brings
+        return vouched
+
+    def _in_horizon(self, tag: Tag) -> bool:
+        if self._horizon is None:
+            return True
+        r = Round.unpack(tag.round)
+        return r.epoch <= self._horizon.epoch and r.step <= self._horizon.step
+
     # ---- receiving ---------------------------------------------------------------------------------
 
     async def recv(self, peer: str, tag: Tag, timeout_s: float | None = None) -> bytes:
@@ -167,10 +221,18 @@ class Mailbox:
         return await self._claim(key)
 
     async def _claim(self, key: tuple[str, Tag]) -> bytes:
-        payload = self._pending.pop(key)
         async with self._space:
-            self._pending_bytes -= len(payload)
+            payload = self._release(key)
             self._space.notify_all()
+        return payload
+
+    def _release(self, key: tuple[str, Tag]) -> bytes:
+        payload = self._pending.pop(key)
+        cost = len(payload) + MESSAGE_COST
+        self._pending_bytes -= cost
+        self._held[key[0]] -= cost
+        if not self._held[key[0]]:
+            del self._held[key[0]]
         return payload
 
     async def forget(self, span: RoundSpan) -> int:
@@ -180,25 +242,51 @@ class Mailbox:
         async with self._space:
             stale = [k for k in self._pending if k[1].round in span]
             for k in stale:
-                self._pending_bytes -= len(self._pending.pop(k))
+                self._release(k)
             self._space.notify_all()
         return len(stale)
 
-    async def _deliver(self, sender: str, tag: Tag, payload: bytes) -> None:
+    async def _reserve(self, sender: str, length: int) -> None:
+        """Wait until ``sender`` may buffer a message of ``length`` payload bytes (TCP backpressure while
+        we wait: we have not read it); ``WireError`` after ``timeout_s``. Reserves the space."""
+        cost = length + MESSAGE_COST
+        own = min(self.cfg.max_pending_per_sender, self.cfg.max_pending_bytes)
+        if cost > own:
+            raise WireError(f"a {length}-byte message from {sender} exceeds its {own}-byte share")
         async with self._space:
             deadline = time.monotonic() + self.cfg.timeout_s
-            while self._pending_bytes + len(payload) > self.cfg.max_pending_bytes:
+            while (
+                self._pending_bytes + cost > self.cfg.max_pending_bytes
+                or self._held.get(sender, 0) + cost > own
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise WireError(f"mailbox full ({self._pending_bytes} bytes pending); dropping {sender}")
+                    raise WireError(
+                        f"mailbox full ({self._pending_bytes} bytes pending, {self._held.get(sender, 0)} "
+                        f"from {sender}); dropping its stream"
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._space.wait(), remaining)
-            key = (sender, tag)
-            if key in self._pending:
-                logger.warning("duplicate message %s from %s ignored", tag, sender)
-                return
-            self._pending[key] = payload
-            self._pending_bytes += len(payload)
+            self._pending_bytes += cost
+            self._held[sender] = self._held.get(sender, 0) + cost
+
+    async def _unreserve(self, sender: str, length: int) -> None:
+        async with self._space:
+            cost = length + MESSAGE_COST
+            self._pending_bytes -= cost
+            self._held[sender] -= cost
+            if not self._held[sender]:
+                del self._held[sender]
+            self._space.notify_all()
+
+    async def _deliver(self, sender: str, tag: Tag, payload: bytes) -> None:
+        """Buffer a message (its space reserved by ``_reserve``) and wake whoever waits for it."""
+        key = (sender, tag)
+        if key in self._pending:
+            logger.warning("duplicate message %s from %s ignored", tag, sender)
+            await self._unreserve(sender, len(payload))
+            return
+        self._pending[key] = payload
         fut = self._waiters.get(key)
         if fut is not None and not fut.done():
             fut.set_result(b"")
@@ -208,22 +296,44 @@ class Mailbox:
     ) -> None:
         sender = info.peer_id.to_base58()
         try:
+            if not await self._admissible(sender):
+                self.refused += 1
+                logger.info("refused a stream from %s: not a peer of this plan", sender)
+                return
             while True:
                 try:
                     # Idle streams are normal between rounds: wait long, but never forever.
-                    frame = await read_frame(reader, IDLE_CLOSE * self.cfg.timeout_s, expect={MsgType.TENSOR})
+                    _, _, length = await read_header(
+                        reader, IDLE_CLOSE * self.cfg.timeout_s, expect={MsgType.TENSOR}
+                    )
                 except WireError as e:
                     if "closed" not in str(e):
                         logger.info("stream from %s ended: %s", sender, e)
                     else:  # the sender closed it: a fresh stream (after a silence), or it died
                         self._check_alive(sender)
                     return
-                if len(frame.payload) < TAG_BYTES:
+                if length < TAG_BYTES:
                     logger.warning("message without a tag from %s; closing its stream", sender)
                     return
-                self.bytes_received += len(frame.payload) - TAG_BYTES
-                await self._deliver(sender, Tag.unpack(frame.payload), frame.payload[TAG_BYTES:])
+                tag = Tag.unpack(await read_exactly(reader, TAG_BYTES, self.cfg.timeout_s))
+                if not self._in_horizon(tag):  # read past it, unstored: the stream's later messages count
+                    self.refused += 1
+                    logger.warning("refused message %s from %s: too far ahead of this peer", tag, sender)
+                    await _discard(reader, length - TAG_BYTES, self.cfg.timeout_s)
+                    continue
+                if self._admitted is not None and sender not in self._admitted:
+                    self.refused += 1  # no longer a peer of the plan (a newer one came while it sent)
+                    return
+                await self._reserve(sender, length - TAG_BYTES)  # before reading (allocating) the payload
+                try:
+                    payload = await read_exactly(reader, length - TAG_BYTES, self.cfg.timeout_s)
+                except BaseException:
+                    await self._unreserve(sender, length - TAG_BYTES)
+                    raise
+                self.bytes_received += len(payload)
+                await self._deliver(sender, tag, payload)
         except WireError as e:
+            self.refused += "mailbox full" in str(e) or "share" in str(e)
             logger.warning("%s", e)
         finally:
             writer.close()
@@ -261,3 +371,9 @@ class Mailbox:
         logger.info(
             "%s is gone (its stream ended, it refuses connections): %d wait(s) failed now", peer, failed
         )
+
+
+async def _discard(reader: asyncio.StreamReader, n: int, timeout_s: float) -> None:
+    """Read and drop ``n`` bytes, 64 KiB at a time (a refused message costs no memory)."""
+    while n > 0:
+        n -= len(await read_exactly(reader, min(n, 1 << 16), timeout_s))

@@ -61,6 +61,7 @@ REASON_CHARS = 128  # a failure's reason as published (Progress.message holds at
 # Failures a run can meet in normal operation (a lost neighbour, no state to be had, a bad record):
 # reported without a traceback.
 EXPECTED = (PeerError, StateError, ProtocolError, OSError, ValueError)
+VOUCH_EVERY_S = 1.0  # at most one DHT read a second about senders outside the plan
 CANCEL_GRACE_S = 5.0  # seconds a cancelled training run may spend unwinding before it is left behind
 
 
@@ -87,7 +88,11 @@ class PlanWorker:
             f"potluck/{swarm_id}/train/1",
             TransportConfig(timeout_s=cfg.step_timeout_s),
             addresses=dht_addresses(node),  # dial peers at the addresses their heartbeats announce
+            vouch=self._in_newer_plan,
         )
+        self._vouched: frozenset[str] = frozenset()  # peers of the newest plan read by _in_newer_plan
+        self._vouched_at = -VOUCH_EVERY_S
+        self._vouching = asyncio.Lock()
         self.plan: TrainPlan | None = None
         self._recent: list[TrainPlan] = []  # the plans before this one, newest last
         self._tasks: Supervisor | None = None  # set while run() runs
@@ -151,6 +156,8 @@ class PlanWorker:
         if self.plan is not None:  # the plans whose peers may hold state this run can start from
             self._recent = [*self._recent, self.plan][-RECENT_PLANS:]
         self.plan, self._last_report = plan, None
+        await self.box.admit(plan.peers)  # only this plan's peers may send to this peer
+        self.box.advance(plan.epoch, plan.start_step)
         await self.box.forget(before(plan.epoch))  # stale messages of older epochs
         self.box.take_suspects()  # and suspicions raised under them
         logger.info("plan epoch %d (%s) from step %d", plan.epoch, plan.status, plan.start_step)
@@ -158,6 +165,20 @@ class PlanWorker:
             return
         assert self._tasks is not None
         self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan, list(self._recent)))
+
+    async def _in_newer_plan(self, peer: str) -> bool:
+        """Whether ``peer``, which is not in this peer's plan, is in a newer plan this peer has not read
+        yet (its first messages can come before our next poll). Reads the DHT at most once a second,
+        whoever asks: a stranger's streams cannot make this peer hammer the DHT."""
+        async with self._vouching:
+            if time.monotonic() - self._vouched_at >= VOUCH_EVERY_S:
+                self._vouched_at = time.monotonic()
+                epoch = self.plan.epoch if self.plan is not None else -1
+                found = [
+                    v.record for v in await self.node.fetch(PLAN.name) if isinstance(v.record, TrainPlan)
+                ]
+                self._vouched = frozenset().union(*(p.peers for p in found if p.epoch > epoch))
+        return peer in self._vouched
 
     async def _cancel(self) -> None:
         if self._task is not None and self._tasks is not None:

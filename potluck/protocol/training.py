@@ -113,6 +113,11 @@ class TrainPlan(Record):
             return None
         return self.stages[(stage + 1) % n].peers[0]
 
+    @property
+    def peers(self) -> frozenset[str]:
+        """Every placed peer (spares excluded): the peers whose messages this plan's peers accept."""
+        return frozenset(p for st in self.stages for p in st.peers)
+
     def position(self, peer_id: str) -> tuple[int, int] | None:
         """(stage, replica) of ``peer_id``, or None when it is not placed."""
         for j, st in enumerate(self.stages):

@@ -92,20 +92,32 @@ async def write_frame(writer: asyncio.StreamWriter, frame: Frame, timeout_s: flo
         raise WireError(f"peer did not accept a {frame.type.name} frame within {timeout_s:.1f} s") from None
 
 
+async def read_exactly(reader: asyncio.StreamReader, n: int, timeout_s: float) -> bytes:
+    """``n`` bytes, or ``WireError`` on timeout or EOF."""
+    try:
+        return await asyncio.wait_for(reader.readexactly(n), timeout_s) if n else b""
+    except TimeoutError:
+        raise WireError(f"no frame from peer within {timeout_s:.1f} s") from None
+    except asyncio.IncompleteReadError as e:
+        raise WireError("peer closed the stream" + (" mid-frame" if e.partial else "")) from None
+
+
+async def read_header(
+    reader: asyncio.StreamReader, timeout_s: float, expect: set[MsgType] | None = None
+) -> tuple[MsgType, int, int]:
+    """(type, flags, length) of the next frame, checked, before its payload is read (or allocated)."""
+    msg_type, flags, length = decode_header(await read_exactly(reader, HEADER_BYTES, timeout_s))
+    if expect is not None and msg_type not in expect and msg_type != MsgType.ERROR:
+        raise WireError(f"expected {sorted(t.name for t in expect)}, got {msg_type.name}")
+    return msg_type, flags, length
+
+
 async def read_frame(
     reader: asyncio.StreamReader, timeout_s: float, expect: set[MsgType] | None = None
 ) -> Frame:
     """Read one frame; raise ``WireError`` on timeout, EOF, bad header, oversize or unexpected type."""
-    try:
-        header = await asyncio.wait_for(reader.readexactly(HEADER_BYTES), timeout_s)
-        msg_type, flags, length = decode_header(header)
-        if expect is not None and msg_type not in expect and msg_type != MsgType.ERROR:
-            raise WireError(f"expected {sorted(t.name for t in expect)}, got {msg_type.name}")
-        payload = await asyncio.wait_for(reader.readexactly(length), timeout_s) if length else b""
-    except TimeoutError:
-        raise WireError(f"no frame from peer within {timeout_s:.1f} s") from None
-    except asyncio.IncompleteReadError:
-        raise WireError("peer closed the stream mid-frame") from None
+    msg_type, flags, length = await read_header(reader, timeout_s, expect)
+    payload = await read_exactly(reader, length, timeout_s)
     if msg_type == MsgType.ERROR:
         raise WireError(f"peer reported an error: {payload.decode('utf-8', 'replace')}")
     return Frame(msg_type, payload, flags)

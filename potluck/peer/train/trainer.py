@@ -258,6 +258,7 @@ class Trainer:
         step, timing = self.step, Timing()
         sent_before = self.box.bytes_sent
         rnd = Round(self.plan.epoch, step)
+        self.box.advance(self.plan.epoch, step)
         micro = self.micro_batches(step)
         if self.sync is not None:
             self.sync.arm(rnd, len(micro), timeout_s)
