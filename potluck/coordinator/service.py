@@ -21,10 +21,11 @@ from potluck.aio import bounded, supervise
 from potluck.coordinator import rejoin
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.copies import OwnerCopy
+from potluck.coordinator.job.claims import overclaimed
 from potluck.coordinator.job.handoff import handoff_step, typical_step_s
 from potluck.coordinator.job.improve import ImproveConfig
 from potluck.coordinator.job.joins import JoinDesk
-from potluck.coordinator.job.plan import calibrated_tflops, make_train_plan, usable_peers
+from potluck.coordinator.job.plan import calibrated_tflops, device_of, make_train_plan, usable_peers
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
 from potluck.coordinator.job.resume import checkpoint_step, live_step, resume_point
 from potluck.coordinator.placement import PlacementPlan
@@ -70,6 +71,8 @@ class CoordinatorService:
         self.joins = JoinDesk(cfg.join_check_s, cfg.join_recheck_s, improve)  # peers that came later
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
+        self.measured: dict[str, float] = {}  # peer -> TFLOP/s measured on this job (its latest plan)
+        self.distrusted: set[str] = set()  # peers measured far below their claims (job/claims.py)
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
         self._probed: dict[str, float] = {}  # suspect -> the suspicion (DHT time) it was probed for
         self.error: str | None = None  # set when the job was given up (finished is set too)
@@ -334,7 +337,7 @@ class CoordinatorService:
         newcomers = self.joins.newcomers(plan, self.state, self.job)
         if not self.joins.due(newcomers, time.monotonic()):
             return
-        speeds = calibrated_tflops(plan, self.job, self.progress.compute_s)
+        speeds = self._speeds()
         decision, reason, ev = await asyncio.to_thread(
             self.joins.evaluate,
             self.state,
@@ -352,6 +355,23 @@ class CoordinatorService:
         if decision == "improve" and still and ev.plan is not None and ev.placement is not None:
             await self._read_progress()  # the swarm trained on during the search: start from where it is
             await self._replan(reason, handoff=True, candidate=(ev.plan, ev.placement))
+
+    def _speeds(self) -> dict[str, float]:
+        """Every peer's TFLOP/s measured on this job, from the plan it last ran in; notes the peers whose
+        measurement fell far below their claim (their later claims are not believed)."""
+        if self.plan is not None:
+            self.measured.update(calibrated_tflops(self.plan, self.job, self.progress.compute_s))
+        claims = {p: device_of(v.record).tflops for p, v in self.state.peers.items()}
+        for peer in overclaimed(claims, self.measured):
+            if peer not in self.distrusted:
+                self.distrusted.add(peer)
+                logger.warning(
+                    "peer %s claims %.3g TFLOP/s but measured %.3g on this job: its claims are not believed",
+                    peer,
+                    claims[peer],
+                    self.measured[peer],
+                )
+        return dict(self.measured)
 
     async def _read_progress(self) -> None:
         assert self.node is not None
@@ -384,7 +404,7 @@ class CoordinatorService:
             self.last_reason = "enough peers; waiting briefly for their link measurements"
             return
         epoch = self.first_epoch if self.plan is None else self.plan.epoch + 1
-        speeds = calibrated_tflops(self.plan, self.job, self.progress.compute_s) if self.plan else {}
+        speeds = self._speeds()
         now = get_dht_time()
         # Suspects that did not heartbeat since a peer failed to reach them sit this plan out.
         _, excluded = self.progress.verdicts(self.state, now, self.retry)
@@ -402,7 +422,16 @@ class CoordinatorService:
             reason = "a fresh plan with the newcomers"
         else:
             plan, placement, reason = await asyncio.to_thread(
-                make_train_plan, state, self.job, now, epoch, start, self.placement, None, speeds
+                make_train_plan,
+                state,
+                self.job,
+                now,
+                epoch,
+                start,
+                self.placement,
+                None,
+                speeds,
+                frozenset(self.distrusted),
             )
         if plan is None:
             if reason != self.last_reason:

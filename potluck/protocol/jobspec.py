@@ -157,6 +157,9 @@ class TrustSpec(_Section):
 
     aggregation: AggregationRule = "mean"
     trim: float = Field(default=0.2, ge=0.0, lt=0.5)  # trimmed_mean: share dropped from each side
+    # An unmeasured peer's claimed TFLOP/s counts for at most this x the median claim (0: uncapped): a
+    # lying peer cannot win most of the layers before its steps are measured (coordinator/job/claims.py)
+    claim_cap: float = Field(default=2.0, ge=0.0, le=1000.0)
 
 
 class LimitsSpec(_Section):

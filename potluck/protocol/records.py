@@ -51,11 +51,13 @@ class Hardware(BaseModel):
 
     device_kind: DeviceKind
     device_name: ShortText
-    memory_total_bytes: int = Field(ge=0, le=2**50)  # the device's memory (system RAM for cpu)
-    memory_free_bytes: int = Field(ge=0, le=2**50)
+    memory_total_bytes: int = Field(ge=0, le=2**44)  # the device's memory (system RAM for cpu); <= 16 TiB
+    memory_free_bytes: int = Field(ge=0, le=2**44)
     cpu_cores: int = Field(ge=1, le=4096)
-    tflops_fp32: NonNegFloat  # measured dense matmul throughput, 10^12 FLOP/s
-    tflops_bf16: NonNegFloat
+    # measured dense matmul throughput, 10^12 FLOP/s; bounded so that no claim can distort the planner's
+    # arithmetic (the planner caps them further: coordinator/job/claims.py)
+    tflops_fp32: float = Field(ge=0.0, le=10_000.0, allow_inf_nan=False)
+    tflops_bf16: float = Field(ge=0.0, le=10_000.0, allow_inf_nan=False)
 
     @property
     def label(self) -> str:

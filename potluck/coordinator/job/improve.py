@@ -101,12 +101,13 @@ def move_seconds(
 
 
 def newcomer_speeds(
-    state: SwarmState, calibrated: Mapping[str, float], newcomers: Collection[str]
+    state: SwarmState, calibrated: Mapping[str, float], newcomers: Collection[str], cap: float = 0.0
 ) -> dict[str, float]:
     """``calibrated`` plus a speed for each newcomer: the median measured speed of placed peers with the
     same device (a short start-up probe on a busy machine is far noisier than whole training steps),
     else its probe scaled by the swarm's median ratio of measured to probed speed (a probe is a bare
-    matmul, a step is not, so unscaled it would look fastest)."""
+    matmul, a step is not, so unscaled it would look fastest). ``cap`` > 0: no newcomer counts for more
+    than ``cap`` x the median measured speed until its own steps are measured (its claim may be a lie)."""
     ratios = []
     by_device: dict[tuple[str, str], list[float]] = {}
     for p, speed in calibrated.items():
@@ -123,6 +124,8 @@ def newcomer_speeds(
             hw = state.peers[p].record.hardware
             same = by_device.get((hw.device_kind, hw.device_name))
             out[p] = statistics.median(same) if same else device_of(state.peers[p].record).tflops * scale
+            if cap > 0 and calibrated:
+                out[p] = min(out[p], cap * statistics.median(calibrated.values()))
     return out
 
 
@@ -176,7 +179,7 @@ def evaluate_join(
     transfers but not the waits of a real step, so with a measured step both predictions are scaled to
     it: the model's ratio applied to the step the swarm actually takes."""
     cfg = cfg or ImproveConfig()
-    speeds = newcomer_speeds(state, speeds, newcomers)
+    speeds = newcomer_speeds(state, speeds, newcomers, job.trust.claim_cap)
     current_s = predicted_step_s(plan, job, state, speeds)
     remaining = max(0, job.steps - step)
     best: tuple[float, TrainPlan, PlacementPlan] | None = None

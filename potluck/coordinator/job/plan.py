@@ -16,6 +16,7 @@ import numpy as np
 
 from potluck.compression import get_codec
 from potluck.coordinator.errors import NetModelError, PackingError
+from potluck.coordinator.job.claims import believed_tflops, plausible_tflops
 from potluck.coordinator.placement import PlacementPlan, PlannerConfig, PlanningState, plan
 from potluck.coordinator.placement.costmodel import (
     BatchSpec,
@@ -69,9 +70,9 @@ def step_job(job: JobSpec) -> StepJob:
 
 
 def device_of(record: PeerRecord) -> DeviceSpec:
+    """The peer's device as it claims it, within what such hardware can do (``claims``)."""
     hw = record.hardware
-    tflops = hw.tflops_bf16 if hw.device_kind == "cuda" else hw.tflops_fp32
-    return DeviceSpec(tflops=max(tflops, 1e-6), memory_gb=hw.memory_free_bytes / 1e9)
+    return DeviceSpec(tflops=plausible_tflops(hw), memory_gb=hw.memory_free_bytes / 1e9)
 
 
 def network(state: SwarmState, peers: list[str]) -> tuple[NetModel, str]:
@@ -151,22 +152,27 @@ def make_train_plan(
     previous: PlacementPlan | None = None,
     cfg: JobPlanConfig | None = None,
     measured_tflops: dict[str, float] | None = None,
+    distrusted: frozenset[str] = frozenset(),
 ) -> tuple[TrainPlan | None, PlacementPlan | None, str]:
     """(plan, the planner's placement, reason). None when the swarm cannot run the job yet.
 
     ``measured_tflops``: peers' effective speed on this job from earlier steps (``calibrated_tflops``);
-    it replaces their start-up probe, which a busy machine or a cold device can get badly wrong."""
-    speeds = measured_tflops or {}
-
-    def device(pid: str) -> DeviceSpec:
-        dev = device_of(state.peers[pid].record)
-        return DeviceSpec(speeds[pid], dev.memory_gb) if speeds.get(pid, 0.0) > 0 else dev
-
+    it replaces their start-up probe, which a busy machine or a cold device can get badly wrong, and a
+    hostile peer's lie. Unmeasured claims are capped (``claims.believed_tflops``); ``distrusted``: peers
+    whose claims proved false, believed no faster than the median until measured."""
     cfg = cfg or JobPlanConfig()
     sj = step_job(job)
     usable, spares = usable_peers(state, job)
     if len(usable) < job.min_peers:
         return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
+    claimed = {p: device_of(state.peers[p].record) for p in usable}
+    speeds = believed_tflops(
+        {p: d.tflops for p, d in claimed.items()}, measured_tflops or {}, job.trust.claim_cap, distrusted
+    )
+
+    def device(pid: str) -> DeviceSpec:
+        return DeviceSpec(speeds[pid], claimed[pid].memory_gb)
+
     net, net_note = network(state, usable)
     pstate = PlanningState(tuple(usable), tuple(device(p) for p in usable), net)
     lim = job.limits

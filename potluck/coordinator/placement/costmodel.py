@@ -225,14 +225,17 @@ def split_layers(
     mem_extra[0] += m.embed_params * job.bytes_per_param
     mem_extra[-1] += m.embed_params * job.bytes_per_param
     budget = memory_gb * GB * job.memory_headroom - mem_extra
-    mem_cap = np.floor(budget / (state + act * in_flight)).astype(np.int64)
+    # No stage holds more than the whole model: capping here keeps every count below in int64 and the
+    # give-back loop below short (<= stages x layers rounds), whatever memory and speed peers claim.
+    mem_cap = np.clip(np.floor(budget / (state + act * in_flight)), -1, m.layers).astype(np.int64)
     if (mem_cap < 1).any() or mem_cap.sum() < m.layers:
         return None
     rate = speed_tflops * 1e12
 
     def capacity(t: np.ndarray) -> np.ndarray:
         # The 1e-9 absorbs rounding: a stage that fits k layers in exactly t must get k, not k - 1.
-        return np.minimum(np.floor((t[..., None] * rate - extra) / work + 1e-9), mem_cap).astype(np.int64)
+        fits = np.clip(np.floor((t[..., None] * rate - extra) / work + 1e-9), -1, m.layers)
+        return np.minimum(fits, mem_cap).astype(np.int64)
 
     # The best stage time is the time some stage needs for some whole number of layers: try them all
     # at once and keep the smallest whose capacities cover the model.

@@ -85,10 +85,10 @@ def test_a_newcomer_runs_at_the_measured_pace_of_its_device_else_at_its_scaled_p
     state = SwarmState("s", 1.0, {a: peer(a, tflops=1.0), b: peer(b, tflops=1.0), c: peer(c, tflops=0.2)})
     speeds = newcomer_speeds(state, {a: 0.1, b: 0.3}, [c])
     assert abs(speeds[c] - 0.2) < 1e-9 and speeds[a] == 0.1  # same device as a and b: their median
-    other = peer(c, tflops=2.0)
-    hw = other.record.hardware.model_copy(update={"device_name": "a faster cpu"})
+    other = peer(c, tflops=0.8)
+    hw = other.record.hardware.model_copy(update={"device_name": "a faster cpu", "cpu_cores": 16})
     other = PeerView(other.record.model_copy(update={"hardware": hw}), other.expiration)
-    state = SwarmState("s", 1.0, {a: peer(a, tflops=1.0), b: peer(b, tflops=1.0), c: other})
+    state = SwarmState("s", 1.0, {a: peer(a, tflops=0.4), b: peer(b, tflops=0.4), c: other})
     speeds = newcomer_speeds(state, {a: 0.1, b: 0.1}, [c])
     assert abs(speeds[c] - 0.2) < 1e-9  # its probe, scaled like the swarm measured itself
 
@@ -152,3 +152,13 @@ def test_a_spare_keeps_the_step_it_joined_at_and_hears_the_verdict():
     decision, _, _ = desk.evaluate(state, j, plan, 9, {}, [c], 1.0, 5.0)
     told = {s.peer_id: s.reason for s in desk.spares(plan, state, j, 9)}
     assert decision == "keep" and told[c].startswith("joined at step 7; placed at a re-plan if it pays")
+
+
+def test_a_newcomers_claim_counts_for_at_most_cap_x_the_measured_median():
+    a, b, c = ids(3)
+    fast = peer(c, tflops=2000.0)
+    hw = fast.record.hardware.model_copy(update={"device_kind": "cuda", "device_name": "a claimed GPU"})
+    liar = PeerView(fast.record.model_copy(update={"hardware": hw}), fast.expiration)
+    state = SwarmState("s", 1.0, {a: peer(a, tflops=0.1), b: peer(b, tflops=0.1), c: liar})
+    assert newcomer_speeds(state, {a: 0.1, b: 0.1}, [c])[c] == 2000.0  # believed as probed
+    assert newcomer_speeds(state, {a: 0.1, b: 0.1}, [c], cap=2.0)[c] == 0.2

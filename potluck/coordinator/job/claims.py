@@ -1,0 +1,59 @@
+"""What the planner believes about a peer's speed: its claim is a prior, its measured steps the truth.
+
+A heartbeat's TFLOP/s is self-reported, and a peer that overstates it wins layers it cannot run (one
+claiming 10,000 TFLOP/s on a CPU was given 6 of 8 layers). So, before a peer has been measured on the
+job, its claim counts for at most:
+
+- what its device could plausibly do (``plausible_tflops``: a CPU core does not exceed 0.2 TFLOP/s fp32,
+  no accelerator 2,500 TFLOP/s bf16), and
+- ``claim_cap`` x the median claim of the peers being planned (``TrustSpec.claim_cap``; 0 turns it off),
+  so that one liar among n honest peers wins at most ``cap / (n + cap)`` of the compute;
+
+and once measured (``calibrated_tflops``: its stage's FLOPs over the compute seconds it reported per
+step) the measurement replaces the claim. A peer measured at less than ``1 / OVERCLAIM`` of its claim is
+*overclaimed*: the coordinator says so, and its claims are not believed again in this job.
+Pure functions; the coordinator keeps the state.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+
+from potluck.protocol.records import Hardware
+
+CPU_CORE_TFLOPS = 0.2  # fp32 with AVX-512 FMA at ~3 GHz: 2 x 16 x 2 x 3e9 = 0.19 TFLOP/s per core
+ACCELERATOR_TFLOPS = 2500.0  # beyond any single device's dense bf16 today (an H200: ~990)
+OVERCLAIM = 4.0  # measured below claim / this: the claim was false
+
+
+def plausible_tflops(hw: Hardware) -> float:
+    """The claimed TFLOP/s the planner may use for this hardware, before any measurement."""
+    claim = hw.tflops_bf16 if hw.device_kind == "cuda" else hw.tflops_fp32
+    ceiling = CPU_CORE_TFLOPS * hw.cpu_cores if hw.device_kind == "cpu" else ACCELERATOR_TFLOPS
+    return max(min(claim, ceiling), 1e-6)
+
+
+def believed_tflops(
+    claims: Mapping[str, float],
+    measured: Mapping[str, float],
+    cap: float,
+    distrusted: frozenset[str] = frozenset(),
+) -> dict[str, float]:
+    """Per peer: its measured TFLOP/s where there is one, else its claim capped at ``cap`` x the median
+    claim (``cap`` <= 0: uncapped). A distrusted peer without a measurement counts as the median."""
+    out: dict[str, float] = {}
+    median = statistics.median(claims.values()) if claims else 0.0
+    for peer, claim in claims.items():
+        if measured.get(peer, 0.0) > 0:
+            out[peer] = measured[peer]
+        elif peer in distrusted:
+            out[peer] = min(claim, median)
+        else:
+            out[peer] = min(claim, cap * median) if cap > 0 else claim
+    return out
+
+
+def overclaimed(claims: Mapping[str, float], measured: Mapping[str, float]) -> list[str]:
+    """Peers whose measured speed is below ``1 / OVERCLAIM`` of what they claim, sorted."""
+    return sorted(p for p, m in measured.items() if m > 0 and p in claims and m * OVERCLAIM < claims[p])

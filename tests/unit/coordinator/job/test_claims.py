@@ -1,0 +1,80 @@
+"""A peer's claimed speed is a prior: capped by what its hardware can do and by the swarm's median until
+measured, replaced by the measurement, and a false claim is noticed. Liars cannot win most layers."""
+
+import pytest
+
+from potluck.coordinator.job.claims import believed_tflops, overclaimed, plausible_tflops
+from potluck.coordinator.job.plan import make_train_plan
+from potluck.coordinator.state import SwarmState
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.records import Hardware
+from tests.unit.coordinator.job.test_plan import ids, peer
+
+
+def hw(kind: str, tflops: float, cores: int = 8) -> Hardware:
+    return Hardware(
+        device_kind=kind,
+        device_name="x",
+        memory_total_bytes=1 << 30,
+        memory_free_bytes=1 << 30,
+        cpu_cores=cores,
+        tflops_fp32=tflops,
+        tflops_bf16=tflops,
+    )
+
+
+def test_claims_beyond_the_hardware_are_not_believed():
+    assert plausible_tflops(hw("cpu", 10_000, cores=8)) == pytest.approx(1.6)
+    assert plausible_tflops(hw("cpu", 0.3)) == 0.3
+    assert plausible_tflops(hw("cuda", 10_000)) == 2500.0
+    assert plausible_tflops(hw("cuda", 80.0)) == 80.0
+
+
+def test_unmeasured_claims_are_capped_at_the_median_and_measurements_win():
+    claims = {"a": 1.0, "b": 1.0, "c": 1.0, "liar": 100.0}
+    got = believed_tflops(claims, {}, cap=2.0)
+    assert got == {"a": 1.0, "b": 1.0, "c": 1.0, "liar": 2.0}
+    assert believed_tflops(claims, {}, cap=0.0)["liar"] == 100.0  # trusted swarm: as claimed
+    assert believed_tflops(claims, {"liar": 0.1}, cap=2.0)["liar"] == 0.1
+    assert believed_tflops(claims, {}, cap=2.0, distrusted=frozenset({"liar"}))["liar"] == 1.0
+    assert overclaimed(claims, {"a": 0.9, "liar": 0.1}) == ["liar"]
+
+
+@pytest.mark.parametrize("claim", [10_000.0, 2_000.0])
+def test_a_liar_among_honest_peers_does_not_win_most_layers(claim):
+    job = JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"n_layers": 8, "d_model": 64, "n_heads": 4, "vocab_size": 256, "seq_len": 32},
+            "batch": {"tokens_per_step": 32 * 16, "micro_batch_size": 2},
+            "limits": {"stages": 4, "replicas": 1},
+        }
+    )
+    pids = ids(4)
+    peers = {p: peer(p, tflops=0.1) for p in pids[:3]} | {pids[3]: peer(pids[3], tflops=claim)}
+    plan, _, reason = make_train_plan(SwarmState("s", 100.0, peers), job, 100.0, epoch=1, start_step=0)
+    assert plan is not None, reason
+    liar = sum(st.last_layer - st.first_layer for st in plan.stages if pids[3] in st.peers)
+    assert liar <= 4  # was 5 of 8 uncapped (and 6 of 8 before claims were bounded by the hardware)
+    uncapped = job.model_copy(update={"trust": job.trust.model_copy(update={"claim_cap": 0.0})})
+    plan, _, _ = make_train_plan(SwarmState("s", 100.0, peers), uncapped, 100.0, epoch=1, start_step=0)
+    assert plan is not None
+    assert sum(st.last_layer - st.first_layer for st in plan.stages if pids[3] in st.peers) > liar
+
+
+@pytest.mark.timeout(60)
+def test_the_largest_claims_the_schema_allows_do_not_stall_the_planner():
+    job = JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"n_layers": 8, "d_model": 64, "n_heads": 4, "vocab_size": 256, "seq_len": 32},
+            "batch": {"tokens_per_step": 32 * 16, "micro_batch_size": 2},
+            "trust": {"claim_cap": 0.0},
+        }
+    )
+    pids = ids(4)
+    peers = {p: peer(p) for p in pids[:3]} | {pids[3]: peer(pids[3], memory=1 << 44, tflops=10_000.0)}
+    plan, _, reason = make_train_plan(SwarmState("s", 100.0, peers), job, 100.0, epoch=1, start_step=0)
+    assert plan is not None, reason
+    with pytest.raises(ValueError):
+        peer(pids[0], tflops=1e9)  # beyond the schema's bound: refused with the record
