@@ -66,6 +66,14 @@ def peer(
         "--checkpoint-dir",
         help="Where this peer writes and reads checkpoints (default: STATE_DIR/checkpoints/JOB).",
     ),
+    data_dir: Path = typer.Option(
+        None,
+        "--data-dir",
+        help="Your copy of the job's text directory (default: the job's data.path under STATE_DIR/data).",
+    ),
+    tokenizer: Path = typer.Option(
+        None, "--tokenizer", help="Your copy of the job's tokenizer.json (default: under STATE_DIR/data)."
+    ),
     step_timeout: float = typer.Option(
         120.0, min=1.0, help="Seconds to wait for a pipeline neighbour or a step commit."
     ),
@@ -110,7 +118,13 @@ def peer(
         threads=threads,
         max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
         train=train,
-        worker=WorkerConfig(state_dir=state_dir, checkpoint_root=checkpoint_dir, step_timeout_s=step_timeout),
+        worker=WorkerConfig(
+            state_dir=state_dir,
+            checkpoint_root=checkpoint_dir,
+            data_dir=data_dir,
+            tokenizer=tokenizer,
+            step_timeout_s=step_timeout,
+        ),
         swarm_gone_after_s=swarm_gone_after,
         telemetry=TelemetryConfig(target=target, interval_s=telemetry_interval),
         metrics_bind=(metrics_host, metrics_port) if metrics_port is not None else None,

@@ -40,6 +40,7 @@ from potluck.net.streams import Streams
 from potluck.net.tags import before
 from potluck.peer.activity import Activity
 from potluck.peer.config import WorkerConfig
+from potluck.peer.datapaths import local_data
 from potluck.peer.errors import PeerError
 from potluck.peer.leave import switch_deadline, switch_verdict
 from potluck.peer.state.copies import CopyDuty
@@ -249,7 +250,11 @@ class PlanWorker:
             job = await self._job(plan)
             if job.name not in self._datasets:
                 self._datasets[job.name], _ = await asyncio.to_thread(
-                    load_dataset, job.data, job.model.seq_len, job.model.vocab_size, job.seed
+                    load_dataset,
+                    local_data(job.data, self.cfg.state_dir, self.cfg.data_dir, self.cfg.tokenizer),
+                    job.model.seq_len,
+                    job.model.vocab_size,
+                    job.seed,
                 )
             dataset = self._datasets[job.name]
             root = self.cfg.checkpoints(job.name)  # this peer's own disk; the job's dir is the owner's

@@ -84,7 +84,7 @@ class Trainer:
         plan: TrainPlan,
         dataset: TokenDataset,
         cfg: TrainerConfig,
-        checkpoint_root: Path | None = None,
+        checkpoint_root: Path,
         sources: Sequence[StateSource] = (),
         budget: WaitBudget | None = None,
     ) -> None:
@@ -112,7 +112,7 @@ class Trainer:
             job.optimizer,
             torch.device(cfg.device),
         )
-        self.checkpoint_root = checkpoint_root or Path(job.checkpoint.dir).expanduser()
+        self.checkpoint_root = checkpoint_root  # this peer's own disk, never the job's checkpoint.dir
         comp = job.compression
         self.act_codec = get_codec(comp.activations)
         self.grad_codec_spec = comp.gradients
