@@ -20,6 +20,7 @@ from potluck.errors import PotluckError
 COMMANDS: tuple[str, ...] = (
     "potluck.cli.peer_cmd",
     "potluck.cli.launch_cmd",
+    "potluck.cli.access_cmd",
     "potluck.cli.status_cmd",
     "potluck.cli.monitor_cmd",
     "potluck.cli.demo_cmd",

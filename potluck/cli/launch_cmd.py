@@ -30,7 +30,7 @@ from potluck.cli.telemetry_opts import (
     TelemetryOptions,
     TelemetryStack,
 )
-from potluck.coordinator.config import DEFAULT_HOME, CoordinatorConfig
+from potluck.coordinator.config import DEFAULT_HOME, AdmitConfig, CoordinatorConfig
 from potluck.coordinator.memory import unfinished_swarm
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
@@ -83,6 +83,18 @@ def launch(
     mqtt_bind: str = typer.Option("127.0.0.1:0", "--mqtt-bind", help=MQTT_BIND_HELP),
     mqtt_ca: str = typer.Option(None, "--mqtt-ca", help="CA bundle to check an mqtts:// broker against."),
     dashboard_bind: str = typer.Option("127.0.0.1:8470", "--dashboard-bind", help=DASHBOARD_HELP),
+    open_swarm: bool = typer.Option(
+        False, "--open", help="Admit any peer that asks (no join token); bans and every check still hold."
+    ),
+    token_uses: int = typer.Option(
+        0,
+        "--token-uses",
+        min=0,
+        help="Peers the printed invite admits (0: any number); see `potluck invite`.",
+    ),
+    token_days: float = typer.Option(
+        30.0, "--token-days", min=0.001, help="Days the invite's token is valid."
+    ),
 ) -> None:
     """Coordinate a job: sign it, print an invite, plan the peers that join, train to the last step."""
     try:
@@ -99,6 +111,9 @@ def launch(
         train=not membership_only,
         copy_checkpoints=checkpoint_copy,
         copy_rate_mb_s=copy_rate,
+        admit=AdmitConfig(open=open_swarm),
+        token_uses=token_uses,
+        token_ttl_s=token_days * 86400.0,
     )
     stack = TelemetryStack(TelemetryOptions(telemetry, mqtt_url, mqtt_bind, dashboard_bind, mqtt_ca))
     try:

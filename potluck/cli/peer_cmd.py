@@ -21,7 +21,7 @@ from potluck.cli.common import (
 from potluck.errors import TaskFailed
 from potluck.net.config import LinkProbeConfig
 from potluck.peer.config import PeerConfig, WorkerConfig
-from potluck.protocol.errors import BootstrapError, IdentityError
+from potluck.protocol.errors import AdmissionError, BootstrapError, IdentityError
 from potluck.protocol.identity import DEFAULT_HOME
 from potluck.telemetry.config import MqttTarget, TelemetryConfig
 from potluck.telemetry.errors import TelemetryError
@@ -131,7 +131,7 @@ def peer(
     )
     try:
         asyncio.run(_run(PeerDaemon(cfg)))
-    except (BootstrapError, IdentityError) as e:
+    except (BootstrapError, IdentityError, AdmissionError) as e:
         raise fail(str(e)) from None
     except TaskFailed as e:  # its traceback is in the log already
         raise fail(str(e), code=1) from None

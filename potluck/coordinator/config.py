@@ -10,6 +10,15 @@ from potluck.protocol.identity import DEFAULT_HOME
 
 
 @dataclass(frozen=True)
+class AdmitConfig:
+    """The coordinator's door (``coordinator/admit.py``)."""
+
+    open: bool = False  # admit any peer that asks (banned ones excepted)
+    ttl_s: float = 7200.0  # an admission's life (past every record's TTL); peers renew it at half that
+    timeout_s: float = 10.0  # bound on one admission conversation
+
+
+@dataclass(frozen=True)
 class CoordinatorConfig:
     swarm_id: str
     identity_path: Path = DEFAULT_HOME / "coordinator.pem"
@@ -47,3 +56,8 @@ class CoordinatorConfig:
     recover_empty_reads: int = 3  # empty reads in a row (1 s apart) before "nothing to recover"
     recover_peers_s: float = 15.0  # wait for the recovered plan's placed peers' heartbeats this long
     mqtt_url: str | None = None  # the telemetry broker peers publish to (it travels in the invite)
+    # Who may join (coordinator/admit.py): the invite's token admits peers; open: anyone who asks.
+    admit: AdmitConfig = field(default_factory=AdmitConfig)
+    token_uses: int = 0  # peers the printed invite's token admits (0: any number)
+    token_ttl_s: float = 30 * 86400.0  # how long the printed invite's token can be traded
+    bans_ttl_s: float = 600.0  # the signed ban list's lifetime; refreshed every third of it

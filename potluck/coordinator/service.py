@@ -19,6 +19,7 @@ from hivemind.utils import get_dht_time
 from potluck import logs
 from potluck.aio import bounded, supervise
 from potluck.coordinator import rejoin
+from potluck.coordinator.admit import AdmissionDesk
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.copies import OwnerCopy
 from potluck.coordinator.job.claims import overclaimed
@@ -34,12 +35,13 @@ from potluck.errors import TaskFailed
 from potluck.net.dial import reachable
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
+from potluck.protocol.admission import MAX_BANS, BanList, JoinToken
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.keys import JOB, LINKS, PEERS, PLAN, PROGRESS
+from potluck.protocol.keys import BANS, JOB, LINKS, PEERS, PLAN, PROGRESS
 from potluck.protocol.training import Progress, Spare, TrainPlan
 
 logger = logging.getLogger(__name__)
@@ -57,7 +59,8 @@ class CoordinatorService:
     def __init__(self, cfg: CoordinatorConfig, job: JobSpec, identity: Identity | None = None) -> None:
         self.cfg, self.job = cfg, job
         self.identity = identity or Identity.load_or_create(cfg.identity_path)
-        self.policy = TrustPolicy(cfg.swarm_id, self.identity.public_key)
+        self.policy = TrustPolicy(cfg.swarm_id, self.identity.public_key, require_admission=True)
+        self.desk = AdmissionDesk(self.identity, cfg.swarm_id, cfg.admit, self.policy.banned)
         self.node: SwarmNode | None = None
         self.state = SwarmState(cfg.swarm_id, 0.0)
         self.on_change: Callable[[SwarmState, list[str], list[str]], None] | None = None
@@ -97,9 +100,11 @@ class CoordinatorService:
         streams, root = Streams(self.node.p2p), self.checkpoint_root
         self.owner = OwnerCopy(streams, self.cfg.swarm_id, self.identity, self.job, root, copy_mb_s)
         await self.owner.start()
+        await self.desk.serve(streams, get_dht_time)
         tasks: dict[str, Coroutine[Any, Any, None]] = {
             "refresh-job": self._refresh_job(),
             "track-peers": self._track_peers(),
+            "bans": self._keep_bans(),
         }
         if self.cfg.remember:
             tasks["remember"] = self._remember()
@@ -108,7 +113,44 @@ class CoordinatorService:
         if copy_mb_s is not None:
             tasks["copy-checkpoints"] = self._copy_checkpoints()
         self._running = asyncio.create_task(self._supervise(tasks), name="coordinator")
-        return Invite(self.cfg.swarm_id, bootstrap, self.identity.public_key, mqtt=self.cfg.mqtt_url)
+        return Invite(
+            self.cfg.swarm_id, bootstrap, self.identity.public_key, self.mint_token(), self.cfg.mqtt_url
+        )
+
+    def mint_token(self, uses: int | None = None, ttl_s: float | None = None) -> str | None:
+        """A join token for the invite (None in an open swarm, where any peer is admitted)."""
+        if self.cfg.admit.open:
+            return None
+        ttl = self.cfg.token_ttl_s if ttl_s is None else ttl_s
+        uses = self.cfg.token_uses if uses is None else uses
+        return JoinToken.mint(self.identity, self.cfg.swarm_id, get_dht_time() + ttl, uses)
+
+    def ban(self, peer: str, why: str) -> None:
+        """Refuse ``peer`` from now on: its records here at once, everywhere at the next ban-list read."""
+        if peer not in self.policy.banned:
+            self.policy.banned.add(peer)
+            logger.warning("banned %s: %s", peer, why)
+
+    async def _keep_bans(self) -> None:
+        """Merge the ban list in the DHT (``potluck ban`` may have added to it) with ours, and keep ours
+        published: peers refuse banned peers' records from their next read of it."""
+        assert self.node is not None
+        published: frozenset[str] = frozenset()
+        refreshed = 0.0
+        while True:
+            try:
+                for v in await self.node.fetch(BANS.name):
+                    if isinstance(v.record, BanList):
+                        for peer in set(v.record.peers) - self.policy.banned:
+                            self.ban(peer, "on the swarm's ban list")
+                due = time.monotonic() - refreshed > self.cfg.bans_ttl_s / 3
+                if self.policy.banned and (published != self.policy.banned or due):
+                    bans = BanList(peers=sorted(self.policy.banned)[-MAX_BANS:], issued_at=get_dht_time())
+                    if await self.node.publish(BANS.name, bans, self.cfg.bans_ttl_s):
+                        published, refreshed = frozenset(self.policy.banned), time.monotonic()
+            except Exception:
+                logger.exception("keeping the ban list failed")
+            await asyncio.sleep(self.cfg.poll_interval_s)
 
     async def _recover(self, saved: TrainPlan | None, joined: bool) -> None:
         """Carry on with the plan the swarm follows and its progress (``job.recover`` decides), and wait

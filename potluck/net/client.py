@@ -11,10 +11,11 @@ from hivemind.utils import get_dht_time
 from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.node import SwarmNode
+from potluck.protocol.admission import BanList
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
-from potluck.protocol.keys import LINKS, PEERS, PLAN, PROGRESS
+from potluck.protocol.keys import BANS, LINKS, PEERS, PLAN, PROGRESS
 from potluck.protocol.membership import PeerView, link_reports, live_peers
 from potluck.protocol.records import LinkReport
 from potluck.protocol.training import Progress, TrainPlan
@@ -28,8 +29,15 @@ class SwarmClient:
     async def connect(cls, invite: Invite, net: NetworkConfig) -> SwarmClient:
         # A client listens on loopback only: it serves nothing and must not be dialled from outside.
         net = replace(net, host_maddrs=("/ip4/127.0.0.1/tcp/0",), announce_maddrs=())
-        policy = TrustPolicy(invite.swarm_id, invite.coordinator_key)
+        # It shows what the swarm's peers accept: admitted peers' records, none of a banned peer's.
+        policy = TrustPolicy(invite.swarm_id, invite.coordinator_key, require_admission=True)
         node = await SwarmNode.start(Identity.generate(), policy, net, invite.bootstrap, client_mode=True)
+        try:
+            for v in await bounded(node.fetch(BANS.name), net.request_timeout_s, "reading the ban list"):
+                if isinstance(v.record, BanList):
+                    policy.banned.update(v.record.peers)
+        except TimeoutError:
+            pass  # no list is read as no bans
         return cls(node)
 
     async def live_peers(self, timeout_s: float) -> list[PeerView]:

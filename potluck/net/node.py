@@ -49,6 +49,7 @@ class SwarmNode:
         self.p2p, self.node, self.identity, self.policy = p2p, node, identity, policy
         self._tmp_dir = tmp_dir  # holds the derived p2pd key when the caller gave no key_dir
         self.validator: PotluckValidator = node.protocol.record_validator
+        self.admission: bytes | None = None  # this node's encoded Admission, attached to what it publishes
 
     @classmethod
     async def start(
@@ -106,10 +107,15 @@ class SwarmNode:
         """Addresses others can dial, each ending in /p2p/<our peer id>."""
         return [str(m) for m in await self.p2p.get_visible_maddrs()]
 
-    async def publish(self, name: str, record: Record, ttl_s: float, subkey: Any = None) -> bool:
-        """Sign and store ``record`` under this swarm's ``name`` key for ``ttl_s`` seconds."""
+    async def publish(
+        self, name: str, record: Record, ttl_s: float, subkey: Any = None, signer: Identity | None = None
+    ) -> bool:
+        """Sign and store ``record`` under this swarm's ``name`` key for ``ttl_s`` seconds; ``signer``:
+        another key than the node's (the owner's tools sign as the coordinator from a node of their own)."""
         expiration = get_dht_time() + ttl_s
-        value = envelope.seal(self.identity, self.policy.swarm_id, name, record, expiration, subkey)
+        value = envelope.seal(
+            signer or self.identity, self.policy.swarm_id, name, record, expiration, subkey, self.admission
+        )
         return bool(
             await self.node.store(dht_key(self.policy.swarm_id, name), value, expiration, subkey=subkey)
         )

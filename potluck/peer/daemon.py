@@ -24,18 +24,21 @@ from hivemind.utils import get_dht_time
 
 from potluck import logs
 from potluck.aio import bounded, supervise
+from potluck.net.admit import ask_admission
 from potluck.net.dial import dht_addresses
 from potluck.net.links import LinkProber, choose_targets
 from potluck.net.node import SwarmNode
+from potluck.net.streams import Streams
 from potluck.peer.config import PeerConfig
 from potluck.peer.leave import LeaveView, leave_verdict
 from potluck.peer.probe import apply_caps, pick_device, probe
 from potluck.peer.telemetry import PeerTelemetry, peer_metrics
 from potluck.peer.worker import PlanWorker
+from potluck.protocol.admission import Admission, BanList
 from potluck.protocol.envelope import TrustPolicy
-from potluck.protocol.errors import WireError
+from potluck.protocol.errors import AdmissionError, WireError
 from potluck.protocol.identity import Identity, peer_id_from_public_key
-from potluck.protocol.keys import LINKS, PEERS, PROGRESS
+from potluck.protocol.keys import BANS, LINKS, PEERS, PROGRESS
 from potluck.protocol.membership import live_peers
 from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
 from potluck.protocol.training import Progress, TrainPlan
@@ -46,6 +49,7 @@ logger = logging.getLogger(__name__)
 TASK_GRACE_S = 1.0  # seconds a cancelled task may spend unwinding before the leave goes on without it
 SWARM_POLL_S = 5.0  # most seconds between two "is anyone still there?" checks
 LEAVE_POLL_S = 1.0  # seconds between two looks at the hand-off while leaving
+ADMIT_TIMEOUT_S = 10.0  # bound on one admission request to the coordinator
 LEAVE_READ_S = 5.0  # bound on one read of the swarm while leaving
 
 
@@ -53,7 +57,9 @@ class PeerDaemon:
     def __init__(self, cfg: PeerConfig, identity: Identity | None = None) -> None:
         self.cfg = cfg
         self.identity = identity or Identity.load_or_create(cfg.identity_path)
-        self.policy = TrustPolicy(cfg.invite.swarm_id, cfg.invite.coordinator_key)
+        self.policy = TrustPolicy(cfg.invite.swarm_id, cfg.invite.coordinator_key, require_admission=True)
+        self.admission: Admission | None = None  # the coordinator's, renewed at half its life
+        self._admitted_for = 0.0  # seconds the current admission was granted for
         self.node: SwarmNode | None = None
         self.hardware: Hardware | None = None
         self.stop_event = asyncio.Event()  # set: leave gracefully (hand the work over first)
@@ -97,6 +103,7 @@ class PeerDaemon:
                 self.cfg.invite.bootstrap,
                 key_dir=self.cfg.identity_path.parent,
             )
+            await self._admit(self.cfg.net.bootstrap_timeout_s)  # before anything is published
             self.hardware = apply_caps(await probe_task, self.cfg.threads, self.cfg.max_memory_bytes)
         except BaseException:
             probe_task.cancel()
@@ -110,6 +117,7 @@ class PeerDaemon:
         await self.prober.serve()
         tasks: dict[str, Coroutine[Any, Any, None]] = {
             "heartbeat": self._heartbeat(),
+            "admission": self._keep_admitted(),
             "links": self._measure_links(),
             "hand-off": self._hand_off(),
             "telemetry": self.telemetry.run(),
@@ -155,6 +163,51 @@ class PeerDaemon:
             maddrs=(await self.node.visible_maddrs())[:16],
             issued_at=get_dht_time(),
         )
+
+    async def _admit(self, within_s: float) -> None:
+        """Trade the invite's token for an admission at the coordinator; retried while it cannot be
+        reached (it may be restarting), for ``within_s``. ``AdmissionError``: refused, with its reason."""
+        assert self.node is not None
+        coordinator = peer_id_from_public_key(self.cfg.invite.coordinator_key)
+        streams, swarm = Streams(self.node.p2p), self.cfg.invite.swarm_id
+        deadline, delay = time.monotonic() + within_s, 0.5
+        while True:
+            try:
+                adm = await ask_admission(streams, coordinator, swarm, self.cfg.invite.token, ADMIT_TIMEOUT_S)
+                break
+            except WireError as e:  # unreachable or silent: not a refusal
+                if time.monotonic() + delay > deadline:
+                    raise AdmissionError(
+                        f"the coordinator did not answer an admission request: {e}"
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 5.0)
+        self.admission, self._admitted_for = adm, adm.expires - get_dht_time()
+        self.node.admission = adm.encode()
+        logger.info("admitted to swarm %s until %s", swarm, time.ctime(adm.expires))
+
+    async def _keep_admitted(self) -> None:
+        """Renew the admission at half its life, and read the swarm's ban list; a banned peer leaves."""
+        assert self.node is not None
+        while True:
+            try:
+                for v in await bounded(self.node.fetch(BANS.name), self.cfg.heartbeat_interval_s, "ban list"):
+                    if isinstance(v.record, BanList):
+                        self.policy.banned.clear()
+                        self.policy.banned.update(v.record.peers)
+                if self.peer_id in self.policy.banned:
+                    logger.error("this peer is banned from swarm %s; leaving", self.cfg.invite.swarm_id)
+                    self.leave_now.set()
+                    self.stop()
+                    return
+                assert self.admission is not None
+                if self.admission.expires - get_dht_time() < self._admitted_for / 2:
+                    await self._admit(self.cfg.heartbeat_interval_s * 3)
+            except AdmissionError as e:
+                logger.warning("admission not renewed: %s", e)
+            except Exception:  # a failed read is retried at the next beat
+                logger.exception("keeping the admission failed")
+            await asyncio.sleep(self.cfg.heartbeat_interval_s)
 
     async def _heartbeat(self) -> None:
         assert self.node is not None

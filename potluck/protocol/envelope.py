@@ -1,9 +1,11 @@
 """Signed envelopes: how a record travels through the DHT, and the one routine that verifies it.
 
-An envelope is a msgpack array ``[magic, swarm, name, kind, body, public_key, signature]`` where ``body``
-is the record's canonical JSON. The signature covers a domain tag plus
+An envelope is a msgpack array ``[magic, swarm, name, kind, body, public_key, signature, admission]``
+where ``body`` is the record's canonical JSON. The signature covers a domain tag plus
 ``(swarm, name, kind, DHT key id, subkey bytes, expiration, body)``, so a record cannot be replayed under
-another key or subkey, into another swarm, or with a longer lifetime.
+another key or subkey, into another swarm, or with a longer lifetime. ``admission`` (peer-signed
+records) is the coordinator's signed word that the signer may take part (``admission.py``); a policy
+that requires admissions refuses a peer-signed record without a valid one, and a banned signer's.
 
 ``verify`` runs cheapest checks first (size, expiration, framing) and the signature before the schema, so
 garbage never reaches the JSON parser and nothing is allocated from a claimed size.
@@ -13,21 +15,22 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 from pydantic import ValidationError
 
 from potluck.protocol import identity as ident
-from potluck.protocol.errors import RecordError
+from potluck.protocol.admission import Admission, BanList
+from potluck.protocol.errors import AdmissionError, RecordError
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import KEY_SPECS, dht_key
 from potluck.protocol.records import LinkReport, PeerRecord, Record
 from potluck.protocol.training import Progress, TrainPlan
 
 RECORD_TYPES: dict[str, type[Record]] = {
-    cls.KIND: cls for cls in (PeerRecord, LinkReport, JobSpec, TrainPlan, Progress)
+    cls.KIND: cls for cls in (PeerRecord, LinkReport, JobSpec, TrainPlan, Progress, BanList)
 }
 
 MAGIC = b"PLK1"
@@ -43,6 +46,10 @@ class TrustPolicy:
     coordinator_key: bytes  # Ed25519 public key of the job's owner
     clock_skew_s: float = 60.0  # tolerated disagreement of clocks between peers, seconds
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    # Peer-signed records must carry a valid admission (every real swarm; raw test nodes may not).
+    require_admission: bool = False
+    # Peers whose records are refused: the coordinator's ban list as this node last read it (mutable).
+    banned: set[str] = field(default_factory=set, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -93,9 +100,16 @@ def _signed_message(
 
 
 def seal(
-    signer: ident.Identity, swarm_id: str, name: str, record: Record, expiration: float, subkey: Any = None
+    signer: ident.Identity,
+    swarm_id: str,
+    name: str,
+    record: Record,
+    expiration: float,
+    subkey: Any = None,
+    admission: bytes | None = None,
 ) -> bytes:
-    """Sign ``record`` for (swarm, name, subkey) until ``expiration``; returns the envelope bytes."""
+    """Sign ``record`` for (swarm, name, subkey) until ``expiration``; returns the envelope bytes.
+    ``admission``: the signer's encoded ``Admission`` (peer-signed records of an admission swarm)."""
     spec = KEY_SPECS[name]
     if spec.kind != record.KIND:
         raise RecordError(f"key {name!r} holds {spec.kind}, not {record.KIND}")
@@ -103,7 +117,7 @@ def seal(
     message = _signed_message(
         swarm_id, name, record.KIND, key_id_bytes(swarm_id, name), subkey_bytes(subkey), expiration, body
     )
-    envelope = [MAGIC, swarm_id, name, record.KIND, body, signer.public_key, signer.sign(message)]
+    envelope = [MAGIC, swarm_id, name, record.KIND, body, signer.public_key, signer.sign(message), admission]
     return bytes(msgpack.packb(envelope, use_bin_type=True))
 
 
@@ -122,9 +136,10 @@ def verify(
     if not isinstance(envelope_bytes, bytes):
         raise RecordError("malformed: DHT value is not a byte string")
     fields = _unpack(envelope_bytes, policy.max_value_bytes)
-    if not (isinstance(fields, list) and len(fields) == 7):
-        raise RecordError("malformed: envelope is not a 7-element array")
-    magic, swarm, name, kind, body, public_key, signature = fields
+    if not (isinstance(fields, list) and len(fields) in (7, 8)):
+        raise RecordError("malformed: envelope is not a 7- or 8-element array")
+    magic, swarm, name, kind, body, public_key, signature, *rest = fields
+    admission = rest[0] if rest else None
     if magic != MAGIC:
         raise RecordError("malformed: bad magic (not a potluck record)")
     if not all(isinstance(x, str) for x in (swarm, name, kind)):
@@ -151,8 +166,20 @@ def verify(
     if spec.signer == "coordinator":
         if public_key != policy.coordinator_key:
             raise RecordError(f"{name} record not signed by the swarm's coordinator")
-    elif subkey != ident.peer_id_from_public_key(public_key):
-        raise RecordError("subkey is not the signer's peer id (records may only be written by their owner)")
+    else:
+        signer_id = ident.peer_id_from_public_key(public_key)
+        if subkey != signer_id:
+            raise RecordError(
+                "subkey is not the signer's peer id (records may only be written by their owner)"
+            )
+        if signer_id in policy.banned:
+            raise AdmissionError(f"{signer_id} is banned from this swarm")
+        if policy.require_admission:
+            if admission is None:
+                raise AdmissionError("record carries no admission: its signer was never admitted")
+            Admission.decode(admission).check(
+                policy.swarm_id, policy.coordinator_key, signer_id, now, policy.clock_skew_s
+            )
 
     try:
         record = RECORD_TYPES[kind].model_validate_json(body)

@@ -39,3 +39,7 @@ class DialError(WireError):
 
 class CheckpointError(ProtocolError):
     """A checkpoint on disk is missing, incomplete, or damaged; the message names the file and the fault."""
+
+
+class AdmissionError(RecordError):
+    """A join token or admission is missing, malformed, forged, expired, for another peer, or banned."""

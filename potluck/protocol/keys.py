@@ -33,8 +33,9 @@ LINKS = KeySpec("links", "LinkReport", signer="subkey", max_ttl_s=3600.0)
 JOB = KeySpec("job", "JobSpec", signer="coordinator", max_ttl_s=3600.0)
 PLAN = KeySpec("plan", "TrainPlan", signer="coordinator", max_ttl_s=3600.0)
 PROGRESS = KeySpec("progress", "Progress", signer="subkey", max_ttl_s=600.0)
+BANS = KeySpec("bans", "BanList", signer="coordinator", max_ttl_s=3600.0)
 
-KEY_SPECS: dict[str, KeySpec] = {spec.name: spec for spec in (PEERS, LINKS, JOB, PLAN, PROGRESS)}
+KEY_SPECS: dict[str, KeySpec] = {spec.name: spec for spec in (PEERS, LINKS, JOB, PLAN, PROGRESS, BANS)}
 
 
 def check_swarm_id(swarm_id: str) -> str:

@@ -87,6 +87,13 @@ class RawNode:
         key = dht_key(self.invite.swarm_id, name)
         return bool(self._call(self.node.store(key, value, get_dht_time() + ttl, subkey=subkey)))
 
+    def fetch(self, name: str) -> dict[Any, bytes]:
+        """Every value stored under ``name`` (by subkey), unverified: what an attacker can read."""
+        found = self._call(self.node.get(dht_key(self.invite.swarm_id, name), latest=True))
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {sk: item.value for sk, item in found.value.items()}
+
     def close(self) -> None:
         try:
             self._call(self.node.shutdown())

@@ -95,6 +95,66 @@ def test_forged_records_from_a_raw_node_are_never_shown(swarm):
         raw.close()
 
 
+def test_unadmitted_and_replayed_admission_records_are_never_shown(swarm):
+    peers = swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
+    now = time.time()
+    stranger, thief = Identity.generate(), Identity.generate()
+    hw = Hardware(
+        device_kind="cpu",
+        device_name="STRANGER",
+        memory_total_bytes=8 << 30,
+        memory_free_bytes=8 << 30,
+        cpu_cores=2,
+        tflops_fp32=0.4,
+        tflops_bf16=0.4,
+    )
+    raw = RawNode(swarm.invite)
+    try:
+        # 1. a validly signed record, bootstrap address and swarm id known, but never admitted
+        rec = PeerRecord(peer_id=stranger.peer_id, hardware=hw, issued_at=now)
+        raw.store(
+            "peers", stranger.peer_id, seal(stranger, "itest", "peers", rec, now + 60, stranger.peer_id)
+        )
+        # 2. a peer's admission read from the DHT and attached to the thief's own record
+        victim_env = msgpack.unpackb(raw.fetch("peers")[peers[0].peer_id])
+        assert len(victim_env) == 8 and victim_env[7], "honest records carry their admission"
+        rec = PeerRecord(peer_id=thief.peer_id, hardware=hw, issued_at=now)
+        stolen = seal(thief, "itest", "peers", rec, now + 60, thief.peer_id, victim_env[7])
+        raw.store("peers", thief.peer_id, stolen)
+        for _ in range(3):
+            ids = {p["peer_id"] for p in status_json(swarm.invite)["peers"]}
+            assert not {stranger.peer_id, thief.peer_id} & ids
+            assert {p.peer_id for p in peers} <= ids
+    finally:
+        raw.close()
+
+
+def test_a_peer_without_a_valid_token_is_refused_with_the_reason(swarm, tmp_path):
+    untokened = Invite(swarm.invite.swarm_id, swarm.invite.bootstrap, swarm.invite.coordinator_key)
+    for name, invite, why in [
+        ("no-token", untokened, "no valid join token"),
+        (
+            "made-up",
+            Invite(untokened.swarm_id, untokened.bootstrap, untokened.coordinator_key, "pltok1.x"),
+            "",
+        ),
+    ]:
+        out = potluck_cli(
+            "peer",
+            "--join",
+            invite.encode(),
+            "--state-dir",
+            str(tmp_path / name),
+            "--host-maddrs",
+            "/ip4/127.0.0.1/tcp/0",
+            "--probe-seconds",
+            "0",
+            timeout=60,
+        )
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert "error:" in out.stderr and why in out.stderr, out.stderr
+
+
 def test_sigterm_peer_leaves_within_5s(swarm):
     swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
     pid_before = {p.peer_id for p in swarm.live_peers()}
@@ -143,3 +203,17 @@ def test_unreachable_bootstrap_fails_with_advice(tmp_path):
     assert result.returncode == 2, result.stderr
     assert dead in result.stderr and "--announce-maddrs" in result.stderr
     assert time.monotonic() - start < 30
+
+
+def test_a_banned_peer_is_dropped_within_a_heartbeat_and_leaves(swarm):
+    # the last test of the module: peer0 is the one left (peer1 left, peer2 was killed)
+    peers = swarm.wait_for(lambda ps: len(ps) >= 1, timeout_s=30)
+    victim = peers[0].peer_id
+    key = swarm.root / "coordinator.pem"
+    out = potluck_cli("ban", victim, "--join", swarm.invite.encode(), "--identity", str(key), timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    start = time.monotonic()
+    swarm.wait_for(lambda ps: victim not in {p.peer_id for p in ps}, timeout_s=2 * TTL)
+    assert time.monotonic() - start < 2 * TTL
+    swarm.procs["peer0"].popen.wait(timeout=30)  # it read the list, saw itself on it and left
+    assert "banned" in swarm.procs["peer0"].tail(40)

@@ -2,6 +2,7 @@
 
 import logging
 import os
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -10,6 +11,7 @@ import potluck.cli as cli
 from potluck import logs
 from potluck.cli import app
 from potluck.coordinator.errors import PlanningError
+from potluck.protocol.admission import JoinToken
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 
@@ -84,3 +86,20 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, "app", command)
     with pytest.raises(KeyError):
         cli.main()
+
+
+def test_invite_mints_a_counted_token_only_with_the_coordinators_key(tmp_path):
+    key_file = tmp_path / "coordinator.pem"
+    key = Identity.load_or_create(key_file)
+    addr = f"/ip4/127.0.0.1/tcp/1/p2p/{key.peer_id}"
+    base = Invite("swarm-a", (addr,), key.public_key, token=None).encode()
+    out = runner.invoke(app, ["invite", base, "--identity", str(key_file), "--uses", "1", "--hours", "2"])
+    assert out.exit_code == 0, out.output
+    fresh = Invite.decode(out.output.strip().splitlines()[-1])
+    assert (fresh.swarm_id, fresh.bootstrap, fresh.coordinator_key) == ("swarm-a", (addr,), key.public_key)
+    claims = JoinToken.verify(fresh.token, "swarm-a", key.public_key, now=time.time())
+    assert claims.max_uses == 1 and 7000 < claims.expires - time.time() <= 7200
+    other = tmp_path / "other.pem"
+    Identity.load_or_create(other)
+    out = runner.invoke(app, ["invite", base, "--identity", str(other)])
+    assert out.exit_code == 2 and "only its owner mints invites" in out.output

@@ -1,0 +1,75 @@
+"""The coordinator's door: trades join tokens for admissions, and keeps the swarm's ban list.
+
+A peer opens a stream of ``potluck/<swarm>/admit/1`` and sends one CONTROL frame, msgpack
+``{"token": str | None}``; the coordinator answers with a CONTROL frame holding the encoded
+``Admission`` (``protocol/admission.py``), or an ERROR frame saying why not. The peer is the stream's
+authenticated libp2p id, so an admission can only be asked for oneself.
+
+``AdmissionDesk.decide`` is the policy (pure but for the use counts it keeps): banned peers never; an
+open swarm admits anyone; otherwise the token must be signed by this coordinator, for this swarm, not
+expired, and within its ``max_uses`` (a peer renewing with the token it joined with uses nothing up).
+Use counts live in memory: a restarted coordinator counts afresh (docs/security.md says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import msgpack
+
+from potluck.coordinator.config import AdmitConfig
+from potluck.net.admit import admit_protocol
+from potluck.net.streams import Streams
+from potluck.protocol.admission import ROLES, Admission, JoinToken
+from potluck.protocol.errors import AdmissionError
+from potluck.protocol.identity import Identity
+from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
+
+logger = logging.getLogger(__name__)
+
+
+class AdmissionDesk:
+    def __init__(self, identity: Identity, swarm_id: str, cfg: AdmitConfig, banned: set[str]) -> None:
+        self.identity, self.swarm_id, self.cfg, self.banned = identity, swarm_id, cfg, banned
+        self.uses: dict[str, set[str]] = {}  # token id -> the peers it admitted
+        self.granted = 0
+        self.refused = 0
+
+    def decide(self, peer: str, token: object, now: float) -> Admission:
+        """The admission for ``peer`` presenting ``token`` at ``now``; ``AdmissionError`` says why not."""
+        if peer in self.banned:
+            raise AdmissionError("this peer is banned from the swarm")
+        roles: tuple[str, ...] = ROLES
+        if not self.cfg.open or token is not None:
+            claims = JoinToken.verify(token, self.swarm_id, self.identity.public_key, now)
+            users = self.uses.setdefault(claims.token_id, set())
+            if peer not in users and claims.max_uses and len(users) >= claims.max_uses:
+                raise AdmissionError(f"join token used up ({claims.max_uses} peers): ask for a fresh invite")
+            users.add(peer)
+            roles = claims.roles
+        return Admission.issue(self.identity, self.swarm_id, peer, now + self.cfg.ttl_s, roles)
+
+    async def serve(self, streams: Streams, now: Callable[[], float]) -> None:
+        async def handle(peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            timeout = self.cfg.timeout_s
+            frame = await read_frame(reader, timeout, expect={MsgType.CONTROL})
+            try:
+                ask = msgpack.unpackb(frame.payload, raw=False, max_str_len=1024, max_map_len=4)
+                if not isinstance(ask, dict):
+                    raise AdmissionError("malformed admission request")
+                admission = self.decide(peer, ask.get("token"), now())
+            except AdmissionError as e:
+                self.refused += 1
+                logger.warning("refused to admit %s: %s", peer, e)
+                await write_frame(writer, Frame(MsgType.ERROR, str(e).encode()[:4000]), timeout)
+                return
+            except Exception:
+                self.refused += 1
+                await write_frame(writer, Frame(MsgType.ERROR, b"malformed admission request"), timeout)
+                return
+            self.granted += 1
+            await write_frame(writer, Frame(MsgType.CONTROL, admission.encode()), timeout)
+
+        await streams.serve(admit_protocol(self.swarm_id), handle)
