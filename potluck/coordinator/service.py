@@ -22,6 +22,7 @@ from potluck.coordinator import rejoin
 from potluck.coordinator.admit import AdmissionDesk
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.copies import OwnerCopy
+from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers
 from potluck.coordinator.job.claims import overclaimed
 from potluck.coordinator.job.handoff import handoff_step, typical_step_s
 from potluck.coordinator.job.improve import ImproveConfig
@@ -74,6 +75,8 @@ class CoordinatorService:
         self.joins = JoinDesk(cfg.join_check_s, cfg.join_recheck_s, improve)  # peers that came later
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
+        self.accuse = AccuseConfig()
+        self._testimony: list[Progress] = []  # the newest progress records: replicas' witness reports
         self.measured: dict[str, float] = {}  # peer -> TFLOP/s measured on this job (its latest plan)
         self.distrusted: set[str] = set()  # peers measured far below their claims (job/claims.py)
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
@@ -308,6 +311,8 @@ class CoordinatorService:
                 await self._read_progress()
                 if self.plan is not None:
                     self.progress.advanced(self.plan)
+                    if await self._convict():
+                        continue
                 if self.plan is not None and self.on_progress is not None:
                     self.on_progress(self.plan, self.progress)
                 await self._probe_suspects()
@@ -418,7 +423,24 @@ class CoordinatorService:
     async def _read_progress(self) -> None:
         assert self.node is not None
         records = [v.record for v in await self.node.fetch(PROGRESS.name)]
-        self.progress.update(self.plan, [r for r in records if isinstance(r, Progress)])
+        self._testimony = [r for r in records if isinstance(r, Progress)]
+        self.progress.update(self.plan, self._testimony)
+
+    async def _convict(self) -> bool:
+        """Ban the placed peers their stage's replicas testify against (``job/accuse.py``) and re-plan
+        without them; True when it did."""
+        assert self.plan is not None
+        found = [
+            (p, why)
+            for p, why in hostile_peers(self.plan, self._testimony, self.accuse)
+            if p not in self.policy.banned
+        ]
+        for peer, why in found:
+            self.ban(peer, why)
+        if found:
+            self.state = self.state.without([p for p, _ in found])
+            await self._replan(f"banned {', '.join(p[:12] for p, _ in found)}", handoff=True)
+        return bool(found)
 
     def _handoff_start(self, start: int) -> int:
         """``start`` moved ahead for a re-plan nothing failed for, when it came from live state (not from

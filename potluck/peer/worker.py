@@ -51,7 +51,7 @@ from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JOB, PLAN, PROGRESS
-from potluck.protocol.training import Holding, Progress, ProgressState, StepTiming, TrainPlan
+from potluck.protocol.training import Holding, Progress, ProgressState, StepTiming, TrainPlan, Witness
 from potluck.transfer.errors import StateError
 from potluck.transfer.server import StateServer, TransferConfig
 
@@ -429,10 +429,24 @@ class PlanWorker:
             holds=self._held if self.state is not None else None,
             stored=self._stored,
             also_holds=self._also_held(),
+            witnessed=self._witnessed(plan),
             issued_at=get_dht_time(),
         )
         self._last_record = record
         await self._put(record)
+
+    def _witnessed(self, plan: TrainPlan) -> list[Witness]:
+        """The running trainer's audit of the other replicas' contributions (this plan's run only)."""
+        run = self._running
+        if run is None or run.plan is not plan:
+            return []
+        a = run.audit
+        out = [
+            Witness(peer_id=p, seen=n, outlying=a.refused[p] + a.clipped[p])
+            for p, n in a.seen.items()
+            if p != self.peer_id
+        ]
+        return sorted(out, key=lambda w: w.outlying / max(w.seen, 1), reverse=True)[:64]
 
     async def _put(self, record: Progress) -> None:
         try:

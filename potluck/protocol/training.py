@@ -163,6 +163,16 @@ class Holding(BaseModel):
         return self
 
 
+class Witness(BaseModel):
+    """What this peer's aggregation rule made of another replica's contributions in this run (chunks)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    peer_id: PeerId
+    seen: int = Field(ge=0, le=2**40)
+    outlying: int = Field(ge=0, le=2**40)  # refused (NaN/Inf) or far outside the others (clipped)
+
+
 class Progress(Record):
     """A peer's latest completed step. Stored under the progress key, subkey = peer id."""
 
@@ -194,4 +204,7 @@ class Progress(Record):
     # The checkpoints this peer keeps on its disk (its own stages and the copies it holds), newest of
     # each layer range: where the swarm can resume from when live state is lost.
     stored: list[Holding] = Field(default_factory=list, max_length=16)
+    # The reporter's signed testimony on its stage's other replicas under this plan: how many of their
+    # contributions it aggregated and how many it refused or clipped (coordinator/job/accuse.py).
+    witnessed: list[Witness] = Field(default_factory=list, max_length=64)
     issued_at: NonNegFloat

@@ -42,14 +42,6 @@ class Audit:
     clipped: Counter[str] = field(default_factory=Counter)  # far outside the others (robust rules)
     seen: Counter[str] = field(default_factory=Counter)
 
-    def take(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-        """(refused, clipped, seen) since the last call; forgets them."""
-        out = dict(self.refused), dict(self.clipped), dict(self.seen)
-        self.refused.clear()
-        self.clipped.clear()
-        self.seen.clear()
-        return out
-
 
 def finite_rows(stack: torch.Tensor) -> torch.Tensor:
     """Boolean mask of the rows of ``stack`` ([k, n]) that hold no NaN or Inf."""

@@ -1,0 +1,54 @@
+"""From replicas' testimony to bans: which peers' contributions the other replicas keep refusing.
+
+On a one-hop schedule every replica of a stage owns a shard and aggregates every other replica's slice
+of it, so each one witnesses each other's contributions independently (``Progress.witnessed``: chunks
+seen, chunks refused as NaN/Inf or clipped as far outliers, signed by the witness). A peer is found
+hostile when more than ``quorum`` of its stage's *other* replicas, and at least two, each saw at least
+``min_seen`` of its chunks and found at least ``rate`` of them outlying. A minority of hostile replicas
+therefore cannot get an honest one banned by lying about it, and an honest replica's occasional clipped
+chunk (noise) stays far below ``rate``. Pure: records in, verdicts out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from potluck.protocol.training import Progress, TrainPlan
+
+
+@dataclass(frozen=True)
+class AccuseConfig:
+    min_seen: int = 8  # chunks a witness must have aggregated before its word counts
+    rate: float = 0.5  # share of them it found outlying
+    quorum: float = 0.5  # share of the other replicas that must say so (strictly more than)
+
+
+def hostile_peers(plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfig) -> list[tuple[str, str]]:
+    """(peer, reason) for each placed peer its stage's replicas convict; sorted by peer."""
+    testimony: dict[str, dict[str, tuple[int, int]]] = {}  # accused -> witness -> (seen, outlying)
+    for r in records:
+        if r.epoch != plan.epoch or r.job != plan.job:
+            continue
+        for w in r.witnessed:
+            testimony.setdefault(w.peer_id, {})[r.peer_id] = (w.seen, w.outlying)
+    out = []
+    for stage in plan.stages:
+        others = len(stage.peers) - 1
+        if others < 2:
+            continue
+        for peer in stage.peers:
+            said = testimony.get(peer, {})
+            accusers = [
+                w
+                for w, (seen, bad) in said.items()
+                if w in stage.peers and w != peer and seen >= cfg.min_seen and bad >= cfg.rate * seen
+            ]
+            if len(accusers) >= 2 and len(accusers) > cfg.quorum * others:
+                out.append(
+                    (
+                        peer,
+                        f"{len(accusers)} of its {others} fellow replicas refused or clipped its gradients",
+                    )
+                )
+    return sorted(out)
