@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from pathlib import Path
 
 from hivemind.utils import get_dht_time
@@ -14,6 +15,7 @@ from potluck.peer.config import TrainerConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StageAssignment, TrainPlan
+from tests.helpers.hostile import Forge, HostileMailbox
 from tests.helpers.p2p import p2p_group
 
 PROTOCOL = "potluck/test/train/1"
@@ -42,11 +44,16 @@ def tiny_dataset(job: JobSpec) -> TokenDataset:
 
 
 def make_plan(
-    job: JobSpec, grid: list[list[str]], splits: list[tuple[int, int]], epoch: int = 1, start_step: int = 0
+    job: JobSpec,
+    grid: list[list[str]],
+    splits: list[tuple[int, int]],
+    epoch: int = 1,
+    start_step: int = 0,
+    aggregation: str = "mean",
 ) -> TrainPlan:
     """grid[j][i]: the peer of stage j, replica i."""
     stages = [
-        StageAssignment(first_layer=a, last_layer=b, peers=row)
+        StageAssignment(first_layer=a, last_layer=b, peers=row, aggregation=aggregation)
         for (a, b), row in zip(splits, grid, strict=True)
     ]
     return TrainPlan(
@@ -69,16 +76,26 @@ async def train_swarm(
     stop_after: int | None = None,
     epoch: int = 1,
     cfg: TrainerConfig | None = None,
+    aggregation: str = "mean",
+    hostile: Mapping[int, Forge] | None = None,
 ) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:
-    """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers."""
+    """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers.
+
+    ``hostile``: replica index -> how that replica (of every stage) rewrites the gradients it sends."""
     dataset = tiny_dataset(job)
+    hostile = hostile or {}
     async with p2p_group(n_stages * n_replicas) as nodes:
-        boxes = [Mailbox(node, PROTOCOL, TransportConfig(timeout_s=30)) for node in nodes]
+        boxes = [
+            HostileMailbox(node, PROTOCOL, TransportConfig(timeout_s=30), fn=hostile[k % n_replicas])
+            if k % n_replicas in hostile
+            else Mailbox(node, PROTOCOL, TransportConfig(timeout_s=30))
+            for k, node in enumerate(nodes)
+        ]
         for box in boxes:
             await box.start()
         ids = [b.peer_id for b in boxes]
         grid = [[ids[j * n_replicas + i] for i in range(n_replicas)] for j in range(n_stages)]
-        plan = make_plan(job, grid, splits, epoch=epoch, start_step=start_step)
+        plan = make_plan(job, grid, splits, epoch=epoch, start_step=start_step, aggregation=aggregation)
         trainers = {}
         reports: dict[tuple[int, int], list[StepReport]] = {}
         for box in boxes:
