@@ -271,6 +271,7 @@ class PlanWorker:
                 sources=self._sources(plan, recent, root),
                 budget=self._budget(job.name),
             )
+            trainer.audit.excluded = self.node.policy.banned  # live: the ban list as the daemon reads it
             run = self._running = trainer
             self.activity.gradient_ratio = trainer.gradient_ratio()
             await trainer.run(

@@ -3,6 +3,8 @@ an attacker does not use it): forged codec payloads and a mailbox that rewrites 
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -47,3 +49,84 @@ class HostileMailbox(Mailbox):
         if tag.direction == Direction.REDUCE:
             payload = forge(payload, self.fn)
         await super().send(peer, tag, payload)
+
+
+class Oracle:
+    """What an omniscient attacker knows: every honest replica's contribution under each tag (the
+    strongest threat model of the robust-aggregation papers). Honest ``SpyMailbox``es deposit, the
+    attackers' ``OracleMailbox``es read."""
+
+    def __init__(self, honest: int) -> None:
+        self.honest = honest  # honest senders of each tag (the shard owner's own row is never sent)
+        self.seen: dict[tuple[int, int, int], list[torch.Tensor]] = {}
+        self.changed = asyncio.Event()
+
+    def deposit(self, tag: Tag, payload: bytes) -> None:
+        header, _ = unpack_header(payload)
+        self.seen.setdefault((tag.round, tag.stream, tag.chunk), []).append(
+            get_codec(header.spec).decode(payload)
+        )
+        self.changed.set()
+
+    async def honest_rows(self, tag: Tag, wait_s: float = 5.0) -> torch.Tensor | None:
+        key = (tag.round, tag.stream, tag.chunk)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while len(self.seen.get(key, [])) < self.honest:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except TimeoutError:
+                break
+        rows = self.seen.get(key)
+        return torch.stack(rows) if rows else None
+
+
+class SpyMailbox(Mailbox):
+    """An honest mailbox whose all-reduce contributions the oracle learns (the attackers' view)."""
+
+    def __init__(self, *args, oracle: Oracle, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.oracle = oracle
+
+    async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
+        if tag.direction == Direction.REDUCE:
+            self.oracle.deposit(tag, payload)
+        await super().send(peer, tag, payload)
+
+
+class OracleMailbox(Mailbox):
+    """A colluding attacker's mailbox: ``fn(own, honest_rows)`` makes each contribution it sends."""
+
+    def __init__(
+        self, *args, oracle: Oracle, fn: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor], **kwargs
+    ) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.oracle, self.fn = oracle, fn
+
+    async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
+        if tag.direction == Direction.REDUCE:
+            rows = await self.oracle.honest_rows(tag)
+            payload = forge(payload, lambda own: self.fn(own, rows))
+        await super().send(peer, tag, payload)
+
+
+def little_is_enough(z: float) -> Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    """Baruch et al. (2019): every attacker sends mean - z x std of the honest contributions, per
+    coordinate: inside the honest spread, so no outlier test sees it, yet all attackers pull one way."""
+
+    def attack(own: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        if rows is None or rows.shape[0] < 2:
+            return own
+        return rows.mean(0) - z * rows.std(0)
+
+    return attack
+
+
+def alie_z(n: int, attackers: int) -> float:
+    """The largest z that stays hidden for n workers and m attackers (Baruch et al., eq. 2 and 3)."""
+    s = math.floor(n / 2 + 1) - attackers
+    p = (n - s) / n
+    return float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(min(max(p, 0.5), 0.999))))

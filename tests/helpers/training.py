@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 
 from potluck.model.data import ByteTokenizer, TokenDataset, generated_corpus
@@ -13,7 +14,7 @@ from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
 from potluck.peer.config import TrainerConfig
 from potluck.peer.train.trainer import StepReport, Trainer
-from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.jobspec import AggregationRule, JobSpec
 from potluck.protocol.training import StageAssignment, TrainPlan
 from tests.helpers.hostile import Forge, HostileMailbox
 from tests.helpers.p2p import p2p_group
@@ -49,7 +50,7 @@ def make_plan(
     splits: list[tuple[int, int]],
     epoch: int = 1,
     start_step: int = 0,
-    aggregation: str = "mean",
+    aggregation: AggregationRule = "mean",
 ) -> TrainPlan:
     """grid[j][i]: the peer of stage j, replica i."""
     stages = [
@@ -76,21 +77,29 @@ async def train_swarm(
     stop_after: int | None = None,
     epoch: int = 1,
     cfg: TrainerConfig | None = None,
-    aggregation: str = "mean",
+    aggregation: AggregationRule = "mean",
     hostile: Mapping[int, Forge] | None = None,
+    make_box: Callable[[int, P2P], Mailbox] | None = None,
+    on_step: Callable[[tuple[int, int], StepReport, dict[tuple[int, int], Trainer]], None] | None = None,
 ) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:
     """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers.
 
-    ``hostile``: replica index -> how that replica (of every stage) rewrites the gradients it sends."""
+    ``hostile``: replica index -> how that replica (of every stage) rewrites the gradients it sends;
+    ``make_box(replica, node)``: the mailbox of each peer instead (any attack); ``on_step``: called
+    with (stage, replica), the report and every trainer after each committed step."""
     dataset = tiny_dataset(job)
     hostile = hostile or {}
+    tcfg = TransportConfig(timeout_s=30)
+
+    def box_for(k: int, node: P2P) -> Mailbox:
+        if make_box is not None:
+            return make_box(k % n_replicas, node)
+        if k % n_replicas in hostile:
+            return HostileMailbox(node, PROTOCOL, tcfg, fn=hostile[k % n_replicas])
+        return Mailbox(node, PROTOCOL, tcfg)
+
     async with p2p_group(n_stages * n_replicas) as nodes:
-        boxes = [
-            HostileMailbox(node, PROTOCOL, TransportConfig(timeout_s=30), fn=hostile[k % n_replicas])
-            if k % n_replicas in hostile
-            else Mailbox(node, PROTOCOL, TransportConfig(timeout_s=30))
-            for k, node in enumerate(nodes)
-        ]
+        boxes = [box_for(k, node) for k, node in enumerate(nodes)]
         for box in boxes:
             await box.start()
         ids = [b.peer_id for b in boxes]
@@ -102,7 +111,16 @@ async def train_swarm(
             tr = Trainer(box, job, plan, dataset, cfg or TrainerConfig(step_timeout_s=60), checkpoint_root)
             trainers[(tr.stage, tr.replica)] = tr
             reports[(tr.stage, tr.replica)] = []
-        await asyncio.gather(*(tr.run(reports[k].append, until=stop_after) for k, tr in trainers.items()))
+
+        def record(key: tuple[int, int]) -> Callable[[StepReport], None]:
+            def on_report(r: StepReport) -> None:
+                reports[key].append(r)
+                if on_step is not None:
+                    on_step(key, r, trainers)
+
+            return on_report
+
+        await asyncio.gather(*(tr.run(record(k), until=stop_after) for k, tr in trainers.items()))
         for box in boxes:
             await box.close()
     return reports, trainers

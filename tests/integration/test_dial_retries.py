@@ -8,7 +8,7 @@ from tests.helpers.starts import start_tiny_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-STARTS = 3  # about 25 s each on 2 cores
+STARTS = 2  # about 25 s each on 2 cores
 
 
 def test_starts_with_undialable_announced_addresses_never_fail(tmp_path):

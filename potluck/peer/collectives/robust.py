@@ -41,6 +41,9 @@ class Audit:
     refused: Counter[str] = field(default_factory=Counter)  # NaN or Inf
     clipped: Counter[str] = field(default_factory=Counter)  # far outside the others (robust rules)
     seen: Counter[str] = field(default_factory=Counter)
+    # Peers whose contributions are left out from now on (the swarm's ban list as this peer last read
+    # it): a convicted peer stops counting at once, before the plan without it comes.
+    excluded: set[str] = field(default_factory=set)
 
 
 def finite_rows(stack: torch.Tensor) -> torch.Tensor:

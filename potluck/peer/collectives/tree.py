@@ -140,12 +140,14 @@ async def _run_tree(
             rows.append(codec.decode_into(data, torch.empty_like(own), accumulate=False))
             who.append(child)
         stack = torch.stack(rows)
-        ok = finite_rows(stack).tolist()
-        for peer, fine in zip(who, ok, strict=True):
+        finite = finite_rows(stack).tolist()
+        for peer, fine in zip(who, finite, strict=True):
             if not fine:
                 logger.warning("refused %s's contribution to round %d: NaN or Inf", peer, round_no)
+        banned = audit.excluded if audit is not None else set()
+        ok = [fine and p not in banned for p, fine in zip(who, finite, strict=True)]
         if not any(ok):
-            raise CollectiveError(f"every contribution to round {round_no} holds NaN or Inf")
+            raise CollectiveError(f"every contribution to round {round_no} was refused (NaN, Inf or banned)")
         kept = [p for p, fine in zip(who, ok, strict=True) if fine]
         rows_kept = stack[torch.tensor(ok)]
         if audit is not None:
