@@ -9,6 +9,8 @@ refuse and weigh them before they mix (after BTARD-SGD, Gorbunov et al. 2022):
 - ``centered_clip``: start at the coordinate-wise median and move by the mean of the contributions'
   differences, each clipped to radius ``tau`` (Karimireddy et al. 2021); ``tau`` is the median distance
   of the contributions to the start, so it scales with the honest spread and needs no tuning per model.
+  Contributions still beyond ``CLIPPED_BEYOND`` x ``tau`` after that are left out and the rest clipped
+  again, so gross outliers (noise, scaling) stop pulling the result at all.
 
 Whatever the rule, a contribution holding NaN or Inf is refused (it is not averaged, and the result is
 the rule over the others). Every rule is a pure function of the stacked contributions: same inputs, same
@@ -95,9 +97,19 @@ def _centered_clip(stack: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     tau = float(dist.median())
     if tau == 0.0:
         return v, dist > 0
+    v = _clip_iterations(stack, v, tau)
+    # Rows still far outside (beyond CLIPPED_BEYOND x tau) are left out altogether, and the rest
+    # re-centred: clipped to tau, a gross outlier would still pull the result by tau / k each round.
+    far = (stack - v).norm(dim=1) > CLIPPED_BEYOND * tau
+    if far.any() and not far.all():
+        v = _clip_iterations(stack[~far], v, tau)
+    return v, far
+
+
+def _clip_iterations(stack: torch.Tensor, v: torch.Tensor, tau: float) -> torch.Tensor:
     for _ in range(CLIP_ITERATIONS):
         diff = stack - v
         norms = diff.norm(dim=1, keepdim=True)
         scale = torch.clamp(tau / norms.clamp_min(1e-30), max=1.0)
         v = v + (diff * scale).mean(dim=0)
-    return v, (stack - v).norm(dim=1) > CLIPPED_BEYOND * tau
+    return v
