@@ -45,7 +45,6 @@ from potluck.compat import use_fork  # noqa: E402
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers  # noqa: E402
 from potluck.net.config import TransportConfig  # noqa: E402
 from potluck.net.mailbox import Mailbox  # noqa: E402
-from potluck.protocol.training import Progress, Witness  # noqa: E402
 from tests.helpers.hostile import (  # noqa: E402
     HostileMailbox,
     Oracle,
@@ -53,7 +52,7 @@ from tests.helpers.hostile import (  # noqa: E402
     SpyMailbox,
     little_is_enough,
 )
-from tests.helpers.training import PROTOCOL, tiny_job, train_swarm  # noqa: E402
+from tests.helpers.training import PROTOCOL, tiny_job, train_swarm, witness_records  # noqa: E402
 
 ATTACKS = ("sign_flip", "scale100", "noise", "little")
 
@@ -65,30 +64,6 @@ def forge_for(attack: str):  # type: ignore[no-untyped-def]
         "scale100": lambda x: 100.0 * x,
         "noise": lambda x: 100.0 * x.pow(2).mean().sqrt() * torch.randn(x.shape, generator=gen),
     }[attack]
-
-
-def witness_records(trainers) -> list[Progress]:  # type: ignore[no-untyped-def]
-    out = []
-    for (stage, replica), tr in trainers.items():
-        a = tr.audit
-        seen = [
-            Witness(peer_id=p, seen=n, outlying=a.refused[p] + a.clipped[p])
-            for p, n in a.seen.items()
-            if p != tr.box.peer_id
-        ]
-        out.append(
-            Progress(
-                peer_id=tr.box.peer_id,
-                job=tr.plan.job,
-                epoch=tr.plan.epoch,
-                stage=stage,
-                replica=replica,
-                step=tr.step,
-                witnessed=seen,
-                issued_at=0.0,
-            )
-        )
-    return out
 
 
 def run(

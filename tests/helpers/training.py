@@ -15,7 +15,7 @@ from potluck.net.mailbox import Mailbox
 from potluck.peer.config import TrainerConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.jobspec import AggregationRule, JobSpec
-from potluck.protocol.training import StageAssignment, TrainPlan
+from potluck.protocol.training import Progress, StageAssignment, TrainPlan, Witness
 from tests.helpers.hostile import Forge, HostileMailbox
 from tests.helpers.p2p import p2p_group
 
@@ -124,3 +124,28 @@ async def train_swarm(
         for box in boxes:
             await box.close()
     return reports, trainers
+
+
+def witness_records(trainers: Mapping[tuple[int, int], Trainer]) -> list[Progress]:
+    """Each trainer's audit of its fellow replicas as the progress record its worker would sign."""
+    out = []
+    for (stage, replica), tr in trainers.items():
+        a = tr.audit
+        seen = [
+            Witness(peer_id=p, seen=n, outlying=a.refused[p] + a.clipped[p])
+            for p, n in a.seen.items()
+            if p != tr.box.peer_id
+        ]
+        out.append(
+            Progress(
+                peer_id=tr.box.peer_id,
+                job=tr.plan.job,
+                epoch=tr.plan.epoch,
+                stage=stage,
+                replica=replica,
+                step=tr.step,
+                witnessed=seen,
+                issued_at=0.0,
+            )
+        )
+    return out

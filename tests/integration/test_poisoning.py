@@ -8,8 +8,7 @@ import math
 import pytest
 
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers
-from potluck.protocol.training import Progress, Witness
-from tests.helpers.training import tiny_job, train_swarm
+from tests.helpers.training import tiny_job, train_swarm, witness_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -29,27 +28,6 @@ def nan(x):
 
 def final_loss(reports):
     return reports[(0, 0)][-1].loss
-
-
-def witness_records(trainers):
-    """Each trainer's audit as the Progress record its worker would sign."""
-    out = []
-    for (stage, replica), tr in trainers.items():
-        a = tr.audit
-        seen = [Witness(peer_id=p, seen=n, outlying=a.refused[p] + a.clipped[p]) for p, n in a.seen.items()]
-        out.append(
-            Progress(
-                peer_id=tr.box.peer_id,
-                job=tr.plan.job,
-                epoch=tr.plan.epoch,
-                stage=stage,
-                replica=replica,
-                step=tr.step,
-                witnessed=[w for w in seen if w.peer_id != tr.box.peer_id],
-                issued_at=1.0,
-            )
-        )
-    return out
 
 
 def test_a_nan_sending_replica_costs_no_step_and_is_convicted(tmp_path):
