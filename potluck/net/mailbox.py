@@ -174,10 +174,12 @@ class Mailbox:
                 self._release(key)
             self._space.notify_all()
 
-    def advance(self, epoch: int, step: int) -> None:
+    def advance(self, epoch: int, step: int, steps_ahead: int | None = None) -> None:
         """This peer now runs step ``step`` of plan epoch ``epoch``: messages for rounds beyond
-        ``steps_ahead`` steps later (in this or the next ``epochs_ahead`` epochs) are refused."""
-        ahead = min(step + self.cfg.steps_ahead, (1 << 30) - 1)
+        ``steps_ahead`` (default: the config's) steps later, in this or the next ``epochs_ahead``
+        epochs, are refused. A replica the deadline policy leaves out may lag its stage by up to
+        ``max_misses`` steps, so its trainer widens the window to that."""
+        ahead = min(step + max(steps_ahead or 0, self.cfg.steps_ahead), (1 << 30) - 1)
         self._horizon = Round(min(epoch + self.cfg.epochs_ahead, (1 << 27) - 1), ahead)
 
     async def _admissible(self, sender: str) -> bool:

@@ -258,7 +258,9 @@ class Trainer:
         step, timing = self.step, Timing()
         sent_before = self.box.bytes_sent
         rnd = Round(self.plan.epoch, step)
-        self.box.advance(self.plan.epoch, step)
+        # under the deadline policy a left-out replica may lag its stage by up to max_misses steps
+        lag = self.job.sync.max_misses + 2 if self.deadline is not None else None
+        self.box.advance(self.plan.epoch, step, lag)
         micro = self.micro_batches(step)
         if self.sync is not None:
             self.sync.arm(rnd, len(micro), timeout_s)

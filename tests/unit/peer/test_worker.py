@@ -44,6 +44,7 @@ class FakeNode:
         )
         self.records = records
         self.published: list[Progress] = []
+        self.policy = SimpleNamespace(banned=set())  # the ban list as the daemon reads it
 
     async def fetch(self, name: str) -> list[Verified]:
         return [Verified(name, None, r, b"k" * 32, time.time() + 60) for r in self.records.get(name, [])]
