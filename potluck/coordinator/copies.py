@@ -31,7 +31,7 @@ from potluck.protocol.training import TrainPlan
 from potluck.transfer.errors import StateError
 from potluck.transfer.manifest import StateWant
 from potluck.transfer.pull import pull_state
-from potluck.transfer.server import StateServer, TransferConfig, state_protocol
+from potluck.transfer.server import Gate, StateServer, TransferConfig, state_protocol
 from potluck.transfer.snapshot import rename
 
 logger = logging.getLogger(__name__)
@@ -124,9 +124,11 @@ class OwnerCopy:
         job: JobSpec,
         root: Path,
         copy_mb_s: float | None,
+        gate: Gate | None = None,
     ) -> None:
-        """``copy_mb_s``: the copy's cap in MB/s (0: none); None: serve ``root`` but copy nothing."""
-        self.server = StateServer(streams, swarm_id, identity, TransferConfig())
+        """``copy_mb_s``: the copy's cap in MB/s (0: none); None: serve ``root`` but copy nothing.
+        ``gate``: who may fetch the copy (admitted peers)."""
+        self.server = StateServer(streams, swarm_id, identity, TransferConfig(), gate)
         self.server.serve_disk(job.name, root)
         self.copier: CheckpointCopier | None = None
         if copy_mb_s is not None:

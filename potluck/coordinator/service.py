@@ -33,6 +33,7 @@ from potluck.coordinator.job.resume import checkpoint_step, live_step, resume_po
 from potluck.coordinator.placement import PlacementPlan
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
+from potluck.net.admit import admitted
 from potluck.net.dial import reachable
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
@@ -101,7 +102,9 @@ class CoordinatorService:
         bootstrap = tuple(await self.node.visible_maddrs()) + tuple(self.cfg.initial_peers)
         copy_mb_s = self.cfg.copy_rate_mb_s if self.cfg.copy_checkpoints and self.cfg.train else None
         streams, root = Streams(self.node.p2p), self.checkpoint_root
-        self.owner = OwnerCopy(streams, self.cfg.swarm_id, self.identity, self.job, root, copy_mb_s)
+        self.owner = OwnerCopy(
+            streams, self.cfg.swarm_id, self.identity, self.job, root, copy_mb_s, self._may_fetch
+        )
         await self.owner.start()
         await self.desk.serve(streams, get_dht_time)
         tasks: dict[str, Coroutine[Any, Any, None]] = {
@@ -119,6 +122,9 @@ class CoordinatorService:
         return Invite(
             self.cfg.swarm_id, bootstrap, self.identity.public_key, self.mint_token(), self.cfg.mqtt_url
         )
+
+    def _may_fetch(self, peer: str, admission: bytes | None) -> bool:
+        return admitted(self.policy, peer, admission, get_dht_time())
 
     def mint_token(self, uses: int | None = None, ttl_s: float | None = None) -> str | None:
         """A join token for the invite (None in an open swarm, where any peer is admitted)."""

@@ -6,8 +6,26 @@ import msgpack
 
 from potluck.net.streams import Streams
 from potluck.protocol.admission import Admission
+from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import AdmissionError, WireError
+from potluck.protocol.identity import peer_id_from_public_key
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
+
+
+def admitted(policy: TrustPolicy, peer: str, admission: bytes | None, now: float) -> bool:
+    """Whether ``peer`` may be served what the swarm's peers share (state, checkpoint copies): the
+    coordinator, or a peer showing a valid admission of its own that is not banned."""
+    if peer == peer_id_from_public_key(policy.coordinator_key):
+        return True
+    if peer in policy.banned or admission is None:
+        return False
+    try:
+        Admission.decode(admission).check(
+            policy.swarm_id, policy.coordinator_key, peer, now, policy.clock_skew_s
+        )
+    except AdmissionError:
+        return False
+    return True
 
 
 def admit_protocol(swarm_id: str) -> str:

@@ -31,6 +31,9 @@ class Streams:
         self.p2p = p2p
         self.peer_id = p2p.peer_id.to_base58()
         self._served: set[str] = set()
+        # What this node shows a server that asks who it is (its encoded Admission), read at each ask:
+        # the daemon renews it. None: nothing to show (the coordinator, tools).
+        self.credentials: Callable[[], bytes | None] = lambda: None
 
     async def serve(self, protocol: str, handler: Handler) -> None:
         """Call ``handler(peer_id, reader, writer)`` for every incoming stream of ``protocol``; the

@@ -32,6 +32,7 @@ from hivemind.utils import get_dht_time
 from potluck.aio import Supervisor
 from potluck.model.data import TokenDataset, load_dataset
 from potluck.model.resume import kept
+from potluck.net.admit import admitted
 from potluck.net.config import TransportConfig
 from potluck.net.dial import dht_addresses
 from potluck.net.mailbox import Mailbox
@@ -114,10 +115,11 @@ class PlanWorker:
         self._kept: Trainer | None = None  # the run whose end state is offered
         # Serving and fetching live state needs the key that signs manifests; without one, disk only.
         self.streams = Streams(node.p2p)
+        self.streams.credentials = lambda: node.admission  # shown to the peers it fetches state from
         self.transfer = TransferConfig()
         self.state: StateServer | None = None
         if identity is not None:
-            self.state = StateServer(self.streams, swarm_id, identity, self.transfer)
+            self.state = StateServer(self.streams, swarm_id, identity, self.transfer, self._may_fetch)
         self.copies = CopyDuty(self.streams, swarm_id, peer_id, self.transfer, on_copied=self._copy_landed)
 
     async def run(self) -> None:
@@ -166,6 +168,11 @@ class PlanWorker:
             return
         assert self._tasks is not None
         self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan, list(self._recent)))
+
+    def _may_fetch(self, peer: str, admission: bytes | None) -> bool:
+        """Whether ``peer`` may fetch this peer's state: admitted (or the coordinator), not banned."""
+        policy = self.node.policy
+        return not policy.require_admission or admitted(policy, peer, admission, get_dht_time())
 
     async def _in_newer_plan(self, peer: str) -> bool:
         """Whether ``peer``, which is not in this peer's plan, is in a newer plan this peer has not read

@@ -69,7 +69,7 @@ async def _open(
 ) -> _Session:
     reader, writer = await streams.open(holder, protocol, cfg.timeout_s)
     try:
-        request = encode_request(want.job, want.step, want.first, want.last)
+        request = encode_request(want.job, want.step, want.first, want.last, streams.credentials())
         await write_frame(writer, Frame(MsgType.STATE_REQUEST, request), cfg.timeout_s)
         frame = await read_frame(reader, cfg.timeout_s, expect={MsgType.STATE_MANIFEST})
         manifest = mf.parse(frame.payload, holder, cfg.max_bytes)

@@ -18,6 +18,7 @@ the next offer. Every read has a timeout; a fetcher that goes quiet costs one st
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import struct
@@ -84,29 +85,46 @@ class Served:
     data: bytearray
 
 
-def parse_request(payload: bytes) -> tuple[str, int, int, int]:
-    """(job, step, first, last) of a STATE_REQUEST; ``TransferError`` when malformed."""
+def parse_request(payload: bytes) -> tuple[str, int, int, int, bytes | None]:
+    """(job, step, first, last, the asker's admission or None) of a STATE_REQUEST; ``TransferError``
+    when malformed."""
     try:
         doc = json.loads(payload)
         job, step, first, last = doc["job"], doc["step"], doc["first"], doc["last"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        admission = doc.get("admission")
+        admission = None if admission is None else base64.b64decode(admission, validate=True)
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise TransferError(f"malformed state request: {e}") from None
     if not isinstance(job, str) or not all(type(v) is int and v >= 0 for v in (step, first, last)):
         raise TransferError("malformed state request: job must be a string, step and layers integers")
-    return job, step, first, last
+    return job, step, first, last, admission
 
 
-def encode_request(job: str, step: int, first: int, last: int) -> bytes:
-    return json.dumps({"job": job, "step": step, "first": first, "last": last}).encode()
+def encode_request(job: str, step: int, first: int, last: int, admission: bytes | None = None) -> bytes:
+    doc: dict[str, object] = {"job": job, "step": step, "first": first, "last": last}
+    if admission is not None:
+        doc["admission"] = base64.b64encode(admission).decode("ascii")
+    return json.dumps(doc).encode()
+
+
+Gate = Callable[[str, bytes | None], bool]  # (asker, its admission) -> may it have our state?
 
 
 class StateServer:
-    """Serves the state this peer offers to any peer of the swarm that asks."""
+    """Serves the state this peer offers to the peers of the swarm that ask (``gate``: only those it
+    lets through, e.g. admitted ones; None: any)."""
 
-    def __init__(self, streams: Streams, swarm_id: str, identity: Identity, cfg: TransferConfig) -> None:
+    def __init__(
+        self,
+        streams: Streams,
+        swarm_id: str,
+        identity: Identity,
+        cfg: TransferConfig,
+        gate: Gate | None = None,
+    ) -> None:
         if identity.peer_id != streams.peer_id:
             raise ValueError(f"identity {identity.peer_id} is not the daemon's {streams.peer_id}")
-        self.streams, self.identity, self.cfg = streams, identity, cfg
+        self.streams, self.identity, self.cfg, self.gate = streams, identity, cfg, gate
         self.protocol = state_protocol(swarm_id)
         self._state: StageState | None = None
         # The state offered before ``_state`` when the newer one does not cover it (same step, other
@@ -116,6 +134,7 @@ class StateServer:
         self._served: dict[tuple[str, int, int, int], asyncio.Task[Served]] = {}
         self._disk: dict[str, Path] = {}  # job name -> the checkpoint directory served for it
         self.bytes_sent = 0
+        self.refused = 0  # requests from peers the gate did not let through
 
     async def start(self) -> None:
         await self.streams.serve(self.protocol, self._handle)
@@ -241,7 +260,11 @@ class StateServer:
         timeout = self.cfg.timeout_s
         try:
             request = await read_frame(reader, timeout, expect={MsgType.STATE_REQUEST})
-            job, step, first, last = parse_request(request.payload)
+            job, step, first, last, admission = parse_request(request.payload)
+            if self.gate is not None and not self.gate(peer, admission):
+                self.refused += 1
+                await write_frame(writer, Frame(MsgType.ERROR, b"not admitted to this swarm"), timeout)
+                return
             try:
                 served = await self._served_for(job, step, first, last)
             except TransferError as e:

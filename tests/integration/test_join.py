@@ -21,6 +21,7 @@ from potluck.net.config import NetworkConfig
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
 from potluck.peer.state.source import Holder, PeerSource
+from potluck.protocol.admission import Admission
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
@@ -61,14 +62,19 @@ class StateReader:
         await node.fetch(PEERS.name)  # meets the peers, so it can dial them after the coordinator left
         return node
 
-    def states(self, job: JobSpec, peers: list[str]) -> list[dict[str, torch.Tensor] | None]:
-        """Each peer's state after the job's last step; None from a peer that does not hold it."""
+    def states(
+        self, job: JobSpec, peers: list[str], admission: bytes | None = None
+    ) -> list[dict[str, torch.Tensor] | None]:
+        """Each peer's state after the job's last step; None from a peer that does not hold it (or does
+        not serve this node: peers serve admitted nodes only, ``admission`` is what it shows)."""
         n = job.model.n_layers
         want = StateWant(job.name, job.model, job.seed, job.steps, 0, n)
         cfg = TransferConfig(timeout_s=10.0, deadline_s=60.0, settle_s=5.0)
 
         async def fetch(peer: str) -> dict[str, torch.Tensor] | None:
-            source = PeerSource(Streams(self.node.p2p), self.invite.swarm_id, [Holder(peer, 0, n)], cfg)
+            streams = Streams(self.node.p2p)
+            streams.credentials = lambda: admission
+            source = PeerSource(streams, self.invite.swarm_id, [Holder(peer, 0, n)], cfg)
             try:
                 return (await source.fetch(want, 60.0)).tensors
             except StateError:  # a replica the new plan left out holds the step it stopped at
@@ -148,7 +154,11 @@ def test_a_peer_joining_mid_run_is_a_spare_at_once_then_placed_with_its_layers_o
 
         ids = [Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in ("c", "a", "b")]
         try:
-            states = reader.states(job, ids)
+            assert reader.states(job, ids[:1]) == [None]  # not admitted: served nothing
+            coordinator = Identity.load(tmp_path / "run" / "coordinator.pem")
+            me = reader.node.identity.peer_id
+            admission = Admission.issue(coordinator, invite.swarm_id, me, time.time() + 3600, ("peer",))
+            states = reader.states(job, ids, admission.encode())
         finally:
             reader.close()
     mine, others = states[0], [s for s in states[1:] if s is not None]

@@ -44,7 +44,8 @@ class FakeNode:
         )
         self.records = records
         self.published: list[Progress] = []
-        self.policy = SimpleNamespace(banned=set())  # the ban list as the daemon reads it
+        self.policy = SimpleNamespace(banned=set(), require_admission=False)  # as the daemon reads it
+        self.admission = None
 
     async def fetch(self, name: str) -> list[Verified]:
         return [Verified(name, None, r, b"k" * 32, time.time() + 60) for r in self.records.get(name, [])]

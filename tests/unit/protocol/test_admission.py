@@ -7,10 +7,12 @@ from hypothesis import strategies as st
 
 from potluck.coordinator.admit import AdmissionDesk
 from potluck.coordinator.config import AdmitConfig
+from potluck.net.admit import admitted
 from potluck.protocol.admission import Admission, JoinToken
 from potluck.protocol.envelope import TrustPolicy, seal
 from potluck.protocol.errors import AdmissionError
 from potluck.protocol.identity import Identity
+from potluck.transfer.server import encode_request, parse_request
 from tests.unit.protocol.conftest import NOW, make_peer_record
 from tests.unit.protocol.test_envelope import check
 
@@ -101,3 +103,20 @@ def test_an_open_desk_admits_anyone_but_the_banned():
     desk.decide(peer, None, NOW).check("swarm-a", COORD.public_key, peer, NOW, 0.0)
     with pytest.raises(AdmissionError, match="banned"):
         desk.decide("banned-peer-id-000", None, NOW)
+
+
+def test_state_is_served_to_the_coordinator_and_admitted_peers_only():
+    peer, stranger = Identity.generate(), Identity.generate()
+    adm = Admission.issue(COORD, "swarm-a", peer.peer_id, NOW + 60, ("peer",)).encode()
+    policy = TrustPolicy("swarm-a", COORD.public_key, require_admission=True)
+    assert admitted(policy, COORD.peer_id, None, NOW)  # the owner's copy
+    assert admitted(policy, peer.peer_id, adm, NOW)
+    assert not admitted(policy, stranger.peer_id, None, NOW)
+    assert not admitted(policy, stranger.peer_id, adm, NOW)  # another peer's admission
+    assert not admitted(policy, peer.peer_id, adm, NOW + 3600)  # expired
+    assert not admitted(policy, peer.peer_id, b"garbage", NOW)
+    policy.banned.add(peer.peer_id)
+    assert not admitted(policy, peer.peer_id, adm, NOW)
+    # the admission rides in the state request
+    assert parse_request(encode_request("job", 3, 0, 2, adm)) == ("job", 3, 0, 2, adm)
+    assert parse_request(encode_request("job", 3, 0, 2)) == ("job", 3, 0, 2, None)
