@@ -77,8 +77,7 @@ def ban(
         # a node of its own (the coordinator's id is taken by the coordinator), signing as the coordinator
         node = await SwarmNode.start(Identity.generate(), policy, net, base.bootstrap, client_mode=True)
         try:
-            known = [v.record for v in await bounded(node.fetch(BANS.name), timeout, "reading the ban list")]
-            banned = set(peers).union(*(r.peers for r in known if isinstance(r, BanList)))
+            banned = set(peers) | await bounded(node.read_bans(), timeout, "reading the ban list")
             record = BanList(peers=sorted(banned), issued_at=get_dht_time())
             store = node.publish(BANS.name, record, 600.0, signer=key)
             stored = await bounded(store, timeout, "storing the ban list")

@@ -9,7 +9,7 @@ Every payload is self-describing (docs/wire-format.md): ``decode(data)`` needs n
 
 from __future__ import annotations
 
-from .base import Codec
+from .base import Codec, all_finite
 from .chooser import Choice, choose
 from .delta import ActivationCache, DeltaCoder
 from .errors import CompressionError, DecodeError, EncodeError, NonFiniteError, SpecError
@@ -28,6 +28,7 @@ __all__ = [
     "ErrorFeedback",
     "NonFiniteError",
     "SpecError",
+    "all_finite",
     "choose",
     "decode",
     "decode_into",

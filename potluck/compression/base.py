@@ -28,6 +28,12 @@ from .wire import (
 SpecResolver = Callable[[str], "Codec"]
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds no NaN or Inf, in one read-only pass: a finite float64 sum implies every
+    element is finite (only when the sum is not, the elements are looked at one by one)."""
+    return t.numel() == 0 or math.isfinite(float(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())
+
+
 def raw_bound(numel: int) -> int:
     """Most decompressed section bytes any chain needs for ``numel`` elements: values of up to 8 bytes,
     positions of up to 4 and low-rank factors within that, plus 64 KiB of metadata. A payload declaring
@@ -107,10 +113,7 @@ class Codec:
         return pack(Header(tensor.dtype, tuple(tensor.shape), self.spec, key64, 0), sections)
 
     def _finite(self, flat: torch.Tensor) -> torch.Tensor:
-        # One read-only pass: a finite float64 sum implies every element is finite.
-        if flat.numel() == 0 or math.isfinite(float(flat.sum(dtype=torch.float64))):
-            return flat
-        if bool(torch.isfinite(flat).all()):
+        if all_finite(flat):
             return flat
         if self.nonfinite == "zero":
             return torch.nan_to_num(flat, nan=0.0, posinf=0.0, neginf=0.0)

@@ -1,4 +1,4 @@
-"""The coordinator's door: trades join tokens for admissions, and keeps the swarm's ban list.
+"""The coordinator's door: trades join tokens for admissions (the ban list it honours is kept by the service).
 
 A peer opens a stream of ``potluck/<swarm>/admit/1`` and sends one CONTROL frame, msgpack
 ``{"token": str | None}``; the coordinator answers with a CONTROL frame holding the encoded

@@ -77,7 +77,6 @@ class CoordinatorService:
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
         self.accuse = AccuseConfig()
-        self._testimony: list[Progress] = []  # the newest progress records: replicas' witness reports
         self.measured: dict[str, float] = {}  # peer -> TFLOP/s measured on this job (its latest plan)
         self.distrusted: set[str] = set()  # peers measured far below their claims (job/claims.py)
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
@@ -126,13 +125,12 @@ class CoordinatorService:
     def _may_fetch(self, peer: str, admission: bytes | None) -> bool:
         return admitted(self.policy, peer, admission, get_dht_time())
 
-    def mint_token(self, uses: int | None = None, ttl_s: float | None = None) -> str | None:
-        """A join token for the invite (None in an open swarm, where any peer is admitted)."""
+    def mint_token(self) -> str | None:
+        """The printed invite's join token (None in an open swarm, where any peer is admitted)."""
         if self.cfg.admit.open:
             return None
-        ttl = self.cfg.token_ttl_s if ttl_s is None else ttl_s
-        uses = self.cfg.token_uses if uses is None else uses
-        return JoinToken.mint(self.identity, self.cfg.swarm_id, get_dht_time() + ttl, uses)
+        expires = get_dht_time() + self.cfg.token_ttl_s
+        return JoinToken.mint(self.identity, self.cfg.swarm_id, expires, self.cfg.token_uses)
 
     def ban(self, peer: str, why: str) -> None:
         """Refuse ``peer`` from now on: its records here at once, everywhere at the next ban-list read."""
@@ -148,10 +146,8 @@ class CoordinatorService:
         refreshed = 0.0
         while True:
             try:
-                for v in await self.node.fetch(BANS.name):
-                    if isinstance(v.record, BanList):
-                        for peer in set(v.record.peers) - self.policy.banned:
-                            self.ban(peer, "on the swarm's ban list")
+                for peer in await self.node.read_bans() - self.policy.banned:
+                    self.ban(peer, "on the swarm's ban list")
                 due = time.monotonic() - refreshed > self.cfg.bans_ttl_s / 3
                 if self.policy.banned and (published != self.policy.banned or due):
                     bans = BanList(peers=sorted(self.policy.banned)[-MAX_BANS:], issued_at=get_dht_time())
@@ -429,8 +425,7 @@ class CoordinatorService:
     async def _read_progress(self) -> None:
         assert self.node is not None
         records = [v.record for v in await self.node.fetch(PROGRESS.name)]
-        self._testimony = [r for r in records if isinstance(r, Progress)]
-        self.progress.update(self.plan, self._testimony)
+        self.progress.update(self.plan, [r for r in records if isinstance(r, Progress)])
 
     async def _convict(self) -> bool:
         """Ban the placed peers their stage's replicas testify against (``job/accuse.py``) and re-plan
@@ -438,7 +433,7 @@ class CoordinatorService:
         assert self.plan is not None
         found = [
             (p, why)
-            for p, why in hostile_peers(self.plan, self._testimony, self.accuse)
+            for p, why in hostile_peers(self.plan, self.progress.latest.values(), self.accuse)
             if p not in self.policy.banned
         ]
         for peer, why in found:

@@ -6,7 +6,7 @@ import msgpack
 
 from potluck.net.streams import Streams
 from potluck.protocol.admission import Admission
-from potluck.protocol.envelope import TrustPolicy
+from potluck.protocol.envelope import TrustPolicy, check_member
 from potluck.protocol.errors import AdmissionError, WireError
 from potluck.protocol.identity import peer_id_from_public_key
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
@@ -14,15 +14,11 @@ from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
 
 def admitted(policy: TrustPolicy, peer: str, admission: bytes | None, now: float) -> bool:
     """Whether ``peer`` may be served what the swarm's peers share (state, checkpoint copies): the
-    coordinator, or a peer showing a valid admission of its own that is not banned."""
+    coordinator, or a peer that passes ``envelope.check_member`` (the same test as its records)."""
     if peer == peer_id_from_public_key(policy.coordinator_key):
         return True
-    if peer in policy.banned or admission is None:
-        return False
     try:
-        Admission.decode(admission).check(
-            policy.swarm_id, policy.coordinator_key, peer, now, policy.clock_skew_s
-        )
+        check_member(policy, peer, admission, now)
     except AdmissionError:
         return False
     return True

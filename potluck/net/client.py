@@ -4,6 +4,7 @@ with a throwaway identity, read, leave."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 
 from hivemind.utils import get_dht_time
@@ -11,11 +12,10 @@ from hivemind.utils import get_dht_time
 from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.node import SwarmNode
-from potluck.protocol.admission import BanList
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
-from potluck.protocol.keys import BANS, LINKS, PEERS, PLAN, PROGRESS
+from potluck.protocol.keys import LINKS, PEERS, PLAN, PROGRESS
 from potluck.protocol.membership import PeerView, link_reports, live_peers
 from potluck.protocol.records import LinkReport
 from potluck.protocol.training import Progress, TrainPlan
@@ -32,12 +32,10 @@ class SwarmClient:
         # It shows what the swarm's peers accept: admitted peers' records, none of a banned peer's.
         policy = TrustPolicy(invite.swarm_id, invite.coordinator_key, require_admission=True)
         node = await SwarmNode.start(Identity.generate(), policy, net, invite.bootstrap, client_mode=True)
-        try:
-            for v in await bounded(node.fetch(BANS.name), net.request_timeout_s, "reading the ban list"):
-                if isinstance(v.record, BanList):
-                    policy.banned.update(v.record.peers)
-        except TimeoutError:
-            pass  # no list is read as no bans
+        with contextlib.suppress(TimeoutError):  # no list read is read as no bans
+            policy.banned.update(
+                await bounded(node.read_bans(), net.request_timeout_s, "reading the ban list")
+            )
         return cls(node)
 
     async def live_peers(self, timeout_s: float) -> list[PeerView]:

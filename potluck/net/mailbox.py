@@ -254,6 +254,7 @@ class Mailbox:
         cost = length + MESSAGE_COST
         own = min(self.cfg.max_pending_per_sender, self.cfg.max_pending_bytes)
         if cost > own:
+            self.refused += 1
             raise WireError(f"a {length}-byte message from {sender} exceeds its {own}-byte share")
         async with self._space:
             deadline = time.monotonic() + self.cfg.timeout_s
@@ -263,6 +264,7 @@ class Mailbox:
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self.refused += 1
                     raise WireError(
                         f"mailbox full ({self._pending_bytes} bytes pending, {self._held.get(sender, 0)} "
                         f"from {sender}); dropping its stream"
@@ -335,7 +337,6 @@ class Mailbox:
                 self.bytes_received += len(payload)
                 await self._deliver(sender, tag, payload)
         except WireError as e:
-            self.refused += "mailbox full" in str(e) or "share" in str(e)
             logger.warning("%s", e)
         finally:
             writer.close()

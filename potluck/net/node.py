@@ -30,9 +30,10 @@ from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.validator import PotluckValidator
 from potluck.protocol import envelope
+from potluck.protocol.admission import BanList
 from potluck.protocol.errors import BootstrapError, RecordError
 from potluck.protocol.identity import Identity
-from potluck.protocol.keys import dht_key
+from potluck.protocol.keys import BANS, dht_key
 from potluck.protocol.records import Record
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,12 @@ class SwarmNode:
             except RecordError as e:
                 logger.warning("dropping %s record %r: %s", name, subkey, e)
         return out
+
+    async def read_bans(self) -> set[str]:
+        """The peers the swarm's verified ban list names (empty when there is none)."""
+        return {
+            p for v in await self.fetch(BANS.name) if isinstance(v.record, BanList) for p in v.record.peers
+        }
 
     def kill(self) -> None:
         """Last resort when a bounded shutdown ran out: end our p2pd child by its PID."""

@@ -34,11 +34,11 @@ from potluck.peer.leave import LeaveView, leave_verdict
 from potluck.peer.probe import apply_caps, pick_device, probe
 from potluck.peer.telemetry import PeerTelemetry, peer_metrics
 from potluck.peer.worker import PlanWorker
-from potluck.protocol.admission import Admission, BanList
+from potluck.protocol.admission import Admission
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import AdmissionError, WireError
 from potluck.protocol.identity import Identity, peer_id_from_public_key
-from potluck.protocol.keys import BANS, LINKS, PEERS, PROGRESS
+from potluck.protocol.keys import LINKS, PEERS, PROGRESS
 from potluck.protocol.membership import live_peers
 from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
 from potluck.protocol.training import Progress, TrainPlan
@@ -191,10 +191,9 @@ class PeerDaemon:
         assert self.node is not None
         while True:
             try:
-                for v in await bounded(self.node.fetch(BANS.name), self.cfg.heartbeat_interval_s, "ban list"):
-                    if isinstance(v.record, BanList):
-                        self.policy.banned.clear()
-                        self.policy.banned.update(v.record.peers)
+                bans = await bounded(self.node.read_bans(), self.cfg.heartbeat_interval_s, "ban list")
+                self.policy.banned.clear()  # the list as it stands (it is the same set the worker reads)
+                self.policy.banned.update(bans)
                 if self.peer_id in self.policy.banned:
                     logger.error("this peer is banned from swarm %s; leaving", self.cfg.invite.swarm_id)
                     self.leave_now.set()

@@ -171,8 +171,7 @@ class PlanWorker:
 
     def _may_fetch(self, peer: str, admission: bytes | None) -> bool:
         """Whether ``peer`` may fetch this peer's state: admitted (or the coordinator), not banned."""
-        policy = self.node.policy
-        return not policy.require_admission or admitted(policy, peer, admission, get_dht_time())
+        return admitted(self.node.policy, peer, admission, get_dht_time())
 
     async def _in_newer_plan(self, peer: str) -> bool:
         """Whether ``peer``, which is not in this peer's plan, is in a newer plan this peer has not read
@@ -448,13 +447,7 @@ class PlanWorker:
         run = self._running
         if run is None or run.plan is not plan:
             return []
-        a = run.audit
-        out = [
-            Witness(peer_id=p, seen=n, outlying=a.refused[p] + a.clipped[p])
-            for p, n in a.seen.items()
-            if p != self.peer_id
-        ]
-        return sorted(out, key=lambda w: w.outlying / max(w.seen, 1), reverse=True)[:64]
+        return run.audit.witnesses(self.peer_id)
 
     async def _put(self, record: Progress) -> None:
         try:

@@ -172,14 +172,7 @@ def verify(
             raise RecordError(
                 "subkey is not the signer's peer id (records may only be written by their owner)"
             )
-        if signer_id in policy.banned:
-            raise AdmissionError(f"{signer_id} is banned from this swarm")
-        if policy.require_admission:
-            if admission is None:
-                raise AdmissionError("record carries no admission: its signer was never admitted")
-            Admission.decode(admission).check(
-                policy.swarm_id, policy.coordinator_key, signer_id, now, policy.clock_skew_s
-            )
+        check_member(policy, signer_id, admission, now)
 
     try:
         record = RECORD_TYPES[kind].model_validate_json(body)
@@ -190,6 +183,19 @@ def verify(
     if spec.signer == "subkey" and getattr(record, "peer_id", None) != subkey:
         raise RecordError(f"schema: {kind}.peer_id differs from its subkey")
     return Verified(name, subkey, record, public_key, float(expiration))
+
+
+def check_member(policy: TrustPolicy, peer_id: str, admission: Any, now: float) -> None:
+    """Raise ``AdmissionError`` unless ``peer_id`` may take part: not banned and, where the policy asks
+    for admissions, showing a valid one of its own (its records, its requests for state)."""
+    if peer_id in policy.banned:
+        raise AdmissionError(f"{peer_id} is banned from this swarm")
+    if policy.require_admission:
+        if admission is None:
+            raise AdmissionError(f"{peer_id} shows no admission: it was never admitted")
+        Admission.decode(admission).check(
+            policy.swarm_id, policy.coordinator_key, peer_id, now, policy.clock_skew_s
+        )
 
 
 def _unpack(data: bytes, limit: int) -> Any:

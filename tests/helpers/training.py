@@ -15,7 +15,7 @@ from potluck.net.mailbox import Mailbox
 from potluck.peer.config import TrainerConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.jobspec import AggregationRule, JobSpec
-from potluck.protocol.training import Progress, StageAssignment, TrainPlan, Witness
+from potluck.protocol.training import Progress, StageAssignment, TrainPlan
 from tests.helpers.hostile import Forge, HostileMailbox
 from tests.helpers.p2p import p2p_group
 
@@ -130,12 +130,6 @@ def witness_records(trainers: Mapping[tuple[int, int], Trainer]) -> list[Progres
     """Each trainer's audit of its fellow replicas as the progress record its worker would sign."""
     out = []
     for (stage, replica), tr in trainers.items():
-        a = tr.audit
-        seen = [
-            Witness(peer_id=p, seen=n, outlying=a.refused[p] + a.clipped[p])
-            for p, n in a.seen.items()
-            if p != tr.box.peer_id
-        ]
         out.append(
             Progress(
                 peer_id=tr.box.peer_id,
@@ -144,7 +138,7 @@ def witness_records(trainers: Mapping[tuple[int, int], Trainer]) -> list[Progres
                 stage=stage,
                 replica=replica,
                 step=tr.step,
-                witnessed=seen,
+                witnessed=tr.audit.witnesses(tr.box.peer_id),
                 issued_at=0.0,
             )
         )

@@ -28,6 +28,7 @@ from typing import get_args
 import torch
 
 from potluck.protocol.jobspec import AggregationRule as Rule
+from potluck.protocol.training import Witness
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,15 @@ class Audit:
     # Peers whose contributions are left out from now on (the swarm's ban list as this peer last read
     # it): a convicted peer stops counting at once, before the plan without it comes.
     excluded: set[str] = field(default_factory=set)
+
+    def witnesses(self, me: str, limit: int = 64) -> list[Witness]:
+        """This peer's testimony on the others (``Progress.witnessed``), the most outlying first."""
+        out = [
+            Witness(peer_id=p, seen=n, outlying=self.refused[p] + self.clipped[p])
+            for p, n in self.seen.items()
+            if p != me
+        ]
+        return sorted(out, key=lambda w: w.outlying / max(w.seen, 1), reverse=True)[:limit]
 
 
 def finite_rows(stack: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from potluck.compression import Codec, get_codec
+from potluck.compression import Codec, all_finite, get_codec
 from potluck.compression.errors import CompressionError
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Direction, Stream, Tag, make_tag
@@ -115,14 +115,15 @@ async def _run_tree(
                 acc = await gather_rows(c, chunk)
             else:
                 acc = chunk.clone()
+                if not all_finite(acc):
+                    raise CollectiveError(f"this replica's own gradient holds NaN or Inf (round {round_no})")
                 for child in children:
                     data = await box.recv(child, up(c), cfg.timeout_s)
-                    part = codec.decode_into(data, torch.empty_like(acc), accumulate=False)
-                    if not _finite(part):
+                    codec.decode_into(data, acc, accumulate=True)
+                    if not all_finite(acc):  # finite before this child's part: the part is to blame
                         if audit is not None:
                             audit.refused[child] += 1
                         raise ContributionError(child, f"{child} sent a partial sum holding NaN or Inf")
-                    acc += part
             key = (round_no, t_idx, c)
             if parent is None:
                 if cfg.average and not star:
@@ -174,7 +175,7 @@ async def _run_tree(
             # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
             await asyncio.gather(*(box.send(child, down(c), data) for child in children))
             codec.decode_into(data, chunk, accumulate=False)
-            if parent is not None and not _finite(chunk):
+            if parent is not None and not all_finite(chunk):
                 raise ContributionError(parent, f"{parent} broadcast a result holding NaN or Inf")
             async with progress:
                 landed = c + 1
@@ -213,7 +214,7 @@ async def ring_allreduce(
             sending = asyncio.create_task(box.send(nxt, ring_tag(send_s, step, Direction.REDUCE), payload))
             data = await box.recv(prv, ring_tag(recv_s, step, Direction.REDUCE), cfg.timeout_s)
             codec.decode_into(data, segments[recv_s], accumulate=True)
-            if not _finite(segments[recv_s]):
+            if not all_finite(segments[recv_s]):
                 raise ContributionError(prv, f"{prv} sent a partial sum holding NaN or Inf")
             await sending
         own = (i + 1) % n  # the segment this peer finished
@@ -230,9 +231,3 @@ async def ring_allreduce(
     except (WireError, CompressionError) as e:
         raise CollectiveError(f"ring all-reduce round {round_no} failed at {me}: {e}") from None
     return flat.reshape(tensor.shape).to(tensor.dtype)
-
-
-def _finite(t: torch.Tensor) -> bool:
-    # One read-only pass: a finite float64 sum implies every element is finite (and almost always the
-    # converse; an overflowing sum of finite values is checked element-wise).
-    return t.numel() == 0 or math.isfinite(float(t.sum(dtype=torch.float64))) or bool(torch.isfinite(t).all())

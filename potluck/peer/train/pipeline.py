@@ -11,13 +11,12 @@ started as tasks so the next micro-batch's compute overlaps the transfer of the 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from potluck.compression import Codec
+from potluck.compression import Codec, all_finite
 from potluck.compression.errors import CompressionError
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
@@ -99,7 +98,7 @@ async def pipeline_step(
         except CompressionError as e:
             raise NeighbourError(peer, f"undecodable {tag} from {peer}: {e}") from None
         # One NaN or Inf would poison every later stage's output and every replica's mean after it.
-        if not math.isfinite(float(tensor.sum(dtype=torch.float64))):
+        if not all_finite(tensor):
             raise NeighbourError(peer, f"{tag} from {peer} holds NaN or Inf")
         timing.recv += time.perf_counter() - t0
         return tensor
