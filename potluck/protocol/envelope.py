@@ -4,7 +4,8 @@ An envelope is a msgpack array ``[magic, swarm, name, kind, body, public_key, si
 where ``body`` is the record's canonical JSON. The signature covers a domain tag plus
 ``(swarm, name, kind, DHT key id, subkey bytes, expiration, body)``, so a record cannot be replayed under
 another key or subkey, into another swarm, or with a longer lifetime. ``admission`` (peer-signed
-records) is the coordinator's signed word that the signer may take part (``admission.py``); a policy
+records; covered by the signature when present) is the coordinator's signed word that the signer may
+take part (``admission.py``); a policy
 that requires admissions refuses a peer-signed record without a valid one, and a banned signer's.
 
 ``verify`` runs cheapest checks first (size, expiration, framing) and the signature before the schema, so
@@ -93,10 +94,21 @@ def subkey_bytes(subkey: Any) -> bytes:
 
 
 def _signed_message(
-    swarm: str, name: str, kind: str, key_id: bytes, subkey_b: bytes, expiration: float, body: bytes
+    swarm: str,
+    name: str,
+    kind: str,
+    key_id: bytes,
+    subkey_b: bytes,
+    expiration: float,
+    body: bytes,
+    admission: bytes | None = None,
 ) -> bytes:
-    packed = msgpack.packb([swarm, name, kind, key_id, subkey_b, float(expiration), body], use_bin_type=True)
-    return SIGN_DOMAIN + packed
+    # The admission is signed with the record when there is one (no byte of the envelope goes
+    # unsigned); without one the message is the 7-field envelope's, which therefore still verifies.
+    fields: list[object] = [swarm, name, kind, key_id, subkey_b, float(expiration), body]
+    if admission is not None:
+        fields.append(admission)
+    return SIGN_DOMAIN + msgpack.packb(fields, use_bin_type=True)
 
 
 def seal(
@@ -115,7 +127,14 @@ def seal(
         raise RecordError(f"key {name!r} holds {spec.kind}, not {record.KIND}")
     body = record.canonical_bytes()
     message = _signed_message(
-        swarm_id, name, record.KIND, key_id_bytes(swarm_id, name), subkey_bytes(subkey), expiration, body
+        swarm_id,
+        name,
+        record.KIND,
+        key_id_bytes(swarm_id, name),
+        subkey_bytes(subkey),
+        expiration,
+        body,
+        admission,
     )
     envelope = [MAGIC, swarm_id, name, record.KIND, body, signer.public_key, signer.sign(message), admission]
     return bytes(msgpack.packb(envelope, use_bin_type=True))
@@ -146,6 +165,8 @@ def verify(
         raise RecordError("malformed: swarm, name and kind must be strings")
     if not all(isinstance(x, bytes) for x in (body, public_key, signature)):
         raise RecordError("malformed: body, public key and signature must be byte strings")
+    if admission is not None and not isinstance(admission, bytes):
+        raise RecordError("malformed: the admission must be a byte string")
     if swarm != policy.swarm_id:
         raise RecordError(f"wrong swarm: record of swarm {swarm!r}, this node serves {policy.swarm_id!r}")
     spec = KEY_SPECS.get(name)
@@ -158,7 +179,7 @@ def verify(
             f"expiration too far in the future: {expiration - now:.0f} s > {spec.max_ttl_s:.0f} s"
         )
 
-    message = _signed_message(swarm, name, kind, key_id, subkey_b, expiration, body)
+    message = _signed_message(swarm, name, kind, key_id, subkey_b, expiration, body, admission)
     if not ident.verify(public_key, message, signature):
         raise RecordError("bad signature: not signed by the key it carries, or altered since")
 

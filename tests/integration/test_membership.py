@@ -11,6 +11,7 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 from potluck.protocol.records import Hardware, PeerRecord
 from tests.helpers.swarm import RawNode, local_swarm, potluck_cli, status_json
+from tests.unit.protocol.conftest import make_hardware
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -99,15 +100,7 @@ def test_unadmitted_and_replayed_admission_records_are_never_shown(swarm):
     peers = swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
     now = time.time()
     stranger, thief = Identity.generate(), Identity.generate()
-    hw = Hardware(
-        device_kind="cpu",
-        device_name="STRANGER",
-        memory_total_bytes=8 << 30,
-        memory_free_bytes=8 << 30,
-        cpu_cores=2,
-        tflops_fp32=0.4,
-        tflops_bf16=0.4,
-    )
+    hw = make_hardware(device_name="STRANGER")
     raw = RawNode(swarm.invite)
     try:
         # 1. a validly signed record, bootstrap address and swarm id known, but never admitted
