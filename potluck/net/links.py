@@ -37,16 +37,21 @@ def probe_protocol(swarm_id: str) -> str:
 def choose_targets(self_id: str, peer_ids: Sequence[str], round_no: int, minimum: int) -> list[str]:
     """Deterministic sample of peers to measure this round: max(minimum, ceil(log2 N)) of them.
 
-    Hashing (self, round, peer) spreads measurements: over rounds every pair gets measured, and each
-    round costs every peer O(log N) probes instead of N.
+    Each peer walks its own hashed order of the others, k at a time: every round costs it O(log N)
+    probes instead of N, different peers probe different targets, and every other peer is measured
+    within ceil(N / k) rounds (a random sample per round would leave some pair unmeasured for long).
     """
     others = sorted(set(peer_ids) - {self_id})
+    if not others:
+        return []
     k = min(len(others), max(minimum, math.ceil(math.log2(len(others) + 1))))
 
     def rank(peer: str) -> bytes:
-        return hashlib.blake2b(f"{self_id}|{round_no}|{peer}".encode(), digest_size=8).digest()
+        return hashlib.blake2b(f"{self_id}|{peer}".encode(), digest_size=8).digest()
 
-    return sorted(others, key=rank)[:k]
+    order = sorted(others, key=rank)
+    start = (round_no * k) % len(order)
+    return [order[(start + i) % len(order)] for i in range(k)]
 
 
 class LinkProber:
