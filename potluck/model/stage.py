@@ -13,6 +13,7 @@ replicas or micro-batches hold different numbers of sequences.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -112,6 +113,42 @@ class StageRunner:
             return None
         assert live.inputs.grad is not None
         return live.inputs.grad
+
+    # ---- spot checks: one micro-batch again, on a copy of the weights ----------------------------------
+
+    def frozen_copy(self) -> StageModel:
+        """The stage's weights as they are now, apart from the live model (which goes on training)."""
+        model = copy.deepcopy(self.model)  # parameter hooks are not copied: no overlap callbacks
+        model.requires_grad_(False)
+        return model
+
+    def replay(
+        self,
+        model: StageModel,
+        inputs: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        weight: float = 1.0,
+        grad_output: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Micro-batch forward (and backward) on ``model`` exactly as ``forward``/``backward`` run it:
+        (the output sent on, None on the last stage; the input gradient sent back, None on the first
+        stage or without ``grad_output`` before the last)."""
+        backward = not self.is_first and (self.is_last or grad_output is not None)
+        x = inputs.to(self.device)
+        if not self.is_first:
+            x = x.detach().requires_grad_(backward)
+        with torch.set_grad_enabled(backward):
+            with self._cast():
+                out = model(x)
+            if self.is_last:
+                if targets is None:
+                    raise ValueError("the last stage needs targets")
+                (StageModel.loss(out, targets.to(self.device)) * weight).backward()
+                return None, x.grad
+            if backward:
+                assert grad_output is not None
+                out.backward(grad_output.to(self.device, out.dtype))
+        return out.detach(), x.grad if backward else None
 
     @property
     def in_flight(self) -> int:

@@ -14,7 +14,7 @@ import math
 import statistics
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
@@ -56,10 +56,18 @@ def choose_targets(self_id: str, peer_ids: Sequence[str], round_no: int, minimum
 
 class LinkProber:
     def __init__(
-        self, p2p: P2P, swarm_id: str, cfg: LinkProbeConfig, addresses: AddressBook | None = None
+        self,
+        p2p: P2P,
+        swarm_id: str,
+        cfg: LinkProbeConfig,
+        addresses: AddressBook | None = None,
+        allow: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
+        """``allow(peer)``: whether to serve that peer's probes (None: everyone); a probe costs this
+        peer its upload bandwidth, so a swarm serves only its own members."""
         self.p2p, self.cfg = p2p, cfg
         self.addresses = addresses  # peers' announced addresses, for dials the daemon cannot route
+        self.allow = allow
         self.protocol = probe_protocol(swarm_id)
         if cfg.frame_bytes > MAX_PAYLOAD[MsgType.BULK]:
             raise ValueError(
@@ -74,6 +82,10 @@ class LinkProber:
     ) -> None:
         received = 0
         try:
+            peer = info.peer_id.to_base58()
+            if self.allow is not None and not await self.allow(peer):
+                logger.info("probe from %s refused: not a member of the swarm", peer)
+                return
             while True:
                 try:
                     frame = await read_frame(reader, self.cfg.timeout_s, expect={MsgType.PING, MsgType.BULK})

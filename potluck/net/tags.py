@@ -68,6 +68,7 @@ class Stream(IntEnum):
     CATCHUP = 11  # relaxed round leader -> a replica left out of it: the committed mean
     START_READY = 12  # start barrier, peer -> leader: this peer holds the plan's starting state
     START_GO = 13  # start barrier, leader -> peer: every peer of the plan does; run the first step
+    SPOT_EVIDENCE = 14  # pipeline neighbour -> checker: sealed messages of a checked micro-batch
 
 
 class Direction(IntEnum):

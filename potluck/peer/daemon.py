@@ -51,6 +51,7 @@ SWARM_POLL_S = 5.0  # most seconds between two "is anyone still there?" checks
 LEAVE_POLL_S = 1.0  # seconds between two looks at the hand-off while leaving
 ADMIT_TIMEOUT_S = 10.0  # bound on one admission request to the coordinator
 LEAVE_READ_S = 5.0  # bound on one read of the swarm while leaving
+MEMBERS_READ_EVERY_S = 1.0  # an unknown prober costs at most one read of the swarm's members a second
 
 
 class PeerDaemon:
@@ -72,6 +73,9 @@ class PeerDaemon:
         self.swarm_gone = False  # set when the daemon left because nobody else was visible
         self.alone = False  # the last look found neither the coordinator nor another peer
         self.link_samples: dict[str, LinkSample] = {}  # peer -> the newest measurement of our link to it
+        self._members: frozenset[str] = frozenset()  # live admitted peers, as last read (probe gate)
+        self._members_at = -MEMBERS_READ_EVERY_S
+        self._members_lock = asyncio.Lock()
         self.telemetry = PeerTelemetry(
             self.identity,
             cfg.invite.swarm_id,
@@ -112,7 +116,11 @@ class PeerDaemon:
             raise
         logger.info("peer %s joined swarm %s", self.peer_id, self.cfg.invite.swarm_id)
         self.prober = LinkProber(
-            self.node.p2p, self.cfg.invite.swarm_id, self.cfg.links, addresses=dht_addresses(self.node)
+            self.node.p2p,
+            self.cfg.invite.swarm_id,
+            self.cfg.links,
+            addresses=dht_addresses(self.node),
+            allow=self._may_probe,
         )
         await self.prober.serve()
         tasks: dict[str, Coroutine[Any, Any, None]] = {
@@ -290,6 +298,24 @@ class PeerDaemon:
                 self.swarm_gone = True
                 self.stop()
                 return
+
+    async def _may_probe(self, peer: str) -> bool:
+        """Link probes cost upload: serve them to the swarm's live, admitted, unbanned peers only."""
+        if peer in self.policy.banned:
+            return False
+        if peer in self._members:
+            return True
+        async with self._members_lock:
+            stale = time.monotonic() - self._members_at >= MEMBERS_READ_EVERY_S
+            if peer not in self._members and stale and self.node is not None:
+                self._members_at = time.monotonic()
+                try:
+                    found = await bounded(self.node.fetch(PEERS.name), LEAVE_READ_S, "reading the peers")
+                except Exception as e:  # unreadable swarm: refuse, the prober tries again next round
+                    logger.info("cannot tell whether %s may probe: %s", peer, e)
+                    return False
+                self._members = frozenset(p.peer_id for p in live_peers(found, get_dht_time()))
+        return peer in self._members
 
     async def _anyone_visible(self) -> bool:
         """True if p2pd holds a connection to anyone, or another peer's heartbeat is live in the DHT."""

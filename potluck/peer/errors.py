@@ -48,3 +48,7 @@ class NeighbourError(PipelineError):
     def __init__(self, peer: str, message: str) -> None:
         super().__init__(message)
         self.peer = peer
+
+
+class SealError(NeighbourError):
+    """A pipeline message's seal (its sender's signature, ``train/seal.py``) is missing or wrong."""

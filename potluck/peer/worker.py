@@ -85,6 +85,7 @@ class PlanWorker:
         """``owner``: the coordinator's peer id; it keeps the job owner's checkpoint copy and serves it."""
         self.node, self.peer_id, self.cfg, self.swarm_id = node, peer_id, cfg, swarm_id
         self.owner = owner
+        self.identity = identity  # signs state manifests and (spot-checked jobs) pipeline messages
         self.box = Mailbox(
             node.p2p,
             f"potluck/{swarm_id}/train/1",
@@ -276,6 +277,7 @@ class PlanWorker:
                 root,
                 sources=self._sources(plan, recent, root),
                 budget=self._budget(job.name),
+                identity=self.identity,
             )
             trainer.audit.excluded = self.node.policy.banned  # live: the ban list as the daemon reads it
             run = self._running = trainer

@@ -160,6 +160,10 @@ class TrustSpec(_Section):
     # An unmeasured peer's claimed TFLOP/s counts for at most this x the median claim (0: uncapped): a
     # lying peer cannot win most of the layers before its steps are measured (coordinator/job/claims.py)
     claim_cap: float = Field(default=2.0, ge=0.0, le=1000.0)
+    # Pipeline spot checks (peer/train/spot.py): the share of micro-batches that two other replicas of
+    # the stage recompute, and the relative L2 error allowed beyond the activation codec's own
+    spot_checks: float = Field(default=0.01, ge=0.0, le=1.0)
+    spot_tolerance: float = Field(default=0.05, gt=0.0, le=10.0)
 
 
 class LimitsSpec(_Section):

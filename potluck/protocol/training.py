@@ -171,6 +171,9 @@ class Witness(BaseModel):
     peer_id: PeerId
     seen: int = Field(ge=0, le=2**40)
     outlying: int = Field(ge=0, le=2**40)  # refused (NaN/Inf) or far outside the others (clipped)
+    # Pipeline spot checks (peer/train/spot.py): its micro-batches this peer recomputed, and mismatches
+    checked: int = Field(default=0, ge=0, le=2**40)
+    failed: int = Field(default=0, ge=0, le=2**40)
 
 
 class Progress(Record):

@@ -100,9 +100,9 @@ class SpyMailbox(Mailbox):
 class OracleMailbox(Mailbox):
     """A colluding attacker's mailbox: ``fn(own, honest_rows)`` makes each contribution it sends."""
 
-    def __init__(
+    def __init__(  # type: ignore[no-untyped-def]
         self, *args, oracle: Oracle, fn: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor], **kwargs
-    ) -> None:  # type: ignore[no-untyped-def]
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.oracle, self.fn = oracle, fn
 

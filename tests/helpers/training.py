@@ -17,7 +17,7 @@ from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.jobspec import AggregationRule, JobSpec
 from potluck.protocol.training import Progress, StageAssignment, TrainPlan
 from tests.helpers.hostile import Forge, HostileMailbox
-from tests.helpers.p2p import p2p_group
+from tests.helpers.p2p import keyed_group
 
 PROTOCOL = "potluck/test/train/1"
 
@@ -81,12 +81,14 @@ async def train_swarm(
     hostile: Mapping[int, Forge] | None = None,
     make_box: Callable[[int, P2P], Mailbox] | None = None,
     on_step: Callable[[tuple[int, int], StepReport, dict[tuple[int, int], Trainer]], None] | None = None,
+    setup: Callable[[dict[tuple[int, int], Trainer]], None] | None = None,
 ) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:
     """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers.
 
     ``hostile``: replica index -> how that replica (of every stage) rewrites the gradients it sends;
     ``make_box(replica, node)``: the mailbox of each peer instead (any attack); ``on_step``: called
-    with (stage, replica), the report and every trainer after each committed step."""
+    with (stage, replica), the report and every trainer after each committed step; ``setup``: called
+    with every trainer before training starts (to make some of them hostile)."""
     dataset = tiny_dataset(job)
     hostile = hostile or {}
     tcfg = TransportConfig(timeout_s=30)
@@ -98,7 +100,11 @@ async def train_swarm(
             return HostileMailbox(node, PROTOCOL, tcfg, fn=hostile[k % n_replicas])
         return Mailbox(node, PROTOCOL, tcfg)
 
-    async with p2p_group(n_stages * n_replicas) as nodes:
+    keys = checkpoint_root / "keys"
+    keys.mkdir(parents=True, exist_ok=True)
+    async with keyed_group(n_stages * n_replicas, keys) as keyed:
+        nodes = [p2p for p2p, _ in keyed]
+        identities = {p2p.peer_id.to_base58(): identity for p2p, identity in keyed}
         boxes = [box_for(k, node) for k, node in enumerate(nodes)]
         for box in boxes:
             await box.start()
@@ -108,7 +114,10 @@ async def train_swarm(
         trainers = {}
         reports: dict[tuple[int, int], list[StepReport]] = {}
         for box in boxes:
-            tr = Trainer(box, job, plan, dataset, cfg or TrainerConfig(step_timeout_s=60), checkpoint_root)
+            trainer_cfg = cfg or TrainerConfig(step_timeout_s=60)
+            tr = Trainer(
+                box, job, plan, dataset, trainer_cfg, checkpoint_root, identity=identities[box.peer_id]
+            )
             trainers[(tr.stage, tr.replica)] = tr
             reports[(tr.stage, tr.replica)] = []
 
@@ -120,6 +129,8 @@ async def train_swarm(
 
             return on_report
 
+        if setup is not None:
+            setup(trainers)
         await asyncio.gather(*(tr.run(record(k), until=stop_after) for k, tr in trainers.items()))
         for box in boxes:
             await box.close()

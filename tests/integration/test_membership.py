@@ -58,6 +58,51 @@ def test_links_are_measured_and_published(swarm):
         assert link["bandwidth_gbps"] > 0.01
 
 
+def test_link_probes_are_served_to_members_only(swarm, tmp_path):
+    """A stranger that knows the bootstrap address and a peer's addresses reaches the peer, and the peer
+    closes its probe stream unserved (a probe costs the peer its upload); members measure each other
+    as before (test_links_are_measured_and_published)."""
+    import asyncio
+
+    from hivemind.p2p import P2P
+
+    from potluck.net.config import LinkProbeConfig
+    from potluck.net.links import LinkProber
+    from potluck.net.node import p2pd_dies_with_this_process
+    from potluck.protocol.errors import WireError
+    from potluck.testbed.localswarm import LOOPBACK
+
+    victim = swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)[0]
+
+    async def probe_as_stranger() -> str:
+        key = Identity.generate().write_libp2p_key(tmp_path / "stranger.p2pkey")
+        with p2pd_dies_with_this_process():
+            p2p = await P2P.create(
+                initial_peers=list(swarm.invite.bootstrap),
+                host_maddrs=[LOOPBACK],
+                nat_port_map=False,
+                auto_nat=False,
+                identity_path=str(key),
+                check_if_identity_free=False,
+            )
+        try:
+
+            async def addresses(peer: str) -> list[str]:
+                return [str(m) for m in victim.maddrs]
+
+            prober = LinkProber(p2p, "itest", LinkProbeConfig(bulk_bytes=1 << 20, timeout_s=5), addresses)
+            try:
+                await prober.measure(victim.peer_id)
+            except WireError as e:
+                return str(e)
+            return "measured"
+        finally:
+            await p2p.shutdown()
+
+    outcome = asyncio.run(probe_as_stranger())
+    assert "closed" in outcome, outcome  # the stream was opened, then closed before the first pong
+
+
 def test_forged_records_from_a_raw_node_are_never_shown(swarm):
     peers = swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
     victim = peers[0]

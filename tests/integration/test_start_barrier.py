@@ -17,19 +17,24 @@ BOUND_S = 60.0  # each scenario must end well within this; start_wait_s is 600
 
 
 async def _trainers(nodes, n_run: int, grid, splits, cfg, tmp_path):
-    """Mailboxes on every node, one plan over them, Trainers for the first ``n_run`` peers."""
+    """Mailboxes on every (node, identity), one plan over them, Trainers for the first ``n_run`` peers."""
     from potluck.net.config import TransportConfig
     from potluck.net.mailbox import Mailbox
     from potluck.peer.train.trainer import Trainer
 
     job = tiny_job()
     dataset = tiny_dataset(job)
-    boxes = [Mailbox(node, PROTOCOL, TransportConfig(timeout_s=3)) for node in nodes]
+    keys = {node.peer_id.to_base58(): identity for node, identity in nodes}  # pipelines are sealed
+    boxes = [Mailbox(node, PROTOCOL, TransportConfig(timeout_s=3)) for node, _ in nodes]
     for b in boxes:
         await b.start()
     ids = [b.peer_id for b in boxes]
     plan = make_plan(job, [[ids[i] for i in row] for row in grid], splits)
-    return boxes, plan, [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes[:n_run]]
+    return (
+        boxes,
+        plan,
+        [Trainer(b, job, plan, dataset, cfg, tmp_path, identity=keys[b.peer_id]) for b in boxes[:n_run]],
+    )
 
 
 async def _run(tr, *errors):
@@ -44,17 +49,17 @@ def test_a_peer_dying_right_after_the_barrier_fails_the_first_step_within_the_st
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import PeerError
     from potluck.peer.train.barrier import start_barrier
-    from tests.helpers.p2p import p2p_group
+    from tests.helpers.p2p import keyed_group
 
     cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0, start_wait_s=600.0)
 
     async def main():
-        async with p2p_group(4) as nodes:
+        async with keyed_group(4, tmp_path) as nodes:
             boxes, plan, trainers = await _trainers(nodes, 3, [[0, 1], [2, 3]], SPLITS, cfg, tmp_path)
 
             async def victim():  # takes its state, passes the barrier, dies before its first message
                 await start_barrier(boxes[3], plan, cfg.start_wait_s)
-                await nodes[3].shutdown()
+                await nodes[3][0].shutdown()
                 return "died"
 
             runs = [_run(t, PeerError) for t in trainers] + [victim()]
@@ -74,12 +79,12 @@ def test_a_peer_that_cannot_take_its_state_stops_the_plan_at_once_with_its_reaso
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StartError
     from potluck.transfer.errors import StateError
-    from tests.helpers.p2p import p2p_group
+    from tests.helpers.p2p import keyed_group
 
     cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=600.0)
 
     async def main():
-        async with p2p_group(4) as nodes:
+        async with keyed_group(4, tmp_path) as nodes:
             _, _, trainers = await _trainers(nodes, 4, [[0, 1], [2, 3]], SPLITS, cfg, tmp_path)
 
             async def no_state():
@@ -99,13 +104,13 @@ def test_a_peer_that_cannot_take_its_state_stops_the_plan_at_once_with_its_reaso
 def test_a_peer_that_never_comes_is_named_after_the_barrier_wait(tmp_path):
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StartError
-    from tests.helpers.p2p import p2p_group
+    from tests.helpers.p2p import keyed_group
 
     cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=2.0)
     splits = [(0, 2), (2, 3), (3, 4)]
 
     async def main():
-        async with p2p_group(3) as nodes:
+        async with keyed_group(3, tmp_path) as nodes:
             boxes, _, trainers = await _trainers(
                 nodes, 2, [[0], [1], [2]], splits, cfg, tmp_path
             )  # 2 never runs

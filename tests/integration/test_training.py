@@ -64,21 +64,24 @@ def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StepAborted
     from potluck.peer.train.trainer import Trainer
-    from tests.helpers.p2p import p2p_group
+    from tests.helpers.p2p import keyed_group
     from tests.helpers.training import PROTOCOL, make_plan
 
     job = tiny_job()
     dataset = tiny_dataset(job)
 
     async def main():
-        async with p2p_group(4) as nodes:
-            boxes = [Mailbox(n, PROTOCOL, TransportConfig(timeout_s=5)) for n in nodes]
+        async with keyed_group(4, tmp_path) as keyed:
+            keys = {n.peer_id.to_base58(): identity for n, identity in keyed}  # they seal their pipelines
+            boxes = [Mailbox(n, PROTOCOL, TransportConfig(timeout_s=5)) for n, _ in keyed]
             for b in boxes:
                 await b.start()
             ids = [b.peer_id for b in boxes]
             plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
             cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0)
-            trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path) for b in boxes]
+            trainers = [
+                Trainer(b, job, plan, dataset, cfg, tmp_path, identity=keys[b.peer_id]) for b in boxes
+            ]
             victim = trainers[3]  # stage 1, replica 1
 
             def maybe_die(report):
@@ -89,7 +92,7 @@ def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
                 try:
                     await tr.run(maybe_die if tr is victim else None)
                 except SystemExit:
-                    await nodes[3].shutdown()
+                    await keyed[3][0].shutdown()
                     return "died"
                 except StepAborted as e:
                     return e

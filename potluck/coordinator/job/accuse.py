@@ -6,7 +6,13 @@ seen, chunks refused as NaN/Inf or clipped as far outliers, signed by the witnes
 hostile when more than ``quorum`` of its stage's *other* replicas, and at least two, each saw at least
 ``min_seen`` of its chunks and found at least ``rate`` of them outlying. A minority of hostile replicas
 therefore cannot get an honest one banned by lying about it, and an honest replica's occasional clipped
-chunk (noise) stays far below ``rate``. Pure: records in, verdicts out.
+chunk (noise) stays far below ``rate``.
+
+Pipeline spot checks (``peer/train/spot.py``) testify the same way: a witness that recomputed one of the
+peer's micro-batches and got another result names it (``Witness.failed``). An honest peer never fails a
+check (the tolerance covers the codec and numerics), so one failed check counts; conviction again needs
+more than ``quorum`` of the stage's other replicas, and at least two, each to have caught it: the check
+is confirmed by recomputation on another replica. Pure: records in, verdicts out.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ class AccuseConfig:
 def hostile_peers(plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfig) -> list[tuple[str, str]]:
     """(peer, reason) for each placed peer its stage's replicas convict; sorted by peer."""
     testimony: dict[str, dict[str, tuple[int, int]]] = {}  # accused -> witness -> (seen, outlying)
+    caught: dict[str, set[str]] = {}  # accused -> witnesses whose spot checks it failed
     for r in records:
         if r.epoch != plan.epoch or r.job != plan.job:
             continue
         for w in r.witnessed:
             testimony.setdefault(w.peer_id, {})[r.peer_id] = (w.seen, w.outlying)
+            if w.failed > 0:
+                caught.setdefault(w.peer_id, set()).add(r.peer_id)
     out = []
     for stage in plan.stages:
         others = len(stage.peers) - 1
@@ -44,11 +53,13 @@ def hostile_peers(plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfi
                 for w, (seen, bad) in said.items()
                 if w in stage.peers and w != peer and seen >= cfg.min_seen and bad >= cfg.rate * seen
             ]
+            checkers = [w for w in caught.get(peer, ()) if w in stage.peers and w != peer]
             if len(accusers) >= 2 and len(accusers) > cfg.quorum * others:
-                out.append(
-                    (
-                        peer,
-                        f"{len(accusers)} of its {others} fellow replicas refused or clipped its gradients",
-                    )
+                why = f"{len(accusers)} of its {others} fellow replicas refused or clipped its gradients"
+                out.append((peer, why))
+            elif len(checkers) >= 2 and len(checkers) > cfg.quorum * others:
+                why = (
+                    f"{len(checkers)} of its {others} fellow replicas recomputed its micro-batches otherwise"
                 )
+                out.append((peer, why))
     return sorted(out)

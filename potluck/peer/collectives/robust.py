@@ -44,6 +44,9 @@ class Audit:
     refused: Counter[str] = field(default_factory=Counter)  # NaN or Inf
     clipped: Counter[str] = field(default_factory=Counter)  # far outside the others (robust rules)
     seen: Counter[str] = field(default_factory=Counter)
+    # Pipeline spot checks (train/spot.py): micro-batches of the peer recomputed here, and mismatches
+    checked: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)
     # Peers whose contributions are left out from now on (the swarm's ban list as this peer last read
     # it): a convicted peer stops counting at once, before the plan without it comes.
     excluded: set[str] = field(default_factory=set)
@@ -51,11 +54,17 @@ class Audit:
     def witnesses(self, me: str, limit: int = 64) -> list[Witness]:
         """This peer's testimony on the others (``Progress.witnessed``), the most outlying first."""
         out = [
-            Witness(peer_id=p, seen=n, outlying=self.refused[p] + self.clipped[p])
-            for p, n in self.seen.items()
+            Witness(
+                peer_id=p,
+                seen=self.seen[p],
+                outlying=self.refused[p] + self.clipped[p],
+                checked=self.checked[p],
+                failed=self.failed[p],
+            )
+            for p in sorted(set(self.seen) | set(self.checked))
             if p != me
         ]
-        return sorted(out, key=lambda w: w.outlying / max(w.seen, 1), reverse=True)[:limit]
+        return sorted(out, key=lambda w: (w.failed, w.outlying / max(w.seen, 1)), reverse=True)[:limit]
 
 
 def finite_rows(stack: torch.Tensor) -> torch.Tensor:

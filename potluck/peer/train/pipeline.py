@@ -23,6 +23,7 @@ from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, Tag, make_tag
 from potluck.peer.errors import NeighbourError, PipelineError
 from potluck.peer.train.schedule import one_f_one_b
+from potluck.peer.train.seal import Ledger
 from potluck.protocol.errors import WireError
 
 
@@ -72,11 +73,13 @@ async def pipeline_step(
     codec: Codec,
     timeout_s: float,
     timing: Timing,
+    ledger: Ledger | None = None,
 ) -> float:
     """Run the step's forwards and backwards; returns the weighted loss sum (last stage), else 0.0.
 
     Parameter gradients are left accumulated in the runner. Raises ``PipelineError`` when a neighbour
-    fails to deliver within ``timeout_s`` or sends something undecodable.
+    fails to deliver within ``timeout_s`` or sends something undecodable. With a ``ledger`` every
+    message is sealed (signed) and every received seal checked, for the spot checks (``seal.py``).
     """
     sends: list[asyncio.Task[None]] = []
     loss = 0.0
@@ -87,12 +90,16 @@ async def pipeline_step(
         timing.bytes_sent += len(payload)
         timing.wire_raw += tensor.numel() * 4
         timing.wire_coded += len(payload)
+        if ledger is not None:
+            payload = ledger.seal(peer, tag, payload)
         sends.append(asyncio.create_task(box.send(peer, tag, payload)))
         timing.send += time.perf_counter() - t0
 
     async def recv(peer: str, tag: Tag, shape: tuple[int, int, int]) -> torch.Tensor:
         t0 = time.perf_counter()
         data = await box.recv(peer, tag, timeout_s)
+        if ledger is not None:
+            data = ledger.open(peer, tag, data)  # SealError names the sender
         try:
             tensor = codec.decode(data, expect=shape)
         except CompressionError as e:

@@ -6,7 +6,8 @@ Step s on stage j, replica i:
    starting while the backward is still producing the earlier layers' gradients (``overlap.py``;
    skipped with DiLoCo local steps); with ``sync.policy = "deadline"``, one relaxed all-reduce of the
    whole gradient over the replicas ready by the deadline instead (``straggle.py``);
-3. the step commit (``commit.py``) agrees on the global gradient norm and the loss, or aborts;
+3. the step commit (``commit.py``) agrees on the global gradient norm and the loss, or aborts; the
+   committed decision draws the step's pipeline spot checks (``spot.py``, sealed messages ``seal.py``);
 4. AdamW at the scheduled learning rate, clipped by the global norm; every H steps with DiLoCo, the
    outer sync; every ``checkpoint.interval`` steps each replica writes the stage's checkpoint to its own disk.
 
@@ -51,9 +52,12 @@ from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
+from potluck.peer.train.seal import Ledger
+from potluck.peer.train.spot import SpotChecks
 from potluck.peer.train.straggle import DeadlineSync, slowdown_s
 from potluck.protocol.checkpoints import StageMeta, plan_stage_meta
 from potluck.protocol.collective import records_to_schedule
+from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
 from potluck.transfer.manifest import StateWant
@@ -87,10 +91,12 @@ class Trainer:
         checkpoint_root: Path,
         sources: Sequence[StateSource] = (),
         budget: WaitBudget | None = None,
+        identity: Identity | None = None,
     ) -> None:
         """``sources``: where a plan starting after step 0 gets its state, in order (none: the checkpoint).
         ``budget``: the step times this peer measured under earlier plans of the job (a new plan's first
-        steps then need not wait the full ``step_timeout_s``); it goes on measuring."""
+        steps then need not wait the full ``step_timeout_s``); it goes on measuring. ``identity``: this
+        peer's key, which seals its pipeline messages when the job spot-checks them."""
         pos = plan.position(box.peer_id)
         if pos is None:
             raise ValueError(f"peer {box.peer_id} is not placed by plan epoch {plan.epoch}")
@@ -145,6 +151,24 @@ class Trainer:
                 comp.error_feedback,
                 cfg.overlap,
                 self.audit,
+            )
+        self.ledger: Ledger | None = None  # sealed pipeline messages, for the spot checks
+        self.spot: SpotChecks | None = None
+        if self.spot_checked(job, plan):
+            if identity is None or identity.peer_id != box.peer_id:
+                raise ValueError(f"job {job.name} spot-checks its pipelines: the peer's identity must sign")
+            self.ledger = Ledger(identity)
+            self.spot = SpotChecks(
+                self.runner,
+                box,
+                plan,
+                pos,
+                self.ledger,
+                self.act_codec,
+                job.trust,
+                self.audit,
+                self.micro_batches,
+                cfg.step_timeout_s,
             )
         self.step = plan.start_step  # the next step to run
         self.sources = list(sources)
@@ -207,9 +231,22 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------------------
 
-    def micro_batches(self, step: int) -> list[MicroBatch]:
+    @staticmethod
+    def spot_checked(job: JobSpec, plan: TrainPlan) -> bool:
+        """Whether the plan's pipeline messages are sealed and spot-checked: a job asking for checks,
+        a pipeline to check and replicas to check it, weights equal across replicas (no local steps)."""
+        return (
+            job.trust.spot_checks > 0
+            and len(plan.stages) > 1
+            and plan.n_replicas > 1
+            and job.compression.sync_every == 1
+        )
+
+    def micro_batches(self, step: int, replica: int | None = None) -> list[MicroBatch]:
+        """This replica's micro-batches of ``step`` (or another replica's, for a spot check)."""
         per_step, n_rep = self.job.sequences_per_step, self.plan.n_replicas
-        batch = self.dataset.replica_batch(step, self.replica, n_rep, per_step)
+        replica = self.replica if replica is None else replica
+        batch = self.dataset.replica_batch(step, replica, n_rep, per_step)
         # With local steps each replica averages over its own sequences; otherwise over the global batch
         # (its gradient is then summed with the other replicas').
         denom = batch.shape[0] if self.diloco is not None else per_step
@@ -261,6 +298,8 @@ class Trainer:
         # under the deadline policy a left-out replica may lag its stage by up to max_misses steps
         lag = self.job.sync.max_misses + 2 if self.deadline is not None else None
         self.box.advance(self.plan.epoch, step, lag)
+        if self.ledger is not None:
+            self.ledger.forget(rnd.pack())  # an aborted attempt's messages
         micro = self.micro_batches(step)
         if self.sync is not None:
             self.sync.arm(rnd, len(micro), timeout_s)
@@ -275,6 +314,7 @@ class Trainer:
                 self.act_codec,
                 timeout_s,
                 timing,
+                self.ledger,
             )
             ready: Ready | None = await self._sync_gradients(rnd, timing, loss_part, timeout_s)
         except LateError:
@@ -301,6 +341,8 @@ class Trainer:
             t0 = time.perf_counter()
             await self.deadline.catch_up(rnd, timeout_s)
             timing.allreduce += time.perf_counter() - t0
+        if self.spot is not None:  # before the update: checkers copy the weights the step ran on
+            self.spot.after_commit(rnd, decision, len(micro))
         lr = learning_rate(self.job.optimizer, step, self.job.steps)
         coef = clip_coefficient(self.job.optimizer, decision.norms[self.replica])
         t0 = time.perf_counter()
@@ -386,5 +428,7 @@ class Trainer:
             drain = False  # a new plan: nobody will wait for this run's catch-up sends
             raise
         finally:
+            if self.spot is not None:
+                self.spot.close()
             if self.deadline is not None:  # replicas behind still need the last steps' means
                 await self.deadline.close(drain)

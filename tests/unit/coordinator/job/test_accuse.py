@@ -55,3 +55,26 @@ def test_too_little_evidence_old_epochs_and_strangers_do_not_count():
     # two replicas cannot convict each other: nobody could tell which of them lies
     pair = ids(2)
     assert hostile_peers(plan_of(pair), [report(pair[0], 0, {pair[1]: (20, 20)})], CFG) == []
+
+
+def spot_report(peer: str, replica: int, caught: dict[str, tuple[int, int]]) -> Progress:
+    witnessed = [Witness(peer_id=p, seen=0, outlying=0, checked=c, failed=f) for p, (c, f) in caught.items()]
+    return Progress(
+        peer_id=peer, job="t", epoch=3, stage=0, replica=replica, step=5, witnessed=witnessed, issued_at=1.0
+    )
+
+
+def test_failed_spot_checks_by_most_fellow_replicas_convict():
+    peers = ids(3)
+    bad = peers[2]
+    recs = [spot_report(p, i, {bad: (3, 1)}) for i, p in enumerate(peers[:2])]  # one failure each suffices
+    verdict = hostile_peers(plan_of(peers), recs, CFG)
+    assert [p for p, _ in verdict] == [bad] and "recomputed" in verdict[0][1]
+    # one checker's word is not enough (it may be the liar), nor are checks that all passed
+    assert hostile_peers(plan_of(peers), recs[:1], CFG) == []
+    passed = [spot_report(p, i, {bad: (5, 0)}) for i, p in enumerate(peers[:2])]
+    assert hostile_peers(plan_of(peers), passed, CFG) == []
+    # two colluders of five cannot frame an honest replica
+    five = ids(5)
+    framed = [spot_report(p, 3 + i, {five[0]: (1, 1)}) for i, p in enumerate(five[3:])]
+    assert hostile_peers(plan_of(five), framed, CFG) == []
