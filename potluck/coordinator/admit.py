@@ -8,7 +8,9 @@ authenticated libp2p id, so an admission can only be asked for oneself.
 ``AdmissionDesk.decide`` is the policy (pure but for the use counts it keeps): banned peers never; an
 open swarm admits anyone; otherwise the token must be signed by this coordinator, for this swarm, not
 expired, and within its ``max_uses`` (a peer renewing with the token it joined with uses nothing up).
-Use counts live in memory: a restarted coordinator counts afresh (docs/security.md says so).
+The uses of limited tokens are published as a coordinator-signed ``TokenUses`` record (the service keeps
+it fresh), and a restarted coordinator reads them back before it admits anyone: no count lives only on
+the coordinator's disk or in its memory.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ import msgpack
 from potluck.coordinator.config import AdmitConfig
 from potluck.net.admit import admit_protocol
 from potluck.net.streams import Streams
-from potluck.protocol.admission import ROLES, Admission, JoinToken
+from potluck.protocol.admission import (
+    MAX_TOKENS_KEPT,
+    MAX_USERS_KEPT,
+    ROLES,
+    Admission,
+    JoinToken,
+    TokenUse,
+    TokenUses,
+)
 from potluck.protocol.errors import AdmissionError
 from potluck.protocol.identity import Identity
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
@@ -33,7 +43,9 @@ logger = logging.getLogger(__name__)
 class AdmissionDesk:
     def __init__(self, identity: Identity, swarm_id: str, cfg: AdmitConfig, banned: set[str]) -> None:
         self.identity, self.swarm_id, self.cfg, self.banned = identity, swarm_id, cfg, banned
-        self.uses: dict[str, set[str]] = {}  # token id -> the peers it admitted
+        self.uses: dict[str, set[str]] = {}  # limited token id -> the peers it admitted
+        self.expires: dict[str, float] = {}  # limited token id -> when it expires
+        self.version = 0  # counts changes to the uses, so the service knows when to publish them
         self.granted = 0
         self.refused = 0
 
@@ -44,12 +56,34 @@ class AdmissionDesk:
         roles: tuple[str, ...] = ROLES
         if not self.cfg.open or token is not None:
             claims = JoinToken.verify(token, self.swarm_id, self.identity.public_key, now)
-            users = self.uses.setdefault(claims.token_id, set())
-            if peer not in users and claims.max_uses and len(users) >= claims.max_uses:
-                raise AdmissionError(f"join token used up ({claims.max_uses} peers): ask for a fresh invite")
-            users.add(peer)
+            if claims.max_uses:
+                users = self.uses.setdefault(claims.token_id, set())
+                if peer not in users and len(users) >= claims.max_uses:
+                    raise AdmissionError(
+                        f"join token used up ({claims.max_uses} peers): ask for a fresh invite"
+                    )
+                if peer not in users:
+                    users.add(peer)
+                    self.expires[claims.token_id] = claims.expires
+                    self.version += 1
             roles = claims.roles
         return Admission.issue(self.identity, self.swarm_id, peer, now + self.cfg.ttl_s, roles)
+
+    def record(self, now: float) -> TokenUses:
+        """The uses of the limited tokens still valid at ``now`` (the soonest to expire dropped first)."""
+        live = sorted((t for t, exp in self.expires.items() if exp > now), key=lambda t: -self.expires[t])
+        tokens = [
+            TokenUse(token_id=t, expires=self.expires[t], peers=sorted(self.uses[t])[:MAX_USERS_KEPT])
+            for t in live[:MAX_TOKENS_KEPT]
+        ]
+        return TokenUses(tokens=tokens, issued_at=now)
+
+    def restore(self, record: TokenUses, now: float) -> None:
+        """Count on from a published ``record`` (a restarted coordinator's first read)."""
+        for t in record.tokens:
+            if t.expires > now:
+                self.uses.setdefault(t.token_id, set()).update(t.peers)
+                self.expires[t.token_id] = max(t.expires, self.expires.get(t.token_id, 0.0))
 
     async def serve(self, streams: Streams, now: Callable[[], float]) -> None:
         async def handle(peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -37,13 +37,13 @@ from potluck.net.admit import admitted
 from potluck.net.dial import reachable
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
-from potluck.protocol.admission import MAX_BANS, BanList, JoinToken
+from potluck.protocol.admission import MAX_BANS, BanList, JoinToken, TokenUses
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.keys import BANS, JOB, LINKS, PEERS, PLAN, PROGRESS
+from potluck.protocol.keys import BANS, JOB, LINKS, PEERS, PLAN, PROGRESS, TOKENS
 from potluck.protocol.training import Progress, Spare, TrainPlan
 
 logger = logging.getLogger(__name__)
@@ -105,11 +105,12 @@ class CoordinatorService:
             streams, self.cfg.swarm_id, self.identity, self.job, root, copy_mb_s, self._may_fetch
         )
         await self.owner.start()
+        await self._restore_token_uses()
         await self.desk.serve(streams, get_dht_time)
         tasks: dict[str, Coroutine[Any, Any, None]] = {
             "refresh-job": self._refresh_job(),
             "track-peers": self._track_peers(),
-            "bans": self._keep_bans(),
+            "bans": self._keep_access(),
         }
         if self.cfg.remember:
             tasks["remember"] = self._remember()
@@ -138,14 +139,34 @@ class CoordinatorService:
             self.policy.banned.add(peer)
             logger.warning("banned %s: %s", peer, why)
 
-    async def _keep_bans(self) -> None:
+    async def _restore_token_uses(self) -> None:
+        """Before admitting anyone: count on from the token uses an earlier run of ours published."""
+        assert self.node is not None
+        try:
+            found = await bounded(self.node.fetch(TOKENS.name), self.cfg.read_timeout_s, "reading token uses")
+        except Exception as e:  # a first start, or an unreadable DHT: count from here
+            logger.warning("token uses not read (%s); counting from zero", e)
+            return
+        for v in found:
+            if isinstance(v.record, TokenUses):
+                self.desk.restore(v.record, get_dht_time())
+
+    async def _keep_access(self) -> None:
         """Merge the ban list in the DHT (``potluck ban`` may have added to it) with ours, and keep ours
-        published: peers refuse banned peers' records from their next read of it."""
+        published: peers refuse banned peers' records from their next read of it. Keep the join tokens'
+        uses published too, so a restarted coordinator counts on."""
         assert self.node is not None
         published: frozenset[str] = frozenset()
-        refreshed = 0.0
+        refreshed = tokens_at = 0.0
+        uses_published = 0  # the desk's version last published
         while True:
             try:
+                due = time.monotonic() - tokens_at > self.cfg.bans_ttl_s / 3
+                version = self.desk.version
+                if self.desk.expires and (version != uses_published or due):
+                    uses = self.desk.record(get_dht_time())
+                    if await self.node.publish(TOKENS.name, uses, self.cfg.bans_ttl_s):
+                        uses_published, tokens_at = version, time.monotonic()
                 for peer in await self.node.read_bans() - self.policy.banned:
                     self.ban(peer, "on the swarm's ban list")
                 due = time.monotonic() - refreshed > self.cfg.bans_ttl_s / 3
@@ -154,7 +175,7 @@ class CoordinatorService:
                     if await self.node.publish(BANS.name, bans, self.cfg.bans_ttl_s):
                         published, refreshed = frozenset(self.policy.banned), time.monotonic()
             except Exception:
-                logger.exception("keeping the ban list failed")
+                logger.exception("keeping the ban list and token uses failed")
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     async def _recover(self, saved: TrainPlan | None, joined: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from potluck.coordinator.job.claims import confirmed_links
 from potluck.protocol.envelope import Verified
 from potluck.protocol.membership import PeerView, link_reports, live_peers
 from potluck.protocol.records import LinkReport, PeerRecord
@@ -15,7 +16,8 @@ class SwarmState:
     swarm_id: str
     as_of: float  # DHT time of the read
     peers: dict[str, PeerView] = field(default_factory=dict)
-    links: dict[str, LinkReport] = field(default_factory=dict)  # reporter -> its latest report
+    # reporter -> its latest report, each link as far as its other end confirms it (job/claims.py)
+    links: dict[str, LinkReport] = field(default_factory=dict)
     # Peers whose newest unexpired heartbeat says "leaving": a graceful leave, still serving its state.
     leaving: frozenset[str] = frozenset()
 
@@ -33,7 +35,8 @@ class SwarmState:
         leaving = frozenset(
             p for p, v in newest.items() if isinstance(v.record, PeerRecord) and v.record.status == "leaving"
         )
-        return cls(swarm_id, now, peers, link_reports(link_records, peers, now), leaving)
+        links = confirmed_links(link_reports(link_records, peers, now))
+        return cls(swarm_id, now, peers, links, leaving)
 
     def without(self, peer_ids: Iterable[str]) -> SwarmState:
         """This state less ``peer_ids`` (and their link reports): the swarm a plan may use."""

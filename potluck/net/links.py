@@ -28,6 +28,7 @@ from potluck.protocol.wire import MAX_PAYLOAD, Frame, MsgType, read_frame, write
 logger = logging.getLogger(__name__)
 
 LAST = 1  # frame flag: the final BULK frame of a probe
+INBOUND_KEPT = 64  # probers whose last probe is remembered (LinkReport.inbound holds at most 64)
 
 
 def probe_protocol(swarm_id: str) -> str:
@@ -68,6 +69,8 @@ class LinkProber:
         self.p2p, self.cfg = p2p, cfg
         self.addresses = addresses  # peers' announced addresses, for dials the daemon cannot route
         self.allow = allow
+        # prober -> the goodput of its last probe as timed here on arrival (LinkReport.inbound)
+        self.inbound: dict[str, LinkSample] = {}
         self.protocol = probe_protocol(swarm_id)
         if cfg.frame_bytes > MAX_PAYLOAD[MsgType.BULK]:
             raise ValueError(
@@ -80,7 +83,7 @@ class LinkProber:
     async def _handle(
         self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        received = 0
+        received, first_at, first_bytes = 0, 0.0, 0
         try:
             peer = info.peer_id.to_base58()
             if self.allow is not None and not await self.allow(peer):
@@ -96,16 +99,29 @@ class LinkProber:
                 if frame.type == MsgType.PING:
                     await write_frame(writer, Frame(MsgType.PONG, frame.payload), self.cfg.timeout_s)
                     continue
+                if received == 0:  # the clock starts when the first frame is in: it is not counted
+                    first_at, first_bytes = time.perf_counter(), len(frame.payload)
                 received += len(frame.payload)
                 if received > self.cfg.max_stream_bytes:
                     logger.warning("probe stream from %s exceeded %d bytes; closing", info.peer_id, received)
                     return
                 if frame.flags & LAST:
+                    self._saw(peer, received - first_bytes, time.perf_counter() - first_at)
                     done = Frame(MsgType.BULK_DONE, struct.pack("<Q", received))
                     await write_frame(writer, done, self.cfg.timeout_s)
                     received = 0
         finally:
             writer.close()
+
+    def _saw(self, peer: str, nbytes: int, seconds: float) -> None:
+        if nbytes <= 0 or seconds <= 0:
+            return  # a one-frame probe: nothing timed
+        self.inbound.pop(peer, None)
+        self.inbound[peer] = LinkSample(
+            dst=peer, rtt_ms=0.0, bandwidth_gbps=min(nbytes * 8 / seconds / 1e9, 1e5)
+        )
+        while len(self.inbound) > INBOUND_KEPT:
+            del self.inbound[next(iter(self.inbound))]  # the oldest
 
     async def measure(self, peer_id: str) -> LinkSample:
         """RTT (median of ``pings``) and goodput to ``peer_id``; raises ``WireError`` on any failure."""

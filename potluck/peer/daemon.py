@@ -260,8 +260,10 @@ class PeerDaemon:
                         self.link_samples[target] = sample
                     except WireError as e:
                         logger.info("link to %s not measured: %s", target, e)
-                if samples:
-                    report = LinkReport(peer_id=self.peer_id, links=samples, issued_at=get_dht_time())
+                inbound = list(self.prober.inbound.values())  # what others' probes showed here
+                if samples or inbound:
+                    now = get_dht_time()
+                    report = LinkReport(peer_id=self.peer_id, links=samples, inbound=inbound, issued_at=now)
                     ttl = min(3 * cfg.interval_s, LINKS.max_ttl_s)
                     await self.node.publish(LINKS.name, report, ttl, self.peer_id)
                     self.link_reports += 1

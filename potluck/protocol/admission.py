@@ -10,6 +10,8 @@
   the coordinator and other peers ignore a stranger before reading a word of what it says.
 - A **ban** is a coordinator-signed ``BanList`` record: every node refuses the banned peers' records
   from its next read of the list (one heartbeat), and the coordinator neither renews nor grants them.
+- **Token uses** (``TokenUses``, coordinator-signed, under the ``tokens`` key) keep the peers each
+  limited token admitted, so a restarted coordinator, on any machine holding its key, counts on.
 
 Checks run cheapest first, and on byte sizes fixed before anything is decoded.
 """
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgpack
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from potluck.protocol import identity as ident
 from potluck.protocol.errors import AdmissionError
@@ -38,6 +40,8 @@ MAX_ADMISSION_BYTES = 512
 MAX_TOKEN_CHARS = 512
 ROLES = ("peer",)  # what an admitted peer may do: today, train (room for e.g. "observer")
 MAX_BANS = 4096
+MAX_TOKENS_KEPT = 256  # limited tokens whose uses are remembered (the newest to expire first)
+MAX_USERS_KEPT = 1024  # peers remembered per token; a token for more peers is counted from there on
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,25 @@ class BanList(Record):
     KIND: ClassVar[str] = "BanList"
 
     peers: list[PeerId] = Field(default_factory=list, max_length=MAX_BANS)
+    issued_at: NonNegFloat
+
+
+class TokenUse(BaseModel):
+    """The peers one limited join token admitted so far."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    token_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    expires: NonNegFloat
+    peers: list[PeerId] = Field(default_factory=list, max_length=MAX_USERS_KEPT)
+
+
+class TokenUses(Record):
+    """Uses of the swarm's limited join tokens; stored under the ``tokens`` key, signed by the coordinator."""
+
+    KIND: ClassVar[str] = "TokenUses"
+
+    tokens: list[TokenUse] = Field(default_factory=list, max_length=MAX_TOKENS_KEPT)
     issued_at: NonNegFloat
 
 

@@ -23,7 +23,7 @@ import msgpack
 from pydantic import ValidationError
 
 from potluck.protocol import identity as ident
-from potluck.protocol.admission import Admission, BanList
+from potluck.protocol.admission import Admission, BanList, TokenUses
 from potluck.protocol.errors import AdmissionError, RecordError
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import KEY_SPECS, dht_key
@@ -31,7 +31,7 @@ from potluck.protocol.records import LinkReport, PeerRecord, Record
 from potluck.protocol.training import Progress, TrainPlan
 
 RECORD_TYPES: dict[str, type[Record]] = {
-    cls.KIND: cls for cls in (PeerRecord, LinkReport, JobSpec, TrainPlan, Progress, BanList)
+    cls.KIND: cls for cls in (PeerRecord, LinkReport, JobSpec, TrainPlan, Progress, BanList, TokenUses)
 }
 
 MAGIC = b"PLK1"

@@ -34,8 +34,11 @@ JOB = KeySpec("job", "JobSpec", signer="coordinator", max_ttl_s=3600.0)
 PLAN = KeySpec("plan", "TrainPlan", signer="coordinator", max_ttl_s=3600.0)
 PROGRESS = KeySpec("progress", "Progress", signer="subkey", max_ttl_s=600.0)
 BANS = KeySpec("bans", "BanList", signer="coordinator", max_ttl_s=3600.0)
+TOKENS = KeySpec("tokens", "TokenUses", signer="coordinator", max_ttl_s=3600.0)
 
-KEY_SPECS: dict[str, KeySpec] = {spec.name: spec for spec in (PEERS, LINKS, JOB, PLAN, PROGRESS, BANS)}
+KEY_SPECS: dict[str, KeySpec] = {
+    spec.name: spec for spec in (PEERS, LINKS, JOB, PLAN, PROGRESS, BANS, TOKENS)
+}
 
 
 def check_swarm_id(swarm_id: str) -> str:

@@ -104,3 +104,7 @@ class LinkReport(Record):
     peer_id: PeerId
     links: list[LinkSample] = Field(max_length=64)
     issued_at: NonNegFloat
+    # The other end's view: goodput of the probes this peer served, from ``dst`` (the prober) to it, as
+    # timed on arrival here (rtt_ms 0: only the prober can time a round trip). The coordinator believes
+    # a prober's claim only as far as the receiver saw it (coordinator/job/claims.py).
+    inbound: list[LinkSample] = Field(default_factory=list, max_length=64)

@@ -172,10 +172,21 @@ def _service(tmp_path, ident: Identity, **changes: object) -> CoordinatorService
 
 
 def test_a_restart_reads_the_live_plan_through_a_remembered_peer_and_plans_above_it(tmp_path):
-    """The old coordinator published epoch 3 and died; a peer it remembered still holds the record."""
-    ident = Identity.generate()
+    """The old coordinator published epoch 3 and died; a peer it remembered still holds the record. It
+    also published its single-use token's use: the restarted one refuses a second peer on it."""
+    from hivemind.utils import get_dht_time
 
-    async def main() -> tuple[int, int, int]:
+    from potluck.coordinator.admit import AdmissionDesk
+    from potluck.coordinator.config import AdmitConfig
+    from potluck.protocol.admission import JoinToken
+    from potluck.protocol.errors import AdmissionError
+    from potluck.protocol.keys import TOKENS
+
+    ident = Identity.generate()
+    token = JoinToken.mint(ident, "rejoin-test", time.time() + 600, max_uses=1)
+    first, second = Identity.generate().peer_id, Identity.generate().peer_id
+
+    async def main() -> tuple[int, int, int, str]:
         policy = TrustPolicy("rejoin-test", ident.public_key)
         net = NetworkConfig(host_maddrs=(LOOPBACK,))
         holder = await SwarmNode.start(Identity.generate(), policy, net)
@@ -183,6 +194,9 @@ def test_a_restart_reads_the_live_plan_through_a_remembered_peer_and_plans_above
             addrs = tuple(await holder.visible_maddrs())
             old = await SwarmNode.start(ident, policy, net, addrs)
             assert await old.publish(PLAN.name, plan(3).model_copy(update={"job": JOB.name}), 300.0)
+            old_desk = AdmissionDesk(ident, "rejoin-test", AdmitConfig(), set())
+            old_desk.decide(first, token, get_dht_time())
+            assert await old.publish(TOKENS.name, old_desk.record(get_dht_time()), 300.0)
             await old.shutdown()
             memory = SwarmMemory("rejoin-test", JOB.name, {holder.identity.peer_id: addrs}, {})
             save_memory(memory_path(tmp_path / "coordinator.pem", "rejoin-test"), memory)
@@ -191,13 +205,22 @@ def test_a_restart_reads_the_live_plan_through_a_remembered_peer_and_plans_above
             try:
                 assert svc.plan is not None
                 stored = [v.record for v in await holder.fetch(PLAN.name)]
-                return svc.plan.epoch, svc.first_epoch, max(p.epoch for p in stored)  # type: ignore[attr-defined]
+                try:
+                    svc.desk.decide(second, token, get_dht_time())
+                    refused = "admitted"
+                except AdmissionError as e:
+                    refused = str(e)
+                svc.desk.decide(first, token, get_dht_time())  # its renewal uses nothing up
+                newest = max(p.epoch for p in stored)  # type: ignore[attr-defined]
+                return svc.plan.epoch, svc.first_epoch, newest, refused
             finally:
                 await svc.stop()
         finally:
             await holder.shutdown()
 
-    assert asyncio.run(main()) == (3, 4, 3)
+    epoch, first_epoch, newest, refused = asyncio.run(main())
+    assert (epoch, first_epoch, newest) == (3, 4, 3)
+    assert "used up" in refused
 
 
 def test_remembered_peers_all_gone_start_a_new_dht_and_the_saved_plan_carries_on(tmp_path):

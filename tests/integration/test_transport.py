@@ -163,3 +163,33 @@ def test_a_dead_senders_waits_fail_as_soon_as_its_stream_ends():
     why, elapsed = asyncio.run(main())
     assert "is gone" in why, why
     assert elapsed < 15.0  # the wait's own bound is 30 s
+
+
+def test_a_probe_is_timed_by_both_ends_and_refused_to_strangers():
+    """The prober's measurement and the receiver's own timing of it (LinkReport.inbound) agree for an
+    honest probe, which is what lets the coordinator cap a lying prober's claim; a peer the server's
+    gate does not know gets its stream closed unserved."""
+    from potluck.net.config import LinkProbeConfig
+    from potluck.net.links import LinkProber
+
+    cfg = LinkProbeConfig(bulk_bytes=8 << 20, frame_bytes=256 << 10, timeout_s=10)
+
+    async def main():
+        async with p2p_group(3) as (a, b, stranger):
+            members = {a.peer_id.to_base58()}
+
+            async def allow(peer: str) -> bool:
+                return peer in members
+
+            server = LinkProber(b, "t", cfg, allow=allow)
+            await server.serve()
+            sample = await LinkProber(a, "t", cfg).measure(b.peer_id.to_base58())
+            with pytest.raises(WireError, match="closed"):
+                await LinkProber(stranger, "t", cfg).measure(b.peer_id.to_base58())
+            return sample, dict(server.inbound), a.peer_id.to_base58(), stranger.peer_id.to_base58()
+
+    sample, inbound, a_id, stranger_id = asyncio.run(main())
+    assert list(inbound) == [a_id] and stranger_id not in inbound
+    seen = inbound[a_id].bandwidth_gbps
+    # same bytes, same link: the two clocks differ by the first frame and a round trip
+    assert 0.1 * sample.bandwidth_gbps < seen < 10 * sample.bandwidth_gbps, (sample, seen)

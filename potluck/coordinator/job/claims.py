@@ -12,7 +12,14 @@ job, its claim counts for at most:
 and once measured (``calibrated_tflops``: its stage's FLOPs over the compute seconds it reported per
 step) the measurement replaces the claim. A peer measured at less than ``1 / OVERCLAIM`` of its claim is
 *overclaimed*: the coordinator says so, and its claims are not believed again in this job.
-Pure functions; the coordinator keeps the state.
+
+Link reports are claims too, and a peer that overstates its links draws traffic it cannot carry. The
+other end of a probe times it as well (``LinkReport.inbound``), so ``confirmed_links`` believes a
+measured bandwidth a -> b only up to ``INBOUND_SLACK`` x what b saw arrive from a's probe; a claim b never
+saw (a made-up measurement, or b's report is not out yet) counts for at most the median confirmed link;
+and a pair's round trip is the larger of what its two ends measured. A hostile receiver can only make
+links *to itself* look slow, which steers work away from it. Pure functions; the coordinator keeps the
+state.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from potluck.protocol.records import Hardware
+from potluck.protocol.records import Hardware, LinkReport, LinkSample
 
 CPU_CORE_TFLOPS = 0.2  # fp32 with AVX-512 FMA at ~3 GHz: 2 x 16 x 2 x 3e9 = 0.19 TFLOP/s per core
 ACCELERATOR_TFLOPS = 2500.0  # beyond any single device's dense bf16 today (an H200: ~990)
 OVERCLAIM = 4.0  # measured below claim / this: the claim was false
+# The receiver times a probe from its first frame's arrival, so it sees a little more goodput than the
+# sender, and links vary between the probe and the report: an honest claim stays within this x it.
+INBOUND_SLACK = 1.5
 
 
 def plausible_tflops(hw: Hardware) -> float:
@@ -57,3 +67,29 @@ def believed_tflops(
 def overclaimed(claims: Mapping[str, float], measured: Mapping[str, float]) -> list[str]:
     """Peers whose measured speed is below ``1 / OVERCLAIM`` of what they claim, sorted."""
     return sorted(p for p, m in measured.items() if m > 0 and p in claims and m * OVERCLAIM < claims[p])
+
+
+def confirmed_links(reports: Mapping[str, LinkReport]) -> dict[str, LinkReport]:
+    """Each peer's outbound links as the planner may believe them (see the module's text)."""
+    seen = {(s.dst, r.peer_id): s.bandwidth_gbps for r in reports.values() for s in r.inbound}
+    rtts = {(r.peer_id, s.dst): s.rtt_ms for r in reports.values() for s in r.links}
+    confirmed = [
+        min(s.bandwidth_gbps, INBOUND_SLACK * seen[(r.peer_id, s.dst)])
+        for r in reports.values()
+        for s in r.links
+        if (r.peer_id, s.dst) in seen
+    ]
+    median = statistics.median(confirmed) if confirmed else None
+    out: dict[str, LinkReport] = {}
+    for peer, report in reports.items():
+        links = []
+        for s in report.links:
+            saw = seen.get((peer, s.dst))
+            if saw is not None:
+                bandwidth = min(s.bandwidth_gbps, INBOUND_SLACK * saw)
+            else:
+                bandwidth = s.bandwidth_gbps if median is None else min(s.bandwidth_gbps, median)
+            rtt = max(s.rtt_ms, rtts.get((s.dst, peer), 0.0))
+            links.append(LinkSample(dst=s.dst, rtt_ms=rtt, bandwidth_gbps=bandwidth))
+        out[peer] = report.model_copy(update={"links": links})
+    return out

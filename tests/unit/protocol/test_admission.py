@@ -10,7 +10,7 @@ from potluck.coordinator.config import AdmitConfig
 from potluck.net.admit import admitted
 from potluck.protocol.admission import Admission, JoinToken
 from potluck.protocol.envelope import TrustPolicy, seal
-from potluck.protocol.errors import AdmissionError
+from potluck.protocol.errors import AdmissionError, RecordError
 from potluck.protocol.identity import Identity
 from potluck.transfer.server import encode_request, parse_request
 from tests.unit.protocol.conftest import NOW, make_peer_record
@@ -95,6 +95,36 @@ def test_tokens_are_checked_and_counted_by_the_desk():
     desk.banned.add(a)
     with pytest.raises(AdmissionError, match="banned"):
         desk.decide(a, once, NOW)
+
+
+def test_token_uses_survive_a_restarted_coordinator_through_a_signed_record():
+    from potluck.protocol.admission import TokenUses
+
+    desk = AdmissionDesk(COORD, "swarm-a", AdmitConfig(), set())
+    twice = JoinToken.mint(COORD, "swarm-a", NOW + 600, max_uses=2)
+    endless = JoinToken.mint(COORD, "swarm-a", NOW + 600)
+    a, b, c = (Identity.generate().peer_id for _ in range(3))
+    before = desk.version
+    desk.decide(a, twice, NOW)
+    desk.decide(a, endless, NOW)  # an unlimited token needs no counting
+    assert desk.version == before + 1
+    record = desk.record(NOW)
+    assert [(t.peers, t.expires) for t in record.tokens] == [([a], NOW + 600)]
+    # published signed by the coordinator, read back by the restarted one (a new desk)
+    raw = seal(COORD, "swarm-a", "tokens", record, NOW + 30)
+    restored = AdmissionDesk(COORD, "swarm-a", AdmitConfig(), set())
+    read = check(POLICY, raw, name="tokens")
+    assert isinstance(read.record, TokenUses)
+    restored.restore(read.record, NOW + 1)
+    restored.decide(b, twice, NOW + 2)
+    with pytest.raises(AdmissionError, match="used up"):
+        restored.decide(c, twice, NOW + 3)  # 3 peers on a 2-use token across the restart: refused
+    restored.decide(a, twice, NOW + 4)  # a renewal still uses nothing up
+    assert restored.record(NOW + 601).tokens == []  # expired tokens are dropped, not kept forever
+    # nobody but the coordinator may write the uses
+    forged = seal(Identity.generate(), "swarm-a", "tokens", record, NOW + 30)
+    with pytest.raises(RecordError, match=r"signature|signed"):
+        check(POLICY, forged, name="tokens")
 
 
 def test_an_open_desk_admits_anyone_but_the_banned():

@@ -78,3 +78,35 @@ def test_the_largest_claims_the_schema_allows_do_not_stall_the_planner():
     assert plan is not None, reason
     with pytest.raises(ValueError):
         peer(pids[0], tflops=1e9)  # beyond the schema's bound: refused with the record
+
+
+def test_links_are_believed_as_far_as_their_other_end_saw_them():
+    from potluck.coordinator.job.claims import INBOUND_SLACK, confirmed_links
+    from potluck.protocol.records import LinkReport, LinkSample
+
+    a, b, c = ids(3)
+
+    def rep(peer, links, inbound=()):
+        return LinkReport(
+            peer_id=peer,
+            links=[LinkSample(dst=d, rtt_ms=r, bandwidth_gbps=g) for d, r, g in links],
+            inbound=[LinkSample(dst=d, rtt_ms=0, bandwidth_gbps=g) for d, g in inbound],
+            issued_at=0,
+        )
+
+    reports = {
+        # a lies: 100 Gbit/s and 0.01 ms to b, whose server timed a's probe at 0.1 Gbit/s
+        a: rep(a, [(b, 0.01, 100.0), (c, 5.0, 50.0)]),  # and c never saw a probe from a
+        b: rep(b, [(a, 8.0, 0.2)], inbound=[(a, 0.1), (c, 0.25)]),
+        c: rep(c, [(b, 4.0, 0.3)]),
+    }
+    out = confirmed_links(reports)
+    ab, ac = out[a].links
+    assert ab.bandwidth_gbps == pytest.approx(INBOUND_SLACK * 0.1)  # what b saw, with slack
+    assert ab.rtt_ms == 8.0  # the larger of what the two ends measured
+    # unconfirmed: at most the median confirmed link (a->b 0.15, c->b 0.3)
+    assert ac.bandwidth_gbps == pytest.approx((INBOUND_SLACK * 0.1 + 0.3) / 2)
+    assert out[c].links[0].bandwidth_gbps == pytest.approx(0.3)  # honest and confirmed: unchanged
+    # nothing confirmed anywhere yet (an older swarm, or before the first reports): claims stand
+    plain = {a: rep(a, [(b, 1.0, 2.0)]), b: rep(b, [(a, 1.0, 3.0)])}
+    assert confirmed_links(plain)[a].links[0].bandwidth_gbps == 2.0
