@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from potluck.compat import use_fork  # noqa: E402
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers  # noqa: E402
 from potluck.net.tags import Round, Stream, make_tag  # noqa: E402
-from potluck.peer.train.seal import Ledger, check_seal  # noqa: E402
+from potluck.peer.seal import Ledger, check_seal  # noqa: E402
 from potluck.protocol.identity import Identity  # noqa: E402
 from tests.helpers.training import tiny_job, train_swarm, witness_records  # noqa: E402
 

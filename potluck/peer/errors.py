@@ -51,4 +51,4 @@ class NeighbourError(PipelineError):
 
 
 class SealError(NeighbourError):
-    """A pipeline message's seal (its sender's signature, ``train/seal.py``) is missing or wrong."""
+    """A pipeline message's seal (its sender's signature, ``peer/seal.py``) is missing or wrong."""

@@ -22,8 +22,8 @@ from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, Tag, make_tag
 from potluck.peer.errors import NeighbourError, PipelineError
+from potluck.peer.seal import Ledger
 from potluck.peer.train.schedule import one_f_one_b
-from potluck.peer.train.seal import Ledger
 from potluck.protocol.errors import WireError
 
 
@@ -79,7 +79,7 @@ async def pipeline_step(
 
     Parameter gradients are left accumulated in the runner. Raises ``PipelineError`` when a neighbour
     fails to deliver within ``timeout_s`` or sends something undecodable. With a ``ledger`` every
-    message is sealed (signed) and every received seal checked, for the spot checks (``seal.py``).
+    message is sealed (signed) and every received seal checked, for the spot checks (``peer/seal.py``).
     """
     sends: list[asyncio.Task[None]] = []
     loss = 0.0

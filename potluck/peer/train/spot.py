@@ -10,7 +10,7 @@ replicas of its stage.
 For a check of replica i of stage j, micro-batch m:
 - its checkers copy their weights before applying step s (one copy of the stage, only on such steps);
 - replica i's pipeline neighbours push the evidence they hold, each piece sealed by its author
-  (``seal.py``): stage j + 1 the activations i sent it and the gradient it sent back to i, stage j - 1
+  (``peer/seal.py``): stage j + 1 the activations i sent it and the gradient it sent back to i, stage j - 1
   the activations it sent i and the gradient i sent back; the first stage's input is the checker's data;
 - each checker replays the micro-batch on its copy and compares what i sent with what it computed,
   allowing the activation codec's own error plus ``trust.spot_tolerance`` (relative L2).
@@ -43,9 +43,9 @@ from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, Tag, make_tag
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.errors import PeerError, SealError
+from potluck.peer.seal import Ledger, check_seal, key_of
 from potluck.peer.train.commit import Decision
 from potluck.peer.train.pipeline import MicroBatch
-from potluck.peer.train.seal import Ledger, check_seal
 from potluck.protocol.jobspec import TrustSpec
 from potluck.protocol.training import TrainPlan
 
@@ -186,8 +186,8 @@ class SpotChecks:
         return make_tag(Round(rnd.epoch, rnd.step + 1), Stream.SPOT_EVIDENCE, index=index, chunk=micro)
 
     def _serve(self, rnd: Round, c: Check) -> None:
-        acts = (rnd.pack(), make_tag(rnd, Stream.ACTIVATIONS).stream, c.micro)
-        grads = (rnd.pack(), make_tag(rnd, Stream.ACTIVATION_GRADS).stream, c.micro)
+        acts = key_of(make_tag(rnd, Stream.ACTIVATIONS, chunk=c.micro))
+        grads = key_of(make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=c.micro))
         if c.stage == self.stage + 1:  # the suspect's upstream: what it sent, what came back
             index, blobs = FROM_PREV, [self.ledger.sent.get(acts), self.ledger.received.get(grads)]
         else:  # its downstream: what it received, and the gradient it sent back

@@ -7,7 +7,7 @@ Step s on stage j, replica i:
    skipped with DiLoCo local steps); with ``sync.policy = "deadline"``, one relaxed all-reduce of the
    whole gradient over the replicas ready by the deadline instead (``straggle.py``);
 3. the step commit (``commit.py``) agrees on the global gradient norm and the loss, or aborts; the
-   committed decision draws the step's pipeline spot checks (``spot.py``, sealed messages ``seal.py``);
+   committed decision draws the step's pipeline spot checks (``spot.py``, sealed messages ``peer/seal.py``);
 4. AdamW at the scheduled learning rate, clipped by the global norm; every H steps with DiLoCo, the
    outer sync; every ``checkpoint.interval`` steps each replica writes the stage's checkpoint to its own disk.
 
@@ -47,12 +47,12 @@ from potluck.peer.errors import (
     PipelineError,
     StepAborted,
 )
+from potluck.peer.seal import Ledger
 from potluck.peer.state.source import StateSource, fetch_first
 from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
-from potluck.peer.train.seal import Ledger
 from potluck.peer.train.spot import SpotChecks
 from potluck.peer.train.straggle import DeadlineSync, slowdown_s
 from potluck.protocol.checkpoints import StageMeta, plan_stage_meta

@@ -1,11 +1,12 @@
 """Sealed pipeline messages: each activation and activation gradient carries its sender's signature.
 
 A receiver can then show a third party exactly what its neighbour sent it (the pipeline spot checks of
-``spot.py``). The Ed25519 signature binds the sender, the receiver, the message's tag (plan epoch, step,
-stream, micro-batch) and a hash of the payload, so a piece of evidence can be neither forged nor moved to
-another link, step or micro-batch. Costs per message: 64 bytes on the wire, ~50 us to sign and ~150 us
-to verify, against milliseconds of compute per micro-batch. The receiver verifies on arrival: a sender
-that signs badly is refused there, so nobody can dodge a later check by sending unprovable bytes.
+``train/spot.py``). The Ed25519 signature binds the
+sender, the receiver, the message's tag (plan epoch, step, stream, chunk, direction) and a hash of the
+payload, so a piece of evidence can be neither forged nor moved to another link, step or chunk. Costs
+per message: 64 bytes on the wire, ~50 us to sign and ~150 us to verify, against milliseconds of compute
+per micro-batch. The receiver verifies on arrival: a sender that signs badly is refused there, so nobody
+can dodge a later check by sending unprovable bytes.
 
 Each peer keeps the sealed messages of the step in flight (its ``Ledger``) until the step is committed
 and the checks it holds evidence for are served; then they are dropped.
@@ -24,13 +25,17 @@ from potluck.protocol.identity import SIGNATURE_BYTES, Identity, public_key_from
 SEAL_BYTES = SIGNATURE_BYTES
 _DOMAIN = b"potluck/pipeline-seal/1\0"
 
-Key = tuple[int, int, int]  # (packed round, stream, micro-batch) of one message
+Key = tuple[int, int, int, int]  # (packed round, stream, chunk, direction) of one message
 
 
 def seal_message(sender: str, receiver: str, tag: Tag, payload: bytes) -> bytes:
     """The bytes a seal signs (never sent: both ends rebuild them)."""
     digest = hashlib.blake2b(payload, digest_size=32).digest()
     return b"".join([_DOMAIN, sender.encode(), b"\0", receiver.encode(), b"\0", tag.pack(), digest])
+
+
+def key_of(tag: Tag) -> Key:
+    return (tag.round, tag.stream, tag.chunk, tag.direction)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -63,13 +68,13 @@ class Ledger:
 
     def seal(self, receiver: str, tag: Tag, payload: bytes) -> bytes:
         sealed = payload + self.identity.sign(seal_message(self.peer_id, receiver, tag, payload))
-        self.sent[(tag.round, tag.stream, tag.chunk)] = sealed
+        self.sent[key_of(tag)] = sealed
         return sealed
 
     def open(self, sender: str, tag: Tag, sealed: bytes) -> bytes:
         """The payload of a message from ``sender``, kept as evidence; SealError if the seal is bad."""
         payload = check_seal(sender, self.peer_id, tag, sealed)
-        self.received[(tag.round, tag.stream, tag.chunk)] = sealed
+        self.received[key_of(tag)] = sealed
         return payload
 
     def forget(self, before_round: int) -> None:
