@@ -69,6 +69,7 @@ class Stream(IntEnum):
     START_READY = 12  # start barrier, peer -> leader: this peer holds the plan's starting state
     START_GO = 13  # start barrier, leader -> peer: every peer of the plan does; run the first step
     SPOT_EVIDENCE = 14  # pipeline neighbour -> checker: sealed messages of a checked micro-batch
+    AUDIT_EVIDENCE = 15  # shard owner -> auditor: the sealed rows of an audited chunk; index = tree
 
 
 class Direction(IntEnum):

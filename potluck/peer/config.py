@@ -71,6 +71,9 @@ class TrainerConfig:
     # state (from its memory, its disk or other peers). Seconds; covers the state hand-off of a small
     # model on a home link. Only the barrier waits this long: the first step runs under the step budget.
     start_wait_s: float = 60.0
+    # How long a spot checker or an auditor waits for evidence pushed right after a step's commit
+    # (train/spot.py, train/audit.py); an owner's audit evidence not in by then counts as withheld.
+    evidence_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True)

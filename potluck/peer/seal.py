@@ -58,27 +58,28 @@ def check_seal(sender: str, receiver: str, tag: Tag, sealed: bytes) -> bytes:
 
 
 class Ledger:
-    """This peer's sealed pipeline messages, sent and received, of the steps not yet forgotten."""
+    """This peer's sealed messages, sent and received, of the steps not yet forgotten: (the peer it was
+    sent to or came from, the message's key) -> the sealed bytes."""
 
     def __init__(self, identity: Identity) -> None:
         self.identity = identity
         self.peer_id = identity.peer_id
-        self.sent: dict[Key, bytes] = {}
-        self.received: dict[Key, bytes] = {}
+        self.sent: dict[tuple[str, Key], bytes] = {}
+        self.received: dict[tuple[str, Key], bytes] = {}
 
     def seal(self, receiver: str, tag: Tag, payload: bytes) -> bytes:
         sealed = payload + self.identity.sign(seal_message(self.peer_id, receiver, tag, payload))
-        self.sent[key_of(tag)] = sealed
+        self.sent[(receiver, key_of(tag))] = sealed
         return sealed
 
     def open(self, sender: str, tag: Tag, sealed: bytes) -> bytes:
         """The payload of a message from ``sender``, kept as evidence; SealError if the seal is bad."""
         payload = check_seal(sender, self.peer_id, tag, sealed)
-        self.received[key_of(tag)] = sealed
+        self.received[(sender, key_of(tag))] = sealed
         return payload
 
     def forget(self, before_round: int) -> None:
         """Drop the messages of every round before ``before_round`` (a packed Round)."""
         for book in (self.sent, self.received):
-            for key in [k for k in book if k[0] < before_round]:
-                del book[key]
+            for entry in [e for e in book if e[1][0] < before_round]:
+                del book[entry]

@@ -174,6 +174,8 @@ class Witness(BaseModel):
     # Pipeline spot checks (peer/train/spot.py): its micro-batches this peer recomputed, and mismatches
     checked: int = Field(default=0, ge=0, le=2**40)
     failed: int = Field(default=0, ge=0, le=2**40)
+    # Audits of its aggregation as a shard owner (peer/train/audit.py) whose evidence never came
+    withheld: int = Field(default=0, ge=0, le=2**40)
 
 
 class Progress(Record):

@@ -14,8 +14,29 @@ from potluck.compression import get_codec
 from potluck.compression.wire import Header, Section, pack, unpack_header
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Direction, Tag
+from potluck.peer.errors import SealError
+from potluck.peer.seal import Ledger, check_seal
 
 Forge = Callable[[torch.Tensor], torch.Tensor]
+
+
+def inside_seal(box: Mailbox, peer: str, tag: Tag, payload: bytes) -> tuple[bytes, bool]:
+    """(the payload inside ``box``'s own seal, True) for a sealed message, else (payload, False)."""
+    if getattr(box, "identity", None) is None:
+        return payload, False
+    try:
+        return check_seal(box.peer_id, peer, tag, payload), True
+    except SealError:
+        return payload, False
+
+
+def rewritten(box: Mailbox, peer: str, tag: Tag, payload: bytes, fn: Callable[[bytes], bytes]) -> bytes:
+    """``fn`` applied to what ``box`` sends, inside its seal and sealed again with the sender's own key:
+    any peer can sign whatever it sends (``box.identity``, set by ``train_swarm``)."""
+    inner, sealed = inside_seal(box, peer, tag, payload)
+    if not sealed:
+        return fn(payload)
+    return Ledger(box.identity).seal(peer, tag, fn(inner))  # type: ignore[attr-defined]
 
 
 def raw_payload(tensor: torch.Tensor, spec: str = "none") -> bytes:
@@ -47,7 +68,7 @@ class HostileMailbox(Mailbox):
 
     async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
         if tag.direction == Direction.REDUCE:
-            payload = forge(payload, self.fn)
+            payload = rewritten(self, peer, tag, payload, lambda p: forge(p, self.fn))
         await super().send(peer, tag, payload)
 
 
@@ -93,7 +114,7 @@ class SpyMailbox(Mailbox):
 
     async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
         if tag.direction == Direction.REDUCE:
-            self.oracle.deposit(tag, payload)
+            self.oracle.deposit(tag, inside_seal(self, peer, tag, payload)[0])
         await super().send(peer, tag, payload)
 
 
@@ -109,7 +130,7 @@ class OracleMailbox(Mailbox):
     async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
         if tag.direction == Direction.REDUCE:
             rows = await self.oracle.honest_rows(tag)
-            payload = forge(payload, lambda own: self.fn(own, rows))
+            payload = rewritten(self, peer, tag, payload, lambda p: forge(p, lambda own: self.fn(own, rows)))
         await super().send(peer, tag, payload)
 
 

@@ -107,6 +107,7 @@ async def train_swarm(
         identities = {p2p.peer_id.to_base58(): identity for p2p, identity in keyed}
         boxes = [box_for(k, node) for k, node in enumerate(nodes)]
         for box in boxes:
+            box.identity = identities[box.peer_id]  # type: ignore[attr-defined]  # hostile ones seal with it
             await box.start()
         ids = [b.peer_id for b in boxes]
         grid = [[ids[j * n_replicas + i] for i in range(n_replicas)] for j in range(n_stages)]

@@ -12,7 +12,10 @@ Pipeline spot checks (``peer/train/spot.py``) testify the same way: a witness th
 peer's micro-batches and got another result names it (``Witness.failed``). An honest peer never fails a
 check (the tolerance covers the codec and numerics), so one failed check counts; conviction again needs
 more than ``quorum`` of the stage's other replicas, and at least two, each to have caught it: the check
-is confirmed by recomputation on another replica. Pure: records in, verdicts out.
+is confirmed by recomputation on another replica. Audits of shard owners (``peer/train/audit.py``)
+testify alike; an owner that withheld the evidence of its aggregation at ``withheld_steps`` or more
+steps counts as caught too (a crash withholds at most one step's evidence). Pure: records in, verdicts
+out.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class AccuseConfig:
     min_seen: int = 8  # chunks a witness must have aggregated before its word counts
     rate: float = 0.5  # share of them it found outlying
     quorum: float = 0.5  # share of the other replicas that must say so (strictly more than)
+    withheld_steps: int = 2  # steps at which an owner withheld its audits' evidence, for a witness
 
 
 def hostile_peers(plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfig) -> list[tuple[str, str]]:
@@ -39,7 +43,7 @@ def hostile_peers(plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfi
             continue
         for w in r.witnessed:
             testimony.setdefault(w.peer_id, {})[r.peer_id] = (w.seen, w.outlying)
-            if w.failed > 0:
+            if w.failed > 0 or w.withheld >= cfg.withheld_steps:
                 caught.setdefault(w.peer_id, set()).add(r.peer_id)
     out = []
     for stage in plan.stages:

@@ -27,6 +27,7 @@ from potluck.net.tags import BUCKET_PHASES, Round
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig
+from potluck.peer.seal import Ledger
 from potluck.protocol.collective import AllReduceSchedule
 
 MAX_BUCKETS = 12  # aim: buckets of at least 1/12 of the stage's gradients (fewer, larger messages)
@@ -60,9 +61,11 @@ class BucketSync:
         error_feedback: bool,
         overlap: bool = True,
         audit: Audit | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
+        """``ledger``: seals one-hop trees' messages and keeps them, for audits of the shard owners."""
         self.runner, self.box, self.schedule, self.cfg, self.overlap = runner, box, schedule, cfg, overlap
-        self.audit = audit
+        self.audit, self.ledger = audit, ledger
         sizes = [p.numel() for p in runner.params]
         self.buckets = _bucketize(sizes, max(bucket_elements, math.ceil(sum(sizes) / MAX_BUCKETS)))
         self.bucket_of = {i: b for b, members in enumerate(self.buckets) for i in members}
@@ -112,7 +115,8 @@ class BucketSync:
         ef = self.feedback[b]
         if ef is not None:  # error feedback at the source: send what the codec keeps, carry the rest
             flat = decode(self._codec.encode(flat, key=(round_no, 0, 0), state=ef))
-        return await tree_allreduce(self.box, self.schedule, flat, round_no, self._step_cfg, self.audit)
+        cfg, audit, ledger = self._step_cfg, self.audit, self.ledger
+        return await tree_allreduce(self.box, self.schedule, flat, round_no, cfg, audit, ledger)
 
     async def finish(self) -> None:
         """After the pipeline: start buckets not started yet, wait for all, write the sums back."""

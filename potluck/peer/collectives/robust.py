@@ -47,6 +47,7 @@ class Audit:
     # Pipeline spot checks (train/spot.py): micro-batches of the peer recomputed here, and mismatches
     checked: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
+    withheld: Counter[str] = field(default_factory=Counter)  # audits of its aggregation left unanswered
     # Peers whose contributions are left out from now on (the swarm's ban list as this peer last read
     # it): a convicted peer stops counting at once, before the plan without it comes.
     excluded: set[str] = field(default_factory=set)
@@ -60,11 +61,51 @@ class Audit:
                 outlying=self.refused[p] + self.clipped[p],
                 checked=self.checked[p],
                 failed=self.failed[p],
+                withheld=self.withheld[p],
             )
-            for p in sorted(set(self.seen) | set(self.checked))
+            for p in sorted(set(self.seen) | set(self.checked) | set(self.withheld))
             if p != me
         ]
         return sorted(out, key=lambda w: (w.failed, w.outlying / max(w.seen, 1)), reverse=True)[:limit]
+
+
+@dataclass(frozen=True)
+class Combined:
+    """What a shard owner made of one chunk's rows (``combine``)."""
+
+    result: torch.Tensor
+    refused: list[str]  # NaN/Inf, or excluded (banned)
+    clipped: list[str]  # kept but treated as outliers by the rule
+
+
+def combine(
+    stack: torch.Tensor,
+    who: list[str],
+    rule: Rule,
+    trim: float,
+    average: bool,
+    excluded: set[str] | frozenset[str] = frozenset(),
+) -> Combined:
+    """The owner's result for rows ``stack`` ([k, n]) of peers ``who`` (the group's order): rows holding
+    NaN or Inf or of ``excluded`` peers are refused and the rule runs over the rest; the mean, or the sum
+    (the rule's mean times k) when not ``average``. ``ValueError`` when every row is refused. Pure: the
+    owner and an auditor of its aggregation (``train/audit.py``) get the same bits from the same rows."""
+    k = len(who)
+    finite = finite_rows(stack).tolist()
+    ok = [fine and p not in excluded for p, fine in zip(who, finite, strict=True)]
+    refused = [p for p, good in zip(who, ok, strict=True) if not good]
+    if not any(ok):
+        raise ValueError("every contribution was refused (NaN, Inf or banned)")
+    kept = [p for p, good in zip(who, ok, strict=True) if good]
+    rows = stack[torch.tensor(ok)]
+    if rule == "mean":  # the running sum of the other trees, so every schedule gives the same bits
+        total = plain_sum(rows)
+        if average:
+            return Combined(total / len(kept), refused, [])
+        return Combined(total if len(kept) == k else total * (k / len(kept)), refused, [])
+    mean, outliers = aggregate(rule, rows, trim)
+    clipped = [p for p, out in zip(kept, outliers.tolist(), strict=True) if out]
+    return Combined(mean if average else mean * k, refused, clipped)
 
 
 def finite_rows(stack: torch.Tensor) -> torch.Tensor:

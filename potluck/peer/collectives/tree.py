@@ -9,6 +9,11 @@ chunks, so light and heavy trees fill their pipelines equally fast. Per tree and
   travel down the tree, each peer forwarding them unchanged. Every peer, the root included, decodes the
   same bytes, so all replicas hold bit-identical results whatever the codec.
 
+On a one-hop tree (a star: every replica sends its chunk straight to the root, which applies the
+stage's aggregation rule) with a ``ledger``, contributions and the root's result are sealed (signed by
+their sender, ``peer/seal.py``; a bad seal fails the round naming its sender) and the root keeps its own
+row, so that other replicas can audit the root's aggregation after the step (``train/audit.py``).
+
 Reduce and broadcast run as separate coroutines per tree, so chunk c+1 climbs while chunk c descends.
 Every receive has the schedule's timeout; any failure raises ``CollectiveError`` naming the peer.
 ``round_no`` is a packed ``net.tags.Round``: its messages are tagged tree t, chunk c, reduce or broadcast.
@@ -27,13 +32,16 @@ from potluck.compression import Codec, all_finite, get_codec
 from potluck.compression.errors import CompressionError
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Direction, Stream, Tag, make_tag
-from potluck.peer.collectives.robust import Audit, aggregate, finite_rows, plain_sum
+from potluck.peer.collectives.robust import Audit, combine
 from potluck.peer.config import AllReduceConfig
-from potluck.peer.errors import CollectiveError, ContributionError
+from potluck.peer.errors import CollectiveError, ContributionError, SealError
+from potluck.peer.seal import Ledger
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from potluck.protocol.errors import WireError
 
 logger = logging.getLogger(__name__)
+
+OWN_ROW_CODEC = "none"  # the root keeps its own row for auditors bit for bit (raw fp32)
 
 
 async def tree_allreduce(
@@ -43,10 +51,12 @@ async def tree_allreduce(
     round_no: int,
     cfg: AllReduceConfig,
     audit: Audit | None = None,
+    ledger: Ledger | None = None,
 ) -> torch.Tensor:
     """All-reduce ``tensor`` (any shape, float) with the group; returns a new tensor, same on every peer.
 
-    ``audit`` (optional) counts, per peer, the contributions this peer refused or found outlying."""
+    ``audit`` (optional) counts, per peer, the contributions this peer refused or found outlying;
+    ``ledger`` (optional) seals one-hop trees' messages and keeps them for audits."""
     me = box.peer_id
     if me not in schedule.peers:
         raise CollectiveError(f"peer {me} is not in this all-reduce group")
@@ -62,7 +72,7 @@ async def tree_allreduce(
         chunks = (
             list(torch.split(part, split_elements(part.numel(), [1.0] * n_chunks))) if part.numel() else []
         )
-        runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg, audit))
+        runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg, audit, ledger))
     tasks = [asyncio.create_task(run) for run in runs]
     try:
         await asyncio.gather(*tasks)
@@ -84,6 +94,7 @@ async def _run_tree(
     codec: Codec,
     cfg: AllReduceConfig,
     audit: Audit | None,
+    ledger: Ledger | None = None,
 ) -> None:
     me = box.peer_id
     parent = tree.parent[me]
@@ -103,8 +114,18 @@ async def _run_tree(
 
     # Where the root hears every replica unsummed (a star), it applies the stage's aggregation rule;
     # elsewhere children's partial sums are added, and one holding NaN or Inf fails the round naming it.
-    star = parent is None and all(tree.parent[p] in (me, None) for p in schedule.peers)
-    n = len(schedule.peers)
+    root = next(p for p in schedule.peers if tree.parent[p] is None)
+    one_hop = all(tree.parent[p] in (root, None) for p in schedule.peers)
+    star = parent is None and one_hop
+    sealed = ledger if one_hop else None  # messages of one-hop trees are sealed, for audits
+
+    def opened(sender: str, tag: Tag, data: bytes) -> bytes:
+        if sealed is None:
+            return data
+        try:
+            return sealed.open(sender, tag, data)
+        except SealError as e:
+            raise ContributionError(sender, str(e)) from None
 
     async def reduce() -> None:
         for c, chunk in enumerate(chunks):
@@ -127,42 +148,37 @@ async def _run_tree(
             key = (round_no, t_idx, c)
             if parent is None:
                 if cfg.average and not star:
-                    acc /= n
+                    acc /= len(schedule.peers)
                 await finished.put(codec.encode(acc, key=key))
             else:
-                await box.send(parent, up(c), codec.encode(acc, key=key))
+                payload = codec.encode(acc, key=key)
+                if sealed is not None:
+                    payload = sealed.seal(parent, up(c), payload)
+                await box.send(parent, up(c), payload)
 
     async def gather_rows(c: int, own: torch.Tensor) -> torch.Tensor:
         """Every replica's chunk ``c`` as one row each (the group's order), the rule applied over them;
         the mean, or the sum when not ``cfg.average`` (the rule's mean times the group's size)."""
         rows, who = [own], [me]
+        if sealed is not None:  # its own row, exactly, for the auditors of this aggregation
+            sealed.seal(me, up(c), get_codec(OWN_ROW_CODEC).encode(own.contiguous()))
         for child in children:
-            data = await box.recv(child, up(c), cfg.timeout_s)
+            data = opened(child, up(c), await box.recv(child, up(c), cfg.timeout_s))
             rows.append(codec.decode_into(data, torch.empty_like(own), accumulate=False))
             who.append(child)
-        stack = torch.stack(rows)
-        finite = finite_rows(stack).tolist()
-        for peer, fine in zip(who, finite, strict=True):
-            if not fine:
-                logger.warning("refused %s's contribution to round %d: NaN or Inf", peer, round_no)
         banned = audit.excluded if audit is not None else set()
-        ok = [fine and p not in banned for p, fine in zip(who, finite, strict=True)]
-        if not any(ok):
-            raise CollectiveError(f"every contribution to round {round_no} was refused (NaN, Inf or banned)")
-        kept = [p for p, fine in zip(who, ok, strict=True) if fine]
-        rows_kept = stack[torch.tensor(ok)]
+        try:
+            out = combine(torch.stack(rows), who, cfg.rule, cfg.trim, cfg.average, banned)
+        except ValueError as e:
+            raise CollectiveError(f"round {round_no}: {e}") from None
+        for peer in out.refused:
+            if peer not in banned:
+                logger.warning("refused %s's contribution to round %d: NaN or Inf", peer, round_no)
         if audit is not None:
             audit.seen.update(who)
-            audit.refused.update(p for p, fine in zip(who, ok, strict=True) if not fine)
-        if cfg.rule == "mean":  # the running sum of the other trees, so every schedule gives the same bits
-            total = plain_sum(rows_kept)
-            if cfg.average:
-                return total / len(kept)
-            return total if len(kept) == n else total * (n / len(kept))
-        mean, outliers = aggregate(cfg.rule, rows_kept, cfg.trim)
-        if audit is not None:
-            audit.clipped.update(p for p, out in zip(kept, outliers.tolist(), strict=True) if out)
-        return mean if cfg.average else mean * n
+            audit.refused.update(out.refused)
+            audit.clipped.update(out.clipped)
+        return out.result
 
     async def broadcast() -> None:
         nonlocal landed
@@ -170,10 +186,14 @@ async def _run_tree(
             if parent is None:
                 data = await finished.get()
             else:
-                data = await box.recv(parent, down(c), cfg.timeout_s)
+                data = opened(parent, down(c), await box.recv(parent, down(c), cfg.timeout_s))
             # Children sit on different links: send to all at once, not one paced transfer after
             # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
-            await asyncio.gather(*(box.send(child, down(c), data) for child in children))
+            if sealed is not None and parent is None:  # one seal per child: it names the receiver
+                sends = [box.send(child, down(c), sealed.seal(child, down(c), data)) for child in children]
+            else:
+                sends = [box.send(child, down(c), data) for child in children]
+            await asyncio.gather(*sends)
             codec.decode_into(data, chunk, accumulate=False)
             if parent is not None and not all_finite(chunk):
                 raise ContributionError(parent, f"{parent} broadcast a result holding NaN or Inf")

@@ -46,6 +46,7 @@ from potluck.peer.errors import PeerError, SealError
 from potluck.peer.seal import Ledger, check_seal, key_of
 from potluck.peer.train.commit import Decision
 from potluck.peer.train.pipeline import MicroBatch
+from potluck.protocol.errors import WireError
 from potluck.protocol.jobspec import TrustSpec
 from potluck.protocol.training import TrainPlan
 
@@ -172,7 +173,6 @@ class SpotChecks:
         mine = [c for c in checks if c.stage == self.stage and self.replica in c.checkers]
         if mine:
             self._spawn(self._check_all(rnd, mine, self.runner.frozen_copy()))
-        self.ledger.forget(Round(rnd.epoch, rnd.step + 1).pack())  # served: this step's messages go
         return mine
 
     def close(self) -> None:
@@ -186,8 +186,9 @@ class SpotChecks:
         return make_tag(Round(rnd.epoch, rnd.step + 1), Stream.SPOT_EVIDENCE, index=index, chunk=micro)
 
     def _serve(self, rnd: Round, c: Check) -> None:
-        acts = key_of(make_tag(rnd, Stream.ACTIVATIONS, chunk=c.micro))
-        grads = key_of(make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=c.micro))
+        suspect = self.plan.stages[c.stage].peers[c.suspect]
+        acts = (suspect, key_of(make_tag(rnd, Stream.ACTIVATIONS, chunk=c.micro)))
+        grads = (suspect, key_of(make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=c.micro)))
         if c.stage == self.stage + 1:  # the suspect's upstream: what it sent, what came back
             index, blobs = FROM_PREV, [self.ledger.sent.get(acts), self.ledger.received.get(grads)]
         else:  # its downstream: what it received, and the gradient it sent back
@@ -210,7 +211,7 @@ class SpotChecks:
         try:
             data = await self.box.recv(peer, self._evidence_tag(rnd, index, micro), self.timeout_s)
             return unpack_evidence(data, 2)
-        except (TimeoutError, ValueError, PeerError, OSError) as e:
+        except (TimeoutError, ValueError, WireError, PeerError, OSError) as e:
             raise Inconclusive(f"evidence from {peer[-8:]}: {e}") from None
 
     def _open(

@@ -49,6 +49,7 @@ from potluck.peer.errors import (
 )
 from potluck.peer.seal import Ledger
 from potluck.peer.state.source import StateSource, fetch_first
+from potluck.peer.train.audit import ShardAudits
 from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.commit import Ready, commit_step
@@ -140,6 +141,15 @@ class Trainer:
             )
         self._slowdown_s = slowdown_s(self.replica)  # test-only, 0 unless POTLUCK_TEST_STEP_DELAY_S
         self.budget = budget or WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
+        # Trust duties (docs/security.md): sealed messages kept in a ledger, pipeline spot checks, audits
+        # of the stage's shard owners under a robust rule
+        checks_pipeline = self.spot_checked(job, plan)
+        audits_owners = self.audited(job, plan, self.stage) and self.diloco is None and self.deadline is None
+        self.ledger: Ledger | None = None
+        if checks_pipeline or audits_owners:
+            if identity is None or identity.peer_id != box.peer_id:
+                raise ValueError(f"job {job.name} checks its peers' work: the peer's identity must sign")
+            self.ledger = Ledger(identity)
         self.sync: BucketSync | None = None
         if self.diloco is None and self.deadline is None and plan.n_replicas > 1:
             self.sync = BucketSync(
@@ -151,13 +161,22 @@ class Trainer:
                 comp.error_feedback,
                 cfg.overlap,
                 self.audit,
+                self.ledger if audits_owners else None,
             )
-        self.ledger: Ledger | None = None  # sealed pipeline messages, for the spot checks
+        self.audits: ShardAudits | None = None
+        if audits_owners and self.ledger is not None:
+            self.audits = ShardAudits(
+                box,
+                self.schedule,
+                self.ledger,
+                self._allreduce_cfg(average=False),
+                job.trust,
+                self.audit,
+                cfg.evidence_timeout_s,
+                label=f"{job.name}/{self.stage}",
+            )
         self.spot: SpotChecks | None = None
-        if self.spot_checked(job, plan):
-            if identity is None or identity.peer_id != box.peer_id:
-                raise ValueError(f"job {job.name} spot-checks its pipelines: the peer's identity must sign")
-            self.ledger = Ledger(identity)
+        if checks_pipeline and self.ledger is not None:
             self.spot = SpotChecks(
                 self.runner,
                 box,
@@ -168,7 +187,7 @@ class Trainer:
                 job.trust,
                 self.audit,
                 self.micro_batches,
-                cfg.step_timeout_s,
+                cfg.evidence_timeout_s,
             )
         self.step = plan.start_step  # the next step to run
         self.sources = list(sources)
@@ -239,6 +258,18 @@ class Trainer:
             job.trust.spot_checks > 0
             and len(plan.stages) > 1
             and plan.n_replicas > 1
+            and job.compression.sync_every == 1
+        )
+
+    @staticmethod
+    def audited(job: JobSpec, plan: TrainPlan, stage: int) -> bool:
+        """Whether the stage's shard owners are audited: a robust rule (one-hop trees), three replicas
+        or more (an owner and two auditors), checks asked for. Also needs the strict sync policy."""
+        rule = plan.stages[stage].aggregation
+        return (
+            job.trust.spot_checks > 0
+            and rule != "mean"
+            and plan.n_replicas >= 3
             and job.compression.sync_every == 1
         )
 
@@ -341,8 +372,12 @@ class Trainer:
             t0 = time.perf_counter()
             await self.deadline.catch_up(rnd, timeout_s)
             timing.allreduce += time.perf_counter() - t0
+        if self.audits is not None:
+            self.audits.after_commit(rnd, decision)
         if self.spot is not None:  # before the update: checkers copy the weights the step ran on
             self.spot.after_commit(rnd, decision, len(micro))
+        if self.ledger is not None:  # served: this step's messages go
+            self.ledger.forget(Round(self.plan.epoch, step + 1).pack())
         lr = learning_rate(self.job.optimizer, step, self.job.steps)
         coef = clip_coefficient(self.job.optimizer, decision.norms[self.replica])
         t0 = time.perf_counter()
@@ -428,7 +463,8 @@ class Trainer:
             drain = False  # a new plan: nobody will wait for this run's catch-up sends
             raise
         finally:
-            if self.spot is not None:
-                self.spot.close()
+            for duty in (self.spot, self.audits):
+                if duty is not None:
+                    duty.close()
             if self.deadline is not None:  # replicas behind still need the last steps' means
                 await self.deadline.close(drain)

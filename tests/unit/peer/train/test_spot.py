@@ -10,8 +10,8 @@ from potluck.compression import get_codec
 from potluck.model.stage import StageRunner
 from potluck.net.tags import Round, Stream, make_tag
 from potluck.peer.errors import SealError
-from potluck.peer.train.commit import Decision
 from potluck.peer.seal import SEAL_BYTES, Ledger, check_seal, key_of
+from potluck.peer.train.commit import Decision
 from potluck.peer.train.spot import (
     MAX_CHECKERS,
     check_seed,
@@ -32,7 +32,7 @@ def test_a_seal_binds_sender_receiver_tag_and_payload():
     assert len(sealed) == len(b"payload") + SEAL_BYTES
     receiver = Ledger(B)
     assert receiver.open(A.peer_id, TAG, sealed) == b"payload"
-    assert receiver.received[key_of(TAG)] == sealed  # kept as evidence
+    assert receiver.received[(A.peer_id, key_of(TAG))] == sealed  # kept as evidence
     other_tag = make_tag(Round(2, 7), Stream.ACTIVATIONS, chunk=2)
     for sender, to, tag, data in [
         (A.peer_id, B.peer_id, TAG, b"Payload" + sealed[7:]),  # altered payload
@@ -52,7 +52,7 @@ def test_the_ledger_forgets_finished_steps():
     later = make_tag(Round(2, 8), Stream.ACTIVATIONS)
     ledger.seal(B.peer_id, later, b"y")
     ledger.forget(Round(2, 8).pack())
-    assert list(ledger.sent) == [key_of(later)]
+    assert list(ledger.sent) == [(B.peer_id, key_of(later))]
 
 
 def test_checks_are_drawn_alike_by_everyone_and_at_the_asked_rate():
