@@ -78,6 +78,10 @@ class Ledger:
         self.received[(sender, key_of(tag))] = sealed
         return payload
 
+    def keep(self, sender: str, tag: Tag, data: bytes) -> None:
+        """Keep an unsealed message as received (what this peer itself testifies to)."""
+        self.received[(sender, key_of(tag))] = data
+
     def forget(self, before_round: int) -> None:
         """Drop the messages of every round before ``before_round`` (a packed Round)."""
         for book in (self.sent, self.received):

@@ -10,9 +10,10 @@ chunks, so light and heavy trees fill their pipelines equally fast. Per tree and
   same bytes, so all replicas hold bit-identical results whatever the codec.
 
 On a one-hop tree (a star: every replica sends its chunk straight to the root, which applies the
-stage's aggregation rule) with a ``ledger``, contributions and the root's result are sealed (signed by
-their sender, ``peer/seal.py``; a bad seal fails the round naming its sender) and the root keeps its own
-row, so that other replicas can audit the root's aggregation after the step (``train/audit.py``).
+stage's aggregation rule) with a ``ledger``, contributions are sealed (signed by their sender,
+``peer/seal.py``; a bad seal fails the round naming its sender), the root keeps its own row and every
+peer the result it received, so that other replicas can audit the root's aggregation after the step
+(``train/audit.py``). The result needs no seal: an auditor testifies to what it received itself.
 
 Reduce and broadcast run as separate coroutines per tree, so chunk c+1 climbs while chunk c descends.
 Every receive has the schedule's timeout; any failure raises ``CollectiveError`` naming the peer.
@@ -186,14 +187,12 @@ async def _run_tree(
             if parent is None:
                 data = await finished.get()
             else:
-                data = opened(parent, down(c), await box.recv(parent, down(c), cfg.timeout_s))
+                data = await box.recv(parent, down(c), cfg.timeout_s)
+                if sealed is not None:  # what the owner told this peer, for its audits (no seal needed:
+                    sealed.keep(parent, down(c), data)  # an auditor testifies to what it received)
             # Children sit on different links: send to all at once, not one paced transfer after
             # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
-            if sealed is not None and parent is None:  # one seal per child: it names the receiver
-                sends = [box.send(child, down(c), sealed.seal(child, down(c), data)) for child in children]
-            else:
-                sends = [box.send(child, down(c), data) for child in children]
-            await asyncio.gather(*sends)
+            await asyncio.gather(*(box.send(child, down(c), data) for child in children))
             codec.decode_into(data, chunk, accumulate=False)
             if parent is not None and not all_finite(chunk):
                 raise ContributionError(parent, f"{parent} broadcast a result holding NaN or Inf")

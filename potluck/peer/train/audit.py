@@ -2,9 +2,10 @@
 
 Under a robust rule each replica owns a shard of its stage's gradient on a one-hop tree: it receives
 every other replica's slice unsummed, applies the rule and broadcasts the result. A hostile owner could
-broadcast anything finite for its shard, 1/n of the gradient's coordinates. So every message of those
-trees is sealed (``peer/seal.py``) and the owner keeps its own row. Once step s is committed, every peer
-draws the same audits from the step's decision (``spot.check_seed``): each chunk of each owner with
+broadcast anything finite for its shard, 1/n of the gradient's coordinates. So every contribution on
+those trees is sealed (``peer/seal.py``), the owner keeps its own row and every replica the result it
+got. Once step s is committed, every peer draws the same audits from the step's decision
+(``evidence.check_seed``): each chunk of each owner with
 probability ``trust.spot_checks``, by two other replicas.
 
 The owner pushes its evidence to the auditors: its own row and every row it received, each sealed by
@@ -22,13 +23,8 @@ list can make one audit fail (the owner excluded a peer the auditor does not kno
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
-import struct
-from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -42,7 +38,15 @@ from potluck.peer.config import AllReduceConfig
 from potluck.peer.errors import PeerError, SealError
 from potluck.peer.seal import Key, Ledger, check_seal
 from potluck.peer.train.commit import Decision
-from potluck.peer.train.spot import MAX_CHECKERS, check_seed, mismatch, pack_evidence, unpack_evidence
+from potluck.peer.train.evidence import (
+    MAX_CHECKERS,
+    Duty,
+    check_seed,
+    mismatch,
+    pack_evidence,
+    uniform,
+    unpack_evidence,
+)
 from potluck.protocol.collective import AllReduceSchedule
 from potluck.protocol.errors import WireError
 from potluck.protocol.jobspec import TrustSpec
@@ -59,11 +63,6 @@ class ShardCheck:
     auditors: tuple[str, ...]
 
 
-def _uniform(seed: bytes, *parts: int) -> float:
-    digest = hashlib.blake2b(seed + struct.pack(f"<{len(parts)}Q", *parts), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
-
-
 def select_audits(
     seed: bytes, keys: set[Key], schedule: AllReduceSchedule, fraction: float
 ) -> list[ShardCheck]:
@@ -73,16 +72,16 @@ def select_audits(
         return []
     out = []
     for key in sorted(keys):
-        if _uniform(seed, *key) >= fraction:
+        if uniform(seed, *key) >= fraction:
             continue
         tree = schedule.trees[key[1] & ((1 << INDEX_BITS) - 1)]
         others = [p for p in schedule.peers if p != tree.root]
-        others.sort(key=lambda p: _uniform(seed, *key, int.from_bytes(p.encode()[-8:], "little")))
+        others.sort(key=lambda p: uniform(seed, *key, int.from_bytes(p.encode()[-8:], "little")))
         out.append(ShardCheck(key, tree.root, tuple(others[:MAX_CHECKERS])))
     return out
 
 
-class ShardAudits:
+class ShardAudits(Duty):
     """One replica's part in auditing its stage's shard owners: evidence it owes, audits it makes."""
 
     def __init__(
@@ -97,11 +96,11 @@ class ShardAudits:
         label: str,
     ) -> None:
         """``label``: names the stage (job and stage index), so that stages draw different audits."""
-        self.box, self.schedule, self.ledger, self.cfg, self.label = box, schedule, ledger, cfg, label
+        super().__init__(box)
+        self.schedule, self.ledger, self.cfg, self.label = schedule, ledger, cfg, label
         self.trust, self.audit, self.timeout_s = trust, audit, timeout_s
         self.me = box.peer_id
         self.codec = get_codec(cfg.codec)
-        self.tasks: set[asyncio.Task[None]] = set()
         self._withheld: dict[str, set[int]] = {}  # owner -> steps whose evidence it withheld
 
     def after_commit(self, rnd: Round, decision: Decision) -> list[ShardCheck]:
@@ -128,15 +127,6 @@ class ShardAudits:
             self._spawn(self._check(rnd, c, got))
         return mine
 
-    def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
     def _evidence_tag(self, rnd: Round, key: Key) -> Tag:
         # tagged with the next step (same phase), so the auditor keeps it after step ``rnd`` is forgotten
         phase = Round.unpack(key[0]).phase
@@ -158,19 +148,12 @@ class ShardAudits:
         for auditor in c.auditors:
             self._spawn(self._send(auditor, self._evidence_tag(rnd, c.key), message))
 
-    async def _send(self, peer: str, tag: Tag, message: bytes) -> None:
-        try:
-            await self.box.send(peer, tag, message)
-        except Exception as e:
-            logger.info("audit evidence for %s not delivered: %s", peer[-8:], e)
-
     async def _check(self, rnd: Round, c: ShardCheck, got: bytes) -> None:
         tree = self.schedule.trees[c.key[1] & ((1 << INDEX_BITS) - 1)]
         children = tree.children(c.root, self.schedule.peers)
         up = Tag(c.key[0], c.key[1], c.key[2], Direction.REDUCE)
-        down = Tag(c.key[0], c.key[1], c.key[2], Direction.BROADCAST)
+        broadcast = self.codec.decode(got)  # decoded once already, strictly, by the all-reduce
         try:
-            broadcast = self.codec.decode(check_seal(c.root, self.me, down, got))
             data = await self.box.recv(c.root, self._evidence_tag(rnd, c.key), self.timeout_s)
         except (TimeoutError, WireError, PeerError, OSError) as e:
             steps = self._withheld.setdefault(c.root, set())
@@ -180,9 +163,6 @@ class ShardAudits:
             logger.warning(
                 "audit: %s withheld the evidence of its aggregation at step %d: %s", c.root, rnd.step, e
             )
-            return
-        except (SealError, CompressionError) as e:
-            logger.info("audit of %s inconclusive: %s", c.key, e)
             return
         problem = self._verdict(c.root, children, up, data, broadcast)
         self.audit.checked[c.root] += 1

@@ -25,13 +25,9 @@ Off under DiLoCo's local steps, where replicas' weights differ between syncs.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import math
-import struct
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -45,6 +41,15 @@ from potluck.peer.collectives.robust import Audit
 from potluck.peer.errors import PeerError, SealError
 from potluck.peer.seal import Ledger, check_seal, key_of
 from potluck.peer.train.commit import Decision
+from potluck.peer.train.evidence import (
+    MAX_CHECKERS,
+    Duty,
+    check_seed,
+    mismatch,
+    pack_evidence,
+    uniform,
+    unpack_evidence,
+)
 from potluck.peer.train.pipeline import MicroBatch
 from potluck.protocol.errors import WireError
 from potluck.protocol.jobspec import TrustSpec
@@ -52,9 +57,7 @@ from potluck.protocol.training import TrainPlan
 
 logger = logging.getLogger(__name__)
 
-MAX_CHECKERS = 2  # replicas recomputing each checked micro-batch
 FROM_NEXT, FROM_PREV = 0, 1  # evidence stream index: pushed by stage j + 1, by stage j - 1
-_COUNT, _LEN = struct.Struct("<B"), struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -63,17 +66,6 @@ class Check:
     suspect: int  # the replica whose micro-batch is recomputed
     micro: int
     checkers: tuple[int, ...]  # replicas of the same stage that recompute it
-
-
-def check_seed(job: str, rnd: Round, decision: Decision) -> bytes:
-    """What every peer of the plan draws step ``rnd``'s checks from: its committed decision."""
-    text = f"{job}|{rnd.pack()}|{decision.norms!r}|{decision.loss!r}"
-    return hashlib.blake2b(text.encode(), digest_size=32).digest()
-
-
-def _uniform(seed: bytes, *parts: int) -> float:
-    digest = hashlib.blake2b(seed + struct.pack(f"<{len(parts)}Q", *parts), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64
 
 
 def select_checks(
@@ -87,58 +79,20 @@ def select_checks(
     for j in sorted(set(stages)):
         for i in range(n_replicas):
             for m in range(n_micro):
-                if _uniform(seed, j, i, m) >= fraction:
+                if uniform(seed, j, i, m) >= fraction:
                     continue
                 others = sorted(
-                    (k for k in range(n_replicas) if k != i), key=lambda k: _uniform(seed, j, i, m, k)
+                    (k for k in range(n_replicas) if k != i), key=lambda k: uniform(seed, j, i, m, k)
                 )
                 out.append(Check(j, i, m, tuple(others[:MAX_CHECKERS])))
     return out
-
-
-def pack_evidence(blobs: list[bytes]) -> bytes:
-    return _COUNT.pack(len(blobs)) + b"".join(_LEN.pack(len(b)) + b for b in blobs)
-
-
-def unpack_evidence(data: bytes, count: int) -> list[bytes]:
-    """``count`` length-prefixed pieces, every length checked against what is there; else ValueError."""
-    if len(data) < _COUNT.size or _COUNT.unpack_from(data)[0] != count:
-        raise ValueError(f"evidence must hold {count} pieces")
-    out, at = [], _COUNT.size
-    for _ in range(count):
-        if at + _LEN.size > len(data):
-            raise ValueError("evidence truncated")
-        (n,) = _LEN.unpack_from(data, at)
-        at += _LEN.size
-        if at + n > len(data):
-            raise ValueError("evidence piece longer than the message")
-        out.append(data[at : at + n])
-        at += n
-    if at != len(data):
-        raise ValueError("trailing bytes after the evidence")
-    return out
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
-
-
-def mismatch(sent: torch.Tensor, recomputed: torch.Tensor, codec: Codec, tolerance: float) -> float | None:
-    """The relative L2 error of what a peer sent against the recomputation, if more than the codec's own
-    error (twice what it loses coding the recomputed tensor) plus ``tolerance`` explain; else None."""
-    if sent.shape != recomputed.shape:
-        return math.inf
-    coded = codec.decode(codec.encode(recomputed.detach().float().cpu().contiguous()))
-    allowed = tolerance + 2 * relative_error(coded, recomputed.cpu())
-    err = relative_error(sent.cpu(), recomputed.cpu())
-    return err if err > allowed else None
 
 
 class Inconclusive(PeerError):
     """A spot check could not be made: evidence missing, late or not verifiable."""
 
 
-class SpotChecks:
+class SpotChecks(Duty):
     """One trainer's part in the spot checks of its plan: evidence it holds, and checks it makes."""
 
     def __init__(
@@ -155,10 +109,10 @@ class SpotChecks:
         timeout_s: float,
     ) -> None:
         """``batch(step, replica)``: that replica's micro-batches of a step, as its trainer builds them."""
-        self.runner, self.box, self.plan, self.ledger, self.codec = runner, box, plan, ledger, codec
+        super().__init__(box)
+        self.runner, self.plan, self.ledger, self.codec = runner, plan, ledger, codec
         self.stage, self.replica = position
         self.trust, self.audit, self.batch, self.timeout_s = trust, audit, batch, timeout_s
-        self.tasks: set[asyncio.Task[None]] = set()
 
     def after_commit(self, rnd: Round, decision: Decision, n_micro: int) -> list[Check]:
         """Step ``rnd`` is committed and not yet applied: push the evidence this peer holds, copy the
@@ -174,10 +128,6 @@ class SpotChecks:
         if mine:
             self._spawn(self._check_all(rnd, mine, self.runner.frozen_copy()))
         return mine
-
-    def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
 
     # ---- evidence ------------------------------------------------------------------------------------
 
@@ -201,12 +151,6 @@ class SpotChecks:
             peer = self.plan.stages[c.stage].peers[k]
             self._spawn(self._send(peer, self._evidence_tag(rnd, index, c.micro), message))
 
-    async def _send(self, peer: str, tag: Tag, message: bytes) -> None:
-        try:
-            await self.box.send(peer, tag, message)
-        except Exception as e:  # a checker gone is its check lost, nothing more
-            logger.info("evidence for %s not delivered: %s", peer[-8:], e)
-
     async def _fetch(self, rnd: Round, peer: str, index: int, micro: int) -> list[bytes]:
         try:
             data = await self.box.recv(peer, self._evidence_tag(rnd, index, micro), self.timeout_s)
@@ -223,11 +167,6 @@ class SpotChecks:
             raise Inconclusive(f"evidence of {tag}: {e}") from None
 
     # ---- checks --------------------------------------------------------------------------------------
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
 
     async def _check_all(self, rnd: Round, checks: list[Check], model: StageModel) -> None:
         for c in checks:

@@ -12,14 +12,8 @@ from potluck.net.tags import Round, Stream, make_tag
 from potluck.peer.errors import SealError
 from potluck.peer.seal import SEAL_BYTES, Ledger, check_seal, key_of
 from potluck.peer.train.commit import Decision
-from potluck.peer.train.spot import (
-    MAX_CHECKERS,
-    check_seed,
-    mismatch,
-    pack_evidence,
-    select_checks,
-    unpack_evidence,
-)
+from potluck.peer.train.evidence import MAX_CHECKERS, check_seed, mismatch, pack_evidence, unpack_evidence
+from potluck.peer.train.spot import select_checks
 from potluck.protocol.identity import Identity
 from tests.helpers.training import tiny_job
 
