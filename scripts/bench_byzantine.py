@@ -136,29 +136,49 @@ def main() -> None:
     ap.add_argument(
         "--ban-delay", type=int, default=3, help="steps from conviction until the ban reaches the peers"
     )
+    ap.add_argument("--repeats", type=int, default=3, help="clean runs of each kind timed for the overhead")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     use_fork()
     torch.set_num_threads(1)
     job = tiny_job(steps=args.steps, batch={"tokens_per_step": 16 * 2 * args.replicas})
+    unchecked = job.model_copy(update={"trust": job.trust.model_copy(update={"spot_checks": 0.0})})
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="potluck-bench-byz-") as tmp:
 
-        def go(rule: str, attack: str | None, n_bad: int) -> dict[str, object]:
-            where = Path(tmp) / f"{rule}-{attack}-{n_bad}"
-            row = run(job, args.replicas, rule, attack, n_bad, where, args.ban_delay)
+        def go(rule: str, attack: str | None, n_bad: int, checks: bool = True) -> dict[str, object]:
+            where = Path(tmp) / f"{rule}-{attack}-{n_bad}-{checks}-{len(rows)}"
+            spec = job if checks else unchecked
+            row = run(spec, args.replicas, rule, attack, n_bad, where, args.ban_delay)
+            if not checks:
+                row["rule"] = f"{rule} (no checks)"
             rows.append(row)
             print(json.dumps(row), flush=True)
             return row
 
+        # Step times vary by +-5% between runs here: the overhead compares medians over interleaved
+        # repeats of the clean runs (the first of each also gives the losses).
         clean = go("mean", None, 0)
         clean_robust = go(args.rule, None, 0)
+        timed: dict[str, list[dict[str, object]]] = {"mean": [clean], "robust": [clean_robust], "rule": []}
+        for _ in range(args.repeats):
+            timed["rule"].append(go(args.rule, None, 0, checks=False))
+            if len(timed["mean"]) < args.repeats:
+                timed["mean"].append(go("mean", None, 0))
+                timed["robust"].append(go(args.rule, None, 0))
         base = float(clean["final_loss"])  # type: ignore[arg-type]
         for frac in (float(f) for f in args.fractions.split(",")):
             n_bad = max(1, round(frac * args.replicas))
             for attack in args.attacks.split(","):
                 for rule in (args.rule, "mean"):
                     go(rule, attack, n_bad)
+    rows = [r for r in rows if "no checks" not in str(r["rule"])] + [
+        r for r in rows if "no checks" in str(r["rule"])
+    ]
+
+    def step_s(key: str) -> float:
+        return statistics.median(float(r["median_step_s"]) for r in timed[key])  # type: ignore[arg-type]
+
     for r in rows:
         r["gap"] = (float(r["final_loss"]) - base) / base  # type: ignore[arg-type]
     at20 = [r for r in rows if r["attackers"] == max(1, round(0.2 * args.replicas))]
@@ -181,7 +201,8 @@ def main() -> None:
             {f"{r['attack']}@{r['attackers']}" for r in rows if r["rule"] == args.rule and r["unconvicted"]}
         ),
         "honest_convicted": sum(int(r["honest_convicted"]) for r in rows),  # type: ignore[call-overload]
-        "overhead": float(clean_robust["median_step_s"]) / float(clean["median_step_s"]) - 1.0,  # type: ignore[arg-type]
+        "overhead": step_s("robust") / step_s("mean") - 1.0,
+        "overhead_rule_only": step_s("rule") / step_s("mean") - 1.0,  # without spot checks and audits
     }
     for r in rows:
         gap = 100 * float(r["gap"])  # type: ignore[arg-type]
