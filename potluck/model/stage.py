@@ -116,9 +116,19 @@ class StageRunner:
 
     # ---- spot checks: one micro-batch again, on a copy of the weights ----------------------------------
 
-    def frozen_copy(self) -> StageModel:
-        """The stage's weights as they are now, apart from the live model (which goes on training)."""
-        model = copy.deepcopy(self.model)  # parameter hooks are not copied: no overlap callbacks
+    def frozen_copy(self, on_cpu: bool | None = None) -> StageModel:
+        """The stage's weights as they are now, apart from the live model (which goes on training). On
+        the CPU when the stage runs on a GPU (``on_cpu`` None): a home GPU has no room for a second copy,
+        and a replay is one micro-batch now and then."""
+        if not (self.device.type != "cpu" if on_cpu is None else on_cpu):
+            model = copy.deepcopy(self.model)  # parameter hooks are not copied: no overlap callbacks
+        else:
+            with torch.device("meta"):  # no initialisation work, no memory: the weights come next
+                model = StageModel(self.spec, self.first, self.last, self.seed)
+            model = model.to_empty(device="cpu")
+            model.load_state_dict({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
+            for name, buf in self.model.named_buffers():  # non-persistent ones (rotary tables) too
+                model.get_buffer(name).copy_(buf.detach().cpu())
         model.requires_grad_(False)
         return model
 
@@ -134,20 +144,22 @@ class StageRunner:
         (the output sent on, None on the last stage; the input gradient sent back, None on the first
         stage or without ``grad_output`` before the last)."""
         backward = not self.is_first and (self.is_last or grad_output is not None)
-        x = inputs.to(self.device)
+        device = next(model.parameters()).device  # the copy's: the CPU for a GPU stage (fp32 there)
+        x = inputs.to(device)
         if not self.is_first:
             x = x.detach().requires_grad_(backward)
+        cast = self._cast() if device.type == "cuda" else contextlib.nullcontext()
         with torch.set_grad_enabled(backward):
-            with self._cast():
+            with cast:
                 out = model(x)
             if self.is_last:
                 if targets is None:
                     raise ValueError("the last stage needs targets")
-                (StageModel.loss(out, targets.to(self.device)) * weight).backward()
+                (StageModel.loss(out, targets.to(device)) * weight).backward()
                 return None, x.grad
             if backward:
                 assert grad_output is not None
-                out.backward(grad_output.to(self.device, out.dtype))
+                out.backward(grad_output.to(device, out.dtype))
         return out.detach(), x.grad if backward else None
 
     @property

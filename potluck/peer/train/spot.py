@@ -114,7 +114,7 @@ class SpotChecks(Duty):
         self.stage, self.replica = position
         self.trust, self.audit, self.batch, self.timeout_s = trust, audit, batch, timeout_s
 
-    def after_commit(self, rnd: Round, decision: Decision, n_micro: int) -> list[Check]:
+    async def after_commit(self, rnd: Round, decision: Decision, n_micro: int) -> list[Check]:
         """Step ``rnd`` is committed and not yet applied: push the evidence this peer holds, copy the
         weights for the checks it makes (run in the background). Returns the checks it makes."""
         n = len(self.plan.stages)
@@ -126,7 +126,9 @@ class SpotChecks(Duty):
                 self._serve(rnd, c)
         mine = [c for c in checks if c.stage == self.stage and self.replica in c.checkers]
         if mine:
-            self._spawn(self._check_all(rnd, mine, self.runner.frozen_copy()))
+            # off the event loop (a large stage takes a while to copy), before the update is applied
+            model = await asyncio.to_thread(self.runner.frozen_copy)
+            self._spawn(self._check_all(rnd, mine, model))
         return mine
 
     # ---- evidence ------------------------------------------------------------------------------------

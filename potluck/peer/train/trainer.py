@@ -375,7 +375,7 @@ class Trainer:
         if self.audits is not None:
             self.audits.after_commit(rnd, decision)
         if self.spot is not None:  # before the update: checkers copy the weights the step ran on
-            self.spot.after_commit(rnd, decision, len(micro))
+            await self.spot.after_commit(rnd, decision, len(micro))
         if self.ledger is not None:  # served: this step's messages go
             self.ledger.forget(Round(self.plan.epoch, step + 1).pack())
         lr = learning_rate(self.job.optimizer, step, self.job.steps)

@@ -100,6 +100,10 @@ def test_replay_reproduces_every_stage_bit_for_bit():
     g1 = last.backward(0)
     g0 = middle.backward(0, g_out)
     assert torch.equal(first.replay(first.frozen_copy(), tokens)[0], y0)
+    # a GPU stage's copy goes to the CPU, built without initialising it twice: the same bits here
+    assert torch.equal(first.replay(first.frozen_copy(on_cpu=True), tokens)[0], y0)
+    y1c, g0c = middle.replay(middle.frozen_copy(on_cpu=True), y0, grad_output=g_out)
+    assert torch.equal(y1c, y1) and torch.equal(g0c, g0)
     y1r, g0r = middle.replay(middle.frozen_copy(), y0, grad_output=g_out)
     assert torch.equal(y1r, y1) and torch.equal(g0r, g0)
     nothing_sent, g1r = last.replay(last.frozen_copy(), y1, targets, 0.25)
