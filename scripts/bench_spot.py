@@ -9,7 +9,9 @@ A pipeline job of 2 stages x ``--replicas`` replicas (p2pd daemons on loopback, 
   own key, as any peer can): the first step after which the others' testimony convicts it
   (``coordinator/job/accuse.py`` on the trainers' audits), and honest peers convicted (must be 0).
 
-Also the cost of one seal: Ed25519 sign and verify of a 64 KiB payload's message (median of 2000).
+Also the cost of one seal: Ed25519 sign and verify of a 64 KiB payload's message (median of 2000); and
+how far a bf16-autocast forward (a GPU stage) lands from the fp32 replay of a GPU stage's CPU copy,
+measured with the CPU's bf16 autocast (``--autocast-only`` prints just that).
 
     python scripts/bench_spot.py [--steps 120] [--replicas 3] [--rates 0.01,0.05] [--json]
 
@@ -56,6 +58,25 @@ def seal_cost() -> tuple[float, float]:
     return 1e6 * statistics.median(signs), 1e6 * statistics.median(checks)
 
 
+def autocast_gap() -> dict[str, float]:
+    """Relative L2 of a stage's bf16-autocast output against fp32, at initialisation."""
+    from potluck.model.transformer import StageModel
+    from potluck.protocol.jobspec import ModelSpec
+
+    torch.manual_seed(0)
+    out = {}
+    for layers, d in ((4, 256), (8, 512)):
+        spec = ModelSpec(n_layers=layers, d_model=d, n_heads=8, vocab_size=4096, seq_len=128)
+        model = StageModel(spec, 1, layers, 3)
+        x = torch.randn(2, 128, d)
+        with torch.no_grad():
+            y = model(x)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                yb = model(x).float()
+        out[f"{layers - 1}x{d}"] = float((yb - y).norm() / y.norm())
+    return out
+
+
 def run(job, replicas: int, attack: bool, tmp: Path) -> dict[str, object]:  # type: ignore[no-untyped-def]
     liar = (0, replicas - 1)
     convicted: dict[str, int] = {}
@@ -98,9 +119,13 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--rates", default="0.01,0.05")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--autocast-only", action="store_true")
     args = ap.parse_args()
     use_fork()
     torch.set_num_threads(1)
+    if args.autocast_only:
+        print(json.dumps({"bf16_vs_fp32": autocast_gap()}))
+        return
     seal_us, verify_us = seal_cost()
     rows: list[dict[str, object]] = []
 
@@ -134,6 +159,7 @@ def main() -> None:
         "convicted_at": {r: row["convicted_at"] for r, row in attacked.items()},
         "honest_failed": sum(int(row["honest_failed"]) for row in rows),  # type: ignore[call-overload]
         "honest_convicted": sum(int(row["honest_convicted"]) for row in rows),  # type: ignore[call-overload]
+        "bf16_vs_fp32": autocast_gap(),
     }
     print(json.dumps(summary) if args.json else summary)
 
