@@ -72,9 +72,9 @@ class TrainerConfig:
     # model on a home link. Only the barrier waits this long: the first step runs under the step budget.
     start_wait_s: float = 60.0
     # How long a spot checker or an auditor waits for evidence pushed right after a step's commit
-    # (train/spot.py, train/audit.py); an owner's audit evidence not in by then counts as withheld. The
-    # evidence is ~2 x spot_checks of the gradient bytes an owner sends anyway each step: a slow uplink
-    # sends it in a small share of a step, and two minutes leave room for a slow step too.
+    # (train/spot.py, train/audit.py); an owner's audit evidence not in by then counts as withheld. An
+    # owner's evidence is ~spot_checks of the upload its step takes anyway (1% at the default), so a
+    # slow uplink sends it in a small share of a step; two minutes leave room for a slow step too.
     evidence_timeout_s: float = 120.0
 
 
