@@ -37,16 +37,8 @@ from potluck.peer.collectives.tree import OWN_ROW_CODEC
 from potluck.peer.config import AllReduceConfig
 from potluck.peer.errors import PeerError, SealError
 from potluck.peer.seal import Key, Ledger, check_seal
+from potluck.peer.train import evidence
 from potluck.peer.train.commit import Decision
-from potluck.peer.train.evidence import (
-    MAX_CHECKERS,
-    Duty,
-    check_seed,
-    mismatch,
-    pack_evidence,
-    uniform,
-    unpack_evidence,
-)
 from potluck.protocol.collective import AllReduceSchedule
 from potluck.protocol.errors import WireError
 from potluck.protocol.jobspec import TrustSpec
@@ -72,16 +64,16 @@ def select_audits(
         return []
     out = []
     for key in sorted(keys):
-        if uniform(seed, *key) >= fraction:
+        if evidence.uniform(seed, *key) >= fraction:
             continue
         tree = schedule.trees[key[1] & ((1 << INDEX_BITS) - 1)]
         others = [p for p in schedule.peers if p != tree.root]
-        others.sort(key=lambda p: uniform(seed, *key, int.from_bytes(p.encode()[-8:], "little")))
-        out.append(ShardCheck(key, tree.root, tuple(others[:MAX_CHECKERS])))
+        others.sort(key=lambda p: evidence.uniform(seed, *key, int.from_bytes(p.encode()[-8:], "little")))
+        out.append(ShardCheck(key, tree.root, tuple(others[: evidence.MAX_CHECKERS])))
     return out
 
 
-class ShardAudits(Duty):
+class ShardAudits(evidence.Duty):
     """One replica's part in auditing its stage's shard owners: evidence it owes, audits it makes."""
 
     def __init__(
@@ -112,7 +104,7 @@ class ShardAudits(Duty):
             for _, key in book
             if first <= key[0] < stop and key[1] >> INDEX_BITS == Stream.TREE and key[3] == Direction.REDUCE
         }
-        seed = check_seed(f"{self.label}/audit", rnd, decision)
+        seed = evidence.check_seed(f"{self.label}/audit", rnd, decision)
         checks = select_audits(seed, keys, self.schedule, self.trust.spot_checks)
         for c in checks:
             if c.root == self.me:
@@ -144,7 +136,7 @@ class ShardAudits(Duty):
         if any(p is None for p in pieces):
             logger.info("no evidence of %s to serve", c.key)
             return
-        message = pack_evidence([p for p in pieces if p is not None])
+        message = evidence.pack_evidence([p for p in pieces if p is not None])
         for auditor in c.auditors:
             self._spawn(self._send(auditor, self._evidence_tag(rnd, c.key), message))
 
@@ -177,7 +169,7 @@ class ShardAudits(Duty):
     ) -> str | None:
         """None if the owner's broadcast is its rule over the rows it shows; else what is wrong."""
         try:
-            pieces = unpack_evidence(data, 1 + len(children))
+            pieces = evidence.unpack_evidence(data, 1 + len(children))
             own = get_codec(OWN_ROW_CODEC).decode(
                 check_seal(root, root, up, pieces[0]), expect=broadcast.shape
             )
@@ -194,6 +186,6 @@ class ShardAudits(Duty):
                 result = combine(stack, who, self.cfg.rule, self.cfg.trim, self.cfg.average, excluded).result
             except ValueError:
                 continue
-            if mismatch(broadcast, result, self.codec, AGGREGATION_TOLERANCE) is None:
+            if evidence.mismatch(broadcast, result, self.codec, AGGREGATION_TOLERANCE) is None:
                 return None
         return "its broadcast is not its rule over the rows it received"
