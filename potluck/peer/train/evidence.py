@@ -80,6 +80,7 @@ class Duty:
     def __init__(self, box: Mailbox) -> None:
         self.box = box
         self.tasks: set[asyncio.Task[None]] = set()
+        self.crashed = 0  # background tasks that ended with an error (each logged)
 
     def close(self) -> None:
         for task in self.tasks:
@@ -88,7 +89,13 @@ class Duty:
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.crashed += 1
+            logger.error("a check failed to run", exc_info=task.exception())
 
     async def _send(self, peer: str, tag: Tag, message: bytes) -> None:
         try:

@@ -116,7 +116,8 @@ class SpotChecks(Duty):
 
     async def after_commit(self, rnd: Round, decision: Decision, n_micro: int) -> list[Check]:
         """Step ``rnd`` is committed and not yet applied: push the evidence this peer holds, copy the
-        weights for the checks it makes (run in the background). Returns the checks it makes."""
+        weights for the checks it makes (run in the background). Returns the checks it makes.
+        ``n_micro``: the most micro-batches any replica has (the same number on every peer)."""
         n = len(self.plan.stages)
         near = [j for j in (self.stage - 1, self.stage, self.stage + 1) if 0 <= j < n]
         seed = check_seed(self.plan.job, rnd, decision)
@@ -180,7 +181,10 @@ class SpotChecks(Duty):
     async def _check(self, rnd: Round, c: Check, model: StageModel) -> None:
         stages, j, i, m = self.plan.stages, c.stage, c.suspect, c.micro
         suspect = stages[j].peers[i]
-        mb = self.batch(rnd.step, i)[m]
+        batches = self.batch(rnd.step, i)
+        if m >= len(batches):  # that replica has fewer sequences this step: nothing to check
+            return
+        mb = batches[m]
         acts, grads = (
             make_tag(rnd, Stream.ACTIVATIONS, chunk=m),
             make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m),

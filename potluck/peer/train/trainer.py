@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -273,6 +274,12 @@ class Trainer:
             and job.compression.sync_every == 1
         )
 
+    def most_micro_batches(self) -> int:
+        """Micro-batches of the replica with the most sequences (replica 0): replicas hold one more
+        sequence than others when the batch does not divide evenly, so their counts may differ."""
+        per_replica = math.ceil(self.job.sequences_per_step / self.plan.n_replicas)
+        return math.ceil(per_replica / self.job.batch.micro_batch_size)
+
     def micro_batches(self, step: int, replica: int | None = None) -> list[MicroBatch]:
         """This replica's micro-batches of ``step`` (or another replica's, for a spot check)."""
         per_step, n_rep = self.job.sequences_per_step, self.plan.n_replicas
@@ -375,7 +382,7 @@ class Trainer:
         if self.audits is not None:
             self.audits.after_commit(rnd, decision)
         if self.spot is not None:  # before the update: checkers copy the weights the step ran on
-            await self.spot.after_commit(rnd, decision, len(micro))
+            await self.spot.after_commit(rnd, decision, self.most_micro_batches())
         if self.ledger is not None:  # served: this step's messages go
             self.ledger.forget(Round(self.plan.epoch, step + 1).pack())
         lr = learning_rate(self.job.optimizer, step, self.job.steps)
