@@ -37,11 +37,15 @@ OVERCLAIM = 4.0  # measured below claim / this: the claim was false
 INBOUND_SLACK = 1.5
 
 
+def tflops_ceiling(hw: Hardware) -> float:
+    """What this kind of device cannot exceed, claimed or measured."""
+    return CPU_CORE_TFLOPS * hw.cpu_cores if hw.device_kind == "cpu" else ACCELERATOR_TFLOPS
+
+
 def plausible_tflops(hw: Hardware) -> float:
     """The claimed TFLOP/s the planner may use for this hardware, before any measurement."""
     claim = hw.tflops_bf16 if hw.device_kind == "cuda" else hw.tflops_fp32
-    ceiling = CPU_CORE_TFLOPS * hw.cpu_cores if hw.device_kind == "cpu" else ACCELERATOR_TFLOPS
-    return max(min(claim, ceiling), 1e-6)
+    return max(min(claim, tflops_ceiling(hw)), 1e-6)
 
 
 def believed_tflops(
@@ -49,14 +53,17 @@ def believed_tflops(
     measured: Mapping[str, float],
     cap: float,
     distrusted: frozenset[str] = frozenset(),
+    ceilings: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """Per peer: its measured TFLOP/s where there is one, else its claim capped at ``cap`` x the median
-    claim (``cap`` <= 0: uncapped). A distrusted peer without a measurement counts as the median."""
+    claim (``cap`` <= 0: uncapped). A distrusted peer without a measurement counts as the median. A
+    measurement comes from the compute seconds the peer itself reports, so it is held to its device's
+    ``ceilings`` too (a CPU reporting impossibly short steps is believed at its cores' best)."""
     out: dict[str, float] = {}
     median = statistics.median(claims.values()) if claims else 0.0
     for peer, claim in claims.items():
         if measured.get(peer, 0.0) > 0:
-            out[peer] = measured[peer]
+            out[peer] = min(measured[peer], (ceilings or {}).get(peer, float("inf")))
         elif peer in distrusted:
             out[peer] = min(claim, median)
         else:

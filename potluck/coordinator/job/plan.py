@@ -16,7 +16,7 @@ import numpy as np
 
 from potluck.compression import get_codec
 from potluck.coordinator.errors import NetModelError, PackingError
-from potluck.coordinator.job.claims import believed_tflops, plausible_tflops
+from potluck.coordinator.job.claims import believed_tflops, plausible_tflops, tflops_ceiling
 from potluck.coordinator.placement import PlacementPlan, PlannerConfig, PlanningState, plan
 from potluck.coordinator.placement.costmodel import (
     BatchSpec,
@@ -167,7 +167,11 @@ def make_train_plan(
         return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
     claimed = {p: device_of(state.peers[p].record) for p in usable}
     speeds = believed_tflops(
-        {p: d.tflops for p, d in claimed.items()}, measured_tflops or {}, job.trust.claim_cap, distrusted
+        {p: d.tflops for p, d in claimed.items()},
+        measured_tflops or {},
+        job.trust.claim_cap,
+        distrusted,
+        {p: tflops_ceiling(state.peers[p].record.hardware) for p in usable},
     )
 
     def device(pid: str) -> DeviceSpec:

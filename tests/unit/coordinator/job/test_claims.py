@@ -3,7 +3,7 @@ measured, replaced by the measurement, and a false claim is noticed. Liars canno
 
 import pytest
 
-from potluck.coordinator.job.claims import believed_tflops, overclaimed, plausible_tflops
+from potluck.coordinator.job.claims import believed_tflops, overclaimed, plausible_tflops, tflops_ceiling
 from potluck.coordinator.job.plan import make_train_plan
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.jobspec import JobSpec
@@ -38,6 +38,10 @@ def test_unmeasured_claims_are_capped_at_the_median_and_measurements_win():
     assert believed_tflops(claims, {"liar": 0.1}, cap=2.0)["liar"] == 0.1
     assert believed_tflops(claims, {}, cap=2.0, distrusted=frozenset({"liar"}))["liar"] == 1.0
     assert overclaimed(claims, {"a": 0.9, "liar": 0.1}) == ["liar"]
+    # a measurement is the peer's own report of its compute seconds: held to its device's ceiling
+    ceilings = {"a": tflops_ceiling(hw("cpu", 1.0, cores=8)), "liar": tflops_ceiling(hw("cpu", 1.0, cores=8))}
+    got = believed_tflops(claims, {"a": 1.2, "liar": 1000.0}, cap=2.0, ceilings=ceilings)
+    assert got["a"] == 1.2 and got["liar"] == pytest.approx(1.6)
 
 
 @pytest.mark.parametrize("claim", [10_000.0, 2_000.0])
