@@ -77,7 +77,8 @@ def test_round_up_bf16_clamps_at_max() -> None:
 
 @pytest.mark.parametrize("bits,bound", [(8, 0.01), (4, 0.15), (2, 0.8)])
 def test_error_within_bounds_and_codes_never_clip(bits: int, bound: float) -> None:
-    x = torch.randn(4096) * torch.logspace(-6, 2, 4096)
+    # seeded: at 2 bits the error of an unseeded draw lands within 1% of the bound now and then
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * torch.logspace(-6, 2, 4096)
     q = quantize(x, bits, 64, want_recon=True)
     assert q.recon is not None
     rel = float((q.recon - x).norm() / x.norm())
