@@ -22,6 +22,8 @@ from typing import Any
 
 import websockets
 
+from potluck import lifeline
+
 CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 
 
@@ -79,6 +81,7 @@ async def open_page(url: str, width: int = 1400, height: int = 1800) -> AsyncIte
             f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank",
         ],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=lifeline.preexec(signal.SIGKILL),  # dies with the test run, even a killed one
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiomqtt
 
+from potluck import lifeline
 from potluck.protocol.errors import RecordError
 from potluck.protocol.telemetry import open_message, swarm_filter
 
@@ -37,7 +38,11 @@ def mosquitto(tmp: Path, port: int | None = None) -> Iterator[tuple[subprocess.P
     )
     log = open(tmp / "mosquitto.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [MOSQUITTO, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        [MOSQUITTO, "-c", str(conf)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lifeline.preexec(signal.SIGKILL),  # dies with the test run, even a killed one
     )
     try:
         deadline = time.monotonic() + 10

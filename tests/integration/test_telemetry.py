@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from potluck import lifeline
 from potluck.protocol.telemetry import CoordinatorStatus, Event, PeerMetrics, PeerStatus
 from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
@@ -150,6 +151,7 @@ def test_the_demo_needs_nothing_installed_and_chromium_renders_its_live_dashboar
     demo = subprocess.Popen(
         [sys.executable, "-m", "potluck", "demo", "--steps", "100000", "--run-dir", str(run)],
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=lifeline.preexec(signal.SIGKILL),  # dies with the test run, even a killed one
     )  # fmt: skip
     try:
         # The demo runs the embedded broker: nothing installed, its URL in the invite the demo writes.
