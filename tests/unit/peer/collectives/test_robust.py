@@ -88,3 +88,13 @@ def test_rules_are_deterministic_and_refuse_nothing_useful():
         aggregate("mean", torch.empty(0, 4))
     with pytest.raises(ValueError, match="unknown aggregation rule"):
         aggregate("median", rows)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("k", list(range(1, 20)))
+def test_the_sorting_network_median_is_torchs_lower_median(k):
+    from potluck.peer.collectives.robust import median_rows
+
+    g = torch.Generator().manual_seed(k)
+    stack = torch.randn(k, 257, generator=g)
+    stack[:, :50] = torch.randint(-2, 3, (k, 50), generator=g).float()  # ties
+    assert torch.equal(median_rows(stack), stack.median(dim=0).values)
