@@ -251,6 +251,7 @@ class PeerDaemon:
         while True:
             try:
                 peers = live_peers(await self.node.fetch(PEERS.name), get_dht_time())
+                self._members, self._members_at = frozenset(p.peer_id for p in peers), time.monotonic()
                 targets = choose_targets(self.peer_id, [p.peer_id for p in peers], round_no, cfg.sample_size)
                 samples: list[LinkSample] = []
                 for target in targets:

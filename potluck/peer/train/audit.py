@@ -55,6 +55,11 @@ class ShardCheck:
     auditors: tuple[str, ...]
 
 
+def tree_index(key: Key) -> int:
+    """The tree a one-hop chunk's messages travel on (the index bits of their stream)."""
+    return key[1] & ((1 << INDEX_BITS) - 1)
+
+
 def select_audits(
     seed: bytes, keys: set[Key], schedule: AllReduceSchedule, fraction: float
 ) -> list[ShardCheck]:
@@ -66,7 +71,7 @@ def select_audits(
     for key in sorted(keys):
         if evidence.uniform(seed, *key) >= fraction:
             continue
-        tree = schedule.trees[key[1] & ((1 << INDEX_BITS) - 1)]
+        tree = schedule.trees[tree_index(key)]
         others = [p for p in schedule.peers if p != tree.root]
         others.sort(key=lambda p: evidence.uniform(seed, *key, int.from_bytes(p.encode()[-8:], "little")))
         out.append(ShardCheck(key, tree.root, tuple(others[: evidence.MAX_CHECKERS])))
@@ -93,7 +98,7 @@ class ShardAudits(evidence.Duty):
         self.trust, self.audit, self.timeout_s = trust, audit, timeout_s
         self.me = box.peer_id
         self.codec = get_codec(cfg.codec)
-        self._withheld: dict[str, set[int]] = {}  # owner -> steps whose evidence it withheld
+        self._withheld_at: dict[str, int] = {}  # owner -> the last step whose evidence it withheld
 
     def after_commit(self, rnd: Round, decision: Decision) -> list[ShardCheck]:
         """Step ``rnd`` is committed: push the evidence of this peer's audited shards, start its audits."""
@@ -122,14 +127,14 @@ class ShardAudits(evidence.Duty):
     def _evidence_tag(self, rnd: Round, key: Key) -> Tag:
         # tagged with the next step (same phase), so the auditor keeps it after step ``rnd`` is forgotten
         phase = Round.unpack(key[0]).phase
-        index = key[1] & ((1 << INDEX_BITS) - 1)
+        index = tree_index(key)
         return make_tag(
             Round(rnd.epoch, rnd.step + 1, phase), Stream.AUDIT_EVIDENCE, index=index, chunk=key[2]
         )
 
     def _serve(self, rnd: Round, c: ShardCheck) -> None:
         """As the owner: its own row and every row it received, as their authors sealed them."""
-        tree = self.schedule.trees[c.key[1] & ((1 << INDEX_BITS) - 1)]
+        tree = self.schedule.trees[tree_index(c.key)]
         children = tree.children(self.me, self.schedule.peers)
         pieces = [self.ledger.sent.get((self.me, c.key))]
         pieces += [self.ledger.received.get((child, c.key)) for child in children]
@@ -141,16 +146,17 @@ class ShardAudits(evidence.Duty):
             self._spawn(self._send(auditor, self._evidence_tag(rnd, c.key), message))
 
     async def _check(self, rnd: Round, c: ShardCheck, got: bytes) -> None:
-        tree = self.schedule.trees[c.key[1] & ((1 << INDEX_BITS) - 1)]
+        tree = self.schedule.trees[tree_index(c.key)]
         children = tree.children(c.root, self.schedule.peers)
         up = Tag(c.key[0], c.key[1], c.key[2], Direction.REDUCE)
         broadcast = self.codec.decode(got)  # decoded once already, strictly, by the all-reduce
         try:
             data = await self.box.recv(c.root, self._evidence_tag(rnd, c.key), self.timeout_s)
         except (TimeoutError, WireError, PeerError, OSError) as e:
-            steps = self._withheld.setdefault(c.root, set())
-            if rnd.step not in steps:  # counted once per step: a crash withholds one step's, no more
-                steps.add(rnd.step)
+            # counted once per step (its audits wait alike, so they end in step order): a crash
+            # withholds one step's evidence, no more
+            if self._withheld_at.get(c.root) != rnd.step:
+                self._withheld_at[c.root] = rnd.step
                 self.audit.withheld[c.root] += 1
             logger.warning(
                 "audit: %s withheld the evidence of its aggregation at step %d: %s", c.root, rnd.step, e

@@ -145,7 +145,7 @@ class Trainer:
         # Trust duties (docs/security.md): sealed messages kept in a ledger, pipeline spot checks, audits
         # of the stage's shard owners under a robust rule
         checks_pipeline = self.spot_checked(job, plan)
-        audits_owners = self.audited(job, plan, self.stage) and self.diloco is None and self.deadline is None
+        audits_owners = self.audited(job, plan, self.stage)
         self.ledger: Ledger | None = None
         if checks_pipeline or audits_owners:
             if identity is None or identity.peer_id != box.peer_id:
@@ -265,13 +265,15 @@ class Trainer:
     @staticmethod
     def audited(job: JobSpec, plan: TrainPlan, stage: int) -> bool:
         """Whether the stage's shard owners are audited: a robust rule (one-hop trees), three replicas
-        or more (an owner and two auditors), checks asked for. Also needs the strict sync policy."""
+        or more (an owner and two auditors), checks asked for, the strict sync policy without local
+        steps (the bucketed all-reduce is what seals its contributions)."""
         rule = plan.stages[stage].aggregation
         return (
             job.trust.spot_checks > 0
             and rule != "mean"
             and plan.n_replicas >= 3
             and job.compression.sync_every == 1
+            and job.sync.policy == "strict"
         )
 
     def most_micro_batches(self) -> int:
