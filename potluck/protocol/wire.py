@@ -90,16 +90,20 @@ async def write_frame(writer: asyncio.StreamWriter, frame: Frame, timeout_s: flo
         await asyncio.wait_for(writer.drain(), timeout_s)
     except TimeoutError:
         raise WireError(f"peer did not accept a {frame.type.name} frame within {timeout_s:.1f} s") from None
+    except ConnectionError as e:  # reset or broken pipe: the peer closed the stream
+        raise WireError(f"peer closed the stream ({e.__class__.__name__})") from None
 
 
 async def read_exactly(reader: asyncio.StreamReader, n: int, timeout_s: float) -> bytes:
-    """``n`` bytes, or ``WireError`` on timeout or EOF."""
+    """``n`` bytes, or ``WireError`` on timeout, EOF or a reset."""
     try:
         return await asyncio.wait_for(reader.readexactly(n), timeout_s) if n else b""
     except TimeoutError:
         raise WireError(f"no frame from peer within {timeout_s:.1f} s") from None
     except asyncio.IncompleteReadError as e:
         raise WireError("peer closed the stream" + (" mid-frame" if e.partial else "")) from None
+    except ConnectionError as e:  # a reset instead of an orderly close: the same to the reader
+        raise WireError(f"peer closed the stream ({e.__class__.__name__})") from None
 
 
 async def read_header(

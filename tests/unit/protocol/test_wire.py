@@ -57,3 +57,17 @@ def test_silent_peer_times_out():
     partial = encode_header(MsgType.BULK_DONE, 8) + struct.pack("<I", 1)
     with pytest.raises(WireError, match="no frame from peer within"):
         read(partial, 0.05, eof=False)
+
+
+def test_a_reset_stream_is_a_wire_error_like_a_closed_one():
+    """A peer that resets its stream (a refused probe, a crashed peer) must not escape as a bare OSError:
+    callers catch WireError per peer and would otherwise lose the rest of their round."""
+
+    async def go() -> Frame:
+        r = asyncio.StreamReader()
+        r.feed_data(encode_header(MsgType.PING, 10) + b"abc")
+        r.set_exception(ConnectionResetError(104, "Connection reset by peer"))
+        return await read_frame(r, 1.0)
+
+    with pytest.raises(WireError, match="closed the stream"):
+        asyncio.run(go())
