@@ -15,13 +15,15 @@ from progress records). A convicted attacker is banned ``--ban-delay`` steps lat
 coordinator's poll, ~2 s, plus the peers' next read of the ban list, one heartbeat, ~10 s, over steps of
 several seconds in a real job); from then on every shard owner leaves its contributions out, as peers
 do once their ban list names it (the re-plan without it follows). Overhead: the robust rule's median
-step time on the clean run over the mean's.
+step time on clean runs over the mean's, each the median of ``--repeats`` interleaved runs, with the
+job's default spot checks and audits (``overhead``) and without them (``overhead_rule_only``).
 
-    python scripts/bench_byzantine.py [--steps 40] [--replicas 10] [--json]
+    python scripts/bench_byzantine.py [--steps 40] [--replicas 10] [--repeats 3] [--json]
 
 With ``--json`` the last line is one JSON object: ``gap_20pct`` (robust rule, worst attack at 20%),
 ``gap_mean_20pct`` (the mean under that attack), ``ban_steps_max`` (slowest conviction among convicted
-attackers; null if none), ``unconvicted`` (attacks whose attackers were never convicted), ``overhead``.
+attackers; null if none), ``unconvicted`` (attacks whose attackers were never convicted), ``overhead``,
+``overhead_rule_only``.
 """
 
 from __future__ import annotations
