@@ -84,6 +84,10 @@ class Mailbox:
         self.sent_to: dict[str, int] = {}  # peer -> payload bytes sent to it (telemetry: bytes per link)
         self._suspects: dict[str, float] = {}  # peer -> when it last failed us (monotonic s)
         self._checks: dict[str, asyncio.Task[None]] = {}  # peer -> its liveness check under way
+        # Peers whose stream to us ended and that have not opened another since: a wait on one of them
+        # that starts later checks it at once (a wait begun after the stream ended would otherwise run
+        # out its whole bound on a peer that died before anyone waited on it).
+        self._ended: set[str] = set()
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
@@ -169,6 +173,7 @@ class Mailbox:
         self._admitted = None if peers is None else frozenset(peers) | {self.peer_id}
         if self._admitted is None:
             return
+        self._ended &= self._admitted
         async with self._space:
             for key in [k for k in self._pending if k[0] not in self._admitted]:
                 self._release(key)
@@ -212,6 +217,8 @@ class Mailbox:
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
             self._waiters[key] = fut
+        if peer in self._ended:
+            self._check_alive(peer)
         timeout = self.cfg.timeout_s if timeout_s is None else timeout_s
         try:
             await asyncio.wait_for(asyncio.shield(fut), timeout)
@@ -299,6 +306,7 @@ class Mailbox:
         self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         sender = info.peer_id.to_base58()
+        self._ended.discard(sender)  # it opened a stream: alive, whatever an older stream's end said
         try:
             if not await self._admissible(sender):
                 self.refused += 1
@@ -346,8 +354,12 @@ class Mailbox:
     def _check_alive(self, peer: str) -> None:
         """A killed process's streams end at once (its connections are reset), long before anyone's wait
         for it runs out: check whether ``peer`` still accepts a connection, and if not, fail the waits on
-        it now. A live peer that merely reopened its stream answers at once and nothing happens."""
-        if self.addresses is None or peer in self._checks or not self._waiting_on(peer):
+        it now. A live peer that merely reopened its stream answers at once and nothing happens. With no
+        wait on it yet, the end is remembered and the first wait on ``peer`` runs the check."""
+        if self.addresses is None or peer in self._checks:
+            return
+        if not self._waiting_on(peer):
+            self._ended.add(peer)
             return
         task = asyncio.create_task(self._check(peer, self.addresses), name=f"alive-{peer[-8:]}")
         self._checks[peer] = task
@@ -363,7 +375,9 @@ class Mailbox:
         except (TimeoutError, WireError):
             return  # no answer either way: the waits run their course
         if alive:
+            self._ended.discard(peer)
             return
+        self._ended.add(peer)  # still gone: the next wait on it checks again (it may have come back)
         self.suspect(peer)
         gone = WireError(f"{peer} is gone: its stream ended and it refuses connections")
         failed = 0

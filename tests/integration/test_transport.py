@@ -130,9 +130,12 @@ def test_a_message_after_a_long_silence_is_not_lost(monkeypatch, reopen):
         assert got is None
 
 
-def test_a_dead_senders_waits_fail_as_soon_as_its_stream_ends():
+@pytest.mark.parametrize("wait_first", [True, False], ids=["waiting", "wait-after-the-end"])
+def test_a_dead_senders_waits_fail_as_soon_as_its_stream_ends(wait_first: bool):
     """A killed process's streams end at once; the receiver checks whether the sender still accepts a
-    connection and, when it does not, fails the waits on it then instead of after their timeout."""
+    connection and, when it does not, fails the waits on it then instead of after their timeout. A wait
+    that begins only after the stream ended (a step's leader asking for a READY its dead peer never
+    sent) is checked as it begins."""
 
     async def main() -> tuple[str, float]:
         async with p2p_group(2) as nodes:
@@ -146,10 +149,15 @@ def test_a_dead_senders_waits_fail_as_soon_as_its_stream_ends():
                 await box.start()
             await a.send(b.peer_id, Tag(1), b"hello")  # a's stream to b is open
             assert await b.recv(a.peer_id, Tag(1)) == b"hello"
-            waiting = asyncio.create_task(b.recv(a.peer_id, Tag(2), 30.0))
-            await asyncio.sleep(0.2)
+            if wait_first:
+                waiting = asyncio.create_task(b.recv(a.peer_id, Tag(2), 30.0))
+                await asyncio.sleep(0.2)
             t0 = time.monotonic()
             await nodes[0].shutdown()  # a's daemon dies: its connections are reset
+            if not wait_first:
+                await asyncio.sleep(1.0)  # b sees the stream end with nobody waiting on a
+                t0 = time.monotonic()
+                waiting = asyncio.create_task(b.recv(a.peer_id, Tag(2), 30.0))
             try:
                 await waiting
                 why = "delivered"
