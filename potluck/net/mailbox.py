@@ -84,6 +84,7 @@ class Mailbox:
         self.sent_to: dict[str, int] = {}  # peer -> payload bytes sent to it (telemetry: bytes per link)
         self._suspects: dict[str, float] = {}  # peer -> when it last failed us (monotonic s)
         self._checks: dict[str, asyncio.Task[None]] = {}  # peer -> its liveness check under way
+        self._watches: set[asyncio.Task[None]] = set()  # one per outgoing stream: has its receiver closed it?
         # Peers whose stream to us ended and that have not opened another since: a wait on one of them
         # that starts later checks it at once (a wait begun after the stream ended would otherwise run
         # out its whole bound on a peer that died before anyone waited on it).
@@ -93,7 +94,7 @@ class Mailbox:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
 
     async def close(self) -> None:
-        for task in list(self._checks.values()):
+        for task in [*self._checks.values(), *self._watches]:
             task.cancel()
         for writer, _ in self._out.values():
             writer.close()
@@ -142,14 +143,35 @@ class Mailbox:
 
     async def _open(self, peer: str) -> tuple[asyncio.StreamWriter, asyncio.Lock]:
         try:
-            _, writer = await open_stream(self.p2p, peer, self.protocol, self.cfg.timeout_s, self.addresses)
+            reader, writer = await open_stream(
+                self.p2p, peer, self.protocol, self.cfg.timeout_s, self.addresses
+            )
         except WireError:
             self.suspect(peer)
             raise
         entry = (writer, asyncio.Lock())
         self._out[peer] = entry
         self._used[peer] = time.monotonic()
+        watch = asyncio.create_task(self._watch(peer, entry, reader), name=f"out-{peer[-8:]}")
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
         return entry
+
+    async def _watch(
+        self, peer: str, entry: tuple[asyncio.StreamWriter, asyncio.Lock], reader: asyncio.StreamReader
+    ) -> None:
+        """Drop the outgoing stream to ``peer`` once its receiver closed it. A receiver never writes on
+        it, so the read returns only at its end: the receiver refused the sender (not a peer of its plan
+        at that moment), dropped it as idle, or died. A later message then opens a fresh stream instead
+        of going into one nobody reads, which the local daemon would accept and lose without an error
+        (seen: a plan's start barrier hung when a former spare's READY went into a stream its leader
+        had closed while it was a spare)."""
+        with contextlib.suppress(ConnectionError, OSError):
+            await reader.read(1)
+        if self._out.get(peer) is entry:
+            del self._out[peer]
+            entry[0].close()
+            logger.debug("outgoing stream to %s closed by its receiver; the next message opens another", peer)
 
     # ---- suspects ----------------------------------------------------------------------------------
 

@@ -95,16 +95,25 @@ def test_pending_bytes_are_bounded_with_backpressure():
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("reopen", [True, False])
-def test_a_message_after_a_long_silence_is_not_lost(monkeypatch, reopen):
+async def _no_watch(*_args) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    "reopen,watch", [(True, False), (False, True), (False, False)], ids=["reopen", "watch", "neither"]
+)
+def test_a_message_after_a_long_silence_is_not_lost(monkeypatch, reopen, watch):
     """Measured in the churn benchmark: after a re-plan, a peer wrote activations into a stream its
     partner had closed for being idle (10 x timeout_s); the write succeeded locally, the message never
-    arrived, and the pipeline deadlocked until the step timeout. A sender now opens a fresh stream
-    after 4 x timeout_s of silence (``reopen=False`` shows the loss the reopening prevents)."""
+    arrived, and the pipeline deadlocked until the step timeout. Two guards, each enough alone: a sender
+    opens a fresh stream after 4 x timeout_s of silence (``reopen``), and drops an outgoing stream as
+    soon as its receiver closes it (``watch``); without either the message is lost (``neither``)."""
     import potluck.net.mailbox as mailbox
 
     if not reopen:
         monkeypatch.setattr(mailbox, "REOPEN_AFTER_IDLE", 10**6)
+    if not watch:
+        monkeypatch.setattr(mailbox.Mailbox, "_watch", _no_watch)
     monkeypatch.setattr(mailbox, "IDLE_CLOSE", 3)
 
     async def main() -> bytes | None:
@@ -124,10 +133,44 @@ def test_a_message_after_a_long_silence_is_not_lost(monkeypatch, reopen):
             return got
 
     got = asyncio.run(main())
-    if reopen:
+    if reopen or watch:
         assert got == b"after the silence"
     else:
         assert got is None
+
+
+@pytest.mark.parametrize("watch", [True, False])
+def test_a_stream_refused_while_not_admitted_is_not_reused(monkeypatch, watch):
+    """Measured in the churn benchmark: a spare still sent a message to a peer whose plan did not hold
+    it; that peer closed the stream unread. When the next plan placed the spare, its start-barrier READY
+    went into the same stream, was lost, and the plan hung for 40 s. The sender now drops a stream as
+    soon as its receiver closes it (``watch=False`` shows the loss)."""
+    import potluck.net.mailbox as mailbox
+
+    if not watch:
+        monkeypatch.setattr(mailbox.Mailbox, "_watch", _no_watch)
+
+    async def main() -> bytes | None:
+        async with p2p_group(3) as nodes:
+            a, b, c = await mailboxes(nodes, TransportConfig(timeout_s=1.0))
+            await a.send(b.peer_id, Tag(1), b"first")
+            assert await b.recv(a.peer_id, Tag(1)) == b"first"
+            await b.admit({c.peer_id})  # a new plan without a
+            await a.send(b.peer_id, Tag(2), b"refused")  # b closes a's stream unread
+            await asyncio.sleep(1.0)
+            await b.admit({a.peer_id, c.peer_id})  # the next plan places a again
+            got: bytes | None
+            try:
+                await a.send(b.peer_id, Tag(3), b"ready")
+                got = await b.recv(a.peer_id, Tag(3), 3.0)
+            except WireError:
+                got = None
+            for box in (a, b, c):
+                await box.close()
+            return got
+
+    got = asyncio.run(main())
+    assert got == (b"ready" if watch else None)
 
 
 @pytest.mark.parametrize("wait_first", [True, False], ids=["waiting", "wait-after-the-end"])
