@@ -117,12 +117,23 @@ def test_a_peer_that_never_comes_is_named_after_the_barrier_wait(tmp_path):
             results = await asyncio.wait_for(
                 asyncio.gather(*(_run(t, StartError) for t in trainers)), BOUND_S
             )
-            return results, boxes[0].take_suspects(), [b.peer_id for b in boxes]
+            return results, [b.take_suspects() for b in boxes[:2]], [b.peer_id for b in boxes]
 
     results, suspects, ids = asyncio.run(main())
     assert all(isinstance(r, StartError) for r in results), results
     assert ids[2] in str(results[0]) and ids[2] in str(results[1])
-    assert suspects == [ids[2]]  # the leader names the absent peer for the coordinator to check
+    # the leader names the absent peer for the coordinator to check, and so does the follower its no-go
+    # reached (its report may be the one the coordinator reads first)
+    assert suspects == [[ids[2]], [ids[2]]]
+
+
+def test_a_no_go_names_only_peers_of_the_plan():
+    from potluck.peer.train.barrier import _missing
+
+    known = {"a", "b"}
+    assert _missing(b'{"go": false, "reason": "x", "missing": ["a", "z", 3]}', known) == ["a"]
+    for data in (b'{"go": false, "reason": "x"}', b'{"missing": "a"}', b"[]", b"not json"):
+        assert _missing(data, known) == []
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,14 @@ class JobProgress:
             if rec.holds is not None and rec.issued_at >= self._holdings_at.get(rec.peer_id, -1.0):
                 self.holdings[rec.peer_id], self._holdings_at[rec.peer_id] = rec.holds, rec.issued_at
                 self.also_holdings[rec.peer_id] = list(rec.also_holds)
+            # A suspicion is about a peer, not a plan: the reporter's record often lands after the
+            # coordinator already re-planned on a faster report of the same failure (seen: a dead peer
+            # placed in four plans in a row, each failing at its start barrier, until its heartbeat
+            # expired). A suspect that heartbeated after the suspicion is cleared anyway (``verdicts``).
+            if rec.state == "failed":
+                for s in rec.suspects:
+                    if s != rec.peer_id:  # a peer cannot get itself excluded
+                        self.suspects[s] = max(self.suspects.get(s, 0.0), rec.issued_at)
             if rec.epoch != plan.epoch:
                 continue
             if rec.state == "training" and rec.timing.compute > 0:
@@ -85,10 +93,6 @@ class JobProgress:
             old = self.latest.get(rec.peer_id)
             if old is None or (rec.step, rec.issued_at) >= (old.step, old.issued_at):
                 self.latest[rec.peer_id] = rec
-            if rec.state == "failed":
-                for s in rec.suspects:
-                    if s != rec.peer_id:  # a peer cannot get itself excluded
-                        self.suspects[s] = max(self.suspects.get(s, 0.0), rec.issued_at)
             if rec.stored:
                 self.stored[rec.peer_id] = list(rec.stored)
             if rec.checkpoint_step is not None and rec.replica == 0:

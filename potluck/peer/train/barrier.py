@@ -10,8 +10,9 @@ carries the long bound; the first step runs under the measured step budget like 
 Protocol, under the round (plan epoch, start step): each peer sends START_READY to the plan's leader
 once it holds its state (or once it failed to take it, with the reason); the leader waits for all of
 them (``wait_s``), then sends START_GO to all: go, or a no-go saying why (a peer that failed, or the
-peers that never came, which the leader's mailbox names as suspects so the coordinator checks their
-heartbeats). A peer waits for the leader's answer at most twice as long (the leader may start late).
+peers that never came: gone, or without state in time). Every peer names those in its failure report
+as suspects, so the coordinator checks them (heartbeat, direct probe) whichever report it reads first.
+A peer waits for the leader's answer at most twice as long (the leader may start late).
 """
 
 from __future__ import annotations
@@ -56,13 +57,18 @@ async def start_barrier(box: Mailbox, plan: TrainPlan, wait_s: float, failed: st
             raise StartError(f"start barrier: no answer from the leader {leader}: {e}") from None
         go, reason = _parse(data, leader, "go")
         if not go:
+            # the peers the leader did not hear from: named in this peer's failure report as well, so the
+            # coordinator checks them whichever report reaches it first
+            for peer in _missing(data, set(peers) - {me, leader}):
+                box.suspect(peer)
             raise StartError(f"start barrier: {reason}")
         return
     others = [p for p in peers if p != me]
     reason = f"the leader {me} could not take its state: {failed}" if failed is not None else ""
+    missing: list[str] = []
     if not reason:
-        reason = await _collect(box, others, tag_ready, wait_s)
-    answer = json.dumps({"go": not reason, "reason": reason[:REASON_CHARS]}).encode()
+        reason, missing = await _collect(box, others, tag_ready, wait_s)
+    answer = json.dumps({"go": not reason, "reason": reason[:REASON_CHARS], "missing": missing}).encode()
     sent = await asyncio.gather(*(box.send(p, tag_go, answer) for p in others), return_exceptions=True)
     for p, res in zip(others, sent, strict=True):
         if isinstance(res, BaseException):
@@ -71,9 +77,9 @@ async def start_barrier(box: Mailbox, plan: TrainPlan, wait_s: float, failed: st
         raise StartError(f"start barrier: {reason}")
 
 
-async def _collect(box: Mailbox, others: list[str], tag: Tag, wait_s: float) -> str:
-    """The leader's wait for every READY: "" when all came and say ok, else why not (at the first
-    peer that failed, not after the others' waits)."""
+async def _collect(box: Mailbox, others: list[str], tag: Tag, wait_s: float) -> tuple[str, list[str]]:
+    """The leader's wait for every READY: ("", []) when all came and say ok, else (why not, the peers
+    not heard from), at the first peer that failed, not after the others' waits."""
 
     async def one(peer: str) -> tuple[str, str]:
         try:
@@ -94,13 +100,25 @@ async def _collect(box: Mailbox, others: list[str], tag: Tag, wait_s: float) -> 
                 if why == "missing":
                     missing.append(peer)
                 elif why:
-                    return why
+                    return why, sorted(missing)[:MAX_NAMED]
     finally:
         for task in waits:
             task.cancel()
     if missing:
-        return f"no state taken within {wait_s:.0f} s by {sorted(missing)[:MAX_NAMED]}"
-    return ""
+        named = sorted(missing)[:MAX_NAMED]
+        return f"no READY from {named} (gone, or no state within {wait_s:.0f} s)", named
+    return "", []
+
+
+def _missing(data: bytes, known: set[str]) -> list[str]:
+    """The peers a no-go names as not heard from, kept only if they are peers of the plan."""
+    try:
+        named = json.loads(data).get("missing", [])
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return []
+    if not isinstance(named, list):
+        return []
+    return [p for p in named[:MAX_NAMED] if isinstance(p, str) and p in known]
 
 
 def _parse(data: bytes, who: str, flag: str) -> tuple[bool, str]:

@@ -181,11 +181,17 @@ def test_a_failed_direct_probe_confirms_a_suspect_at_once():
     assert prog.verdicts(again, 103.0) == ([], [])
 
 
-def test_suspicions_of_old_epochs_and_healthy_reports_do_not_count():
+def test_healthy_reports_do_not_accuse_and_a_late_failure_of_an_older_plan_still_does():
+    """A failure report often lands after the coordinator re-planned on a faster report of the same
+    failure; its suspicion still counts (the churn benchmark placed a dead peer in four plans in a row
+    when it did not), and a heartbeat after it clears it as always."""
     prog = JobProgress()
-    prog.update(PLAN, [rec(P[1], 0, "failed", epoch=1, suspects=(P[0],), at=100.0)])
     prog.update(PLAN, [rec(P[2], 3, suspects=(P[0],), at=100.0)])  # only failed records accuse
     assert prog.suspects == {}
+    prog.update(PLAN, [rec(P[1], 0, "failed", epoch=1, suspects=(P[0],), at=100.0)])
+    assert prog.suspects == {P[0]: 100.0}
+    assert prog.verdicts(swarm({P[0]: 99.0, P[1]: 99.0, P[2]: 99.0, P[3]: 99.0}), 100.5)[0] == [P[0]]
+    assert prog.verdicts(swarm({P[0]: 101.0, P[1]: 99.0, P[2]: 99.0, P[3]: 99.0}), 101.5) == ([], [])
 
 
 def test_complete_checkpoint_needs_every_stage():
