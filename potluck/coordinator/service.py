@@ -39,6 +39,7 @@ from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
 from potluck.protocol.admission import MAX_BANS, BanList, JoinToken, TokenUses
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
+from potluck.protocol.checks import gradients_rechecked
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
@@ -452,9 +453,11 @@ class CoordinatorService:
         """Ban the placed peers their stage's replicas testify against (``job/accuse.py``) and re-plan
         without them; True when it did."""
         assert self.plan is not None
+        plan = self.plan
+        rechecked = [j for j in range(len(plan.stages)) if gradients_rechecked(self.job, plan, j)]
         found = [
             (p, why)
-            for p, why in hostile_peers(self.plan, self.progress.latest.values(), self.accuse)
+            for p, why in hostile_peers(plan, self.progress.latest.values(), self.accuse, rechecked)
             if p not in self.policy.banned
         ]
         for peer, why in found:

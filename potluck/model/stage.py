@@ -162,6 +162,28 @@ class StageRunner:
                 out.backward(grad_output.to(device, out.dtype))
         return out.detach(), x.grad if backward else None
 
+    def recompute_gradients(
+        self, model: StageModel, batches: list[tuple[torch.Tensor, torch.Tensor, float]]
+    ) -> list[torch.Tensor]:
+        """The parameter gradients (in ``params`` order) a whole-model stage accumulates over ``batches``
+        of (inputs, targets, weight) on ``model``, a copy of its weights (``frozen_copy``): what a
+        replica whose step ran on those weights should have contributed. The copy is used up (its
+        parameters now require and hold gradients)."""
+        if not (self.is_first and self.is_last):
+            raise ValueError("recomputing a step's gradients needs a stage holding every layer")
+        named = dict(model.named_parameters())
+        params = [named[n] for n in self.names]
+        for p in params:
+            p.requires_grad_(True)
+            p.grad = None
+        device = params[0].device
+        cast = self._cast() if device.type == "cuda" else contextlib.nullcontext()
+        for inputs, targets, weight in batches:
+            with cast:
+                out = model(inputs.to(device))
+            (StageModel.loss(out, targets.to(device)) * weight).backward()
+        return [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in params]
+
     @property
     def in_flight(self) -> int:
         return len(self._live)

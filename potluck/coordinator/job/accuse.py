@@ -8,6 +8,11 @@ hostile when more than ``quorum`` of its stage's *other* replicas, and at least 
 therefore cannot get an honest one banned by lying about it, and an honest replica's occasional clipped
 chunk (noise) stays far below ``rate``.
 
+Where the replicas recompute the steps of the peers their rule found outlying (``peer/train/recheck.py``,
+a stage holding the whole model), outlying testimony is only the suspicion and the recomputation the
+verdict: a peer is convicted by failed checks alone, so an honest peer with unusual gradients is clipped
+but never banned.
+
 Pipeline spot checks (``peer/train/spot.py``) testify the same way: a witness that recomputed one of the
 peer's micro-batches and got another result names it (``Witness.failed``). An honest peer never fails a
 check (the tolerance covers the codec and numerics), so one failed check counts; conviction again needs
@@ -20,7 +25,7 @@ out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from potluck.protocol.training import Progress, TrainPlan
@@ -34,8 +39,12 @@ class AccuseConfig:
     withheld_steps: int = 2  # steps at which an owner withheld its audits' evidence, for a witness
 
 
-def hostile_peers(plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfig) -> list[tuple[str, str]]:
-    """(peer, reason) for each placed peer its stage's replicas convict; sorted by peer."""
+def hostile_peers(
+    plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfig, rechecked: Collection[int] = ()
+) -> list[tuple[str, str]]:
+    """(peer, reason) for each placed peer its stage's replicas convict; sorted by peer. ``rechecked``:
+    the stages whose replicas confirm outlying contributions by recomputation
+    (``protocol.checks.gradients_rechecked``); there outlying testimony alone convicts nobody."""
     testimony: dict[str, dict[str, tuple[int, int]]] = {}  # accused -> witness -> (seen, outlying)
     caught: dict[str, set[str]] = {}  # accused -> witnesses whose spot checks it failed
     for r in records:
@@ -46,7 +55,7 @@ def hostile_peers(plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfi
             if w.failed > 0 or w.withheld >= cfg.withheld_steps:
                 caught.setdefault(w.peer_id, set()).add(r.peer_id)
     out = []
-    for stage in plan.stages:
+    for j, stage in enumerate(plan.stages):
         others = len(stage.peers) - 1
         if others < 2:
             continue
@@ -58,12 +67,10 @@ def hostile_peers(plan: TrainPlan, records: Iterable[Progress], cfg: AccuseConfi
                 if w in stage.peers and w != peer and seen >= cfg.min_seen and bad >= cfg.rate * seen
             ]
             checkers = [w for w in caught.get(peer, ()) if w in stage.peers and w != peer]
-            if len(accusers) >= 2 and len(accusers) > cfg.quorum * others:
+            if j not in rechecked and len(accusers) >= 2 and len(accusers) > cfg.quorum * others:
                 why = f"{len(accusers)} of its {others} fellow replicas refused or clipped its gradients"
                 out.append((peer, why))
             elif len(checkers) >= 2 and len(checkers) > cfg.quorum * others:
-                why = (
-                    f"{len(checkers)} of its {others} fellow replicas recomputed its micro-batches otherwise"
-                )
+                why = f"{len(checkers)} of its {others} fellow replicas recomputed its work otherwise"
                 out.append((peer, why))
     return sorted(out)

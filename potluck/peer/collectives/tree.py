@@ -45,6 +45,20 @@ logger = logging.getLogger(__name__)
 OWN_ROW_CODEC = "none"  # the root keeps its own row for auditors bit for bit (raw fp32)
 
 
+def tree_chunks(
+    flat: torch.Tensor, schedule: AllReduceSchedule, cfg: AllReduceConfig
+) -> list[list[torch.Tensor]]:
+    """How a flat buffer travels: per tree of the schedule, its share cut into chunks (views of
+    ``flat``). Every peer cuts alike, so chunk ``c`` of tree ``t`` names the same coordinates everywhere."""
+    n_chunks = max(1, math.ceil(flat.numel() / cfg.chunk_elements))
+    out, offset = [], 0
+    for size in split_elements(flat.numel(), schedule.shares):
+        part = flat[offset : offset + size]
+        offset += size
+        out.append(list(torch.split(part, split_elements(size, [1.0] * n_chunks))) if size else [])
+    return out
+
+
 async def tree_allreduce(
     box: Mailbox,
     schedule: AllReduceSchedule,
@@ -63,16 +77,10 @@ async def tree_allreduce(
         raise CollectiveError(f"peer {me} is not in this all-reduce group")
     codec = get_codec(cfg.codec)
     flat = tensor.detach().reshape(-1).to(torch.float32).clone()
-    n_chunks = max(1, math.ceil(flat.numel() / cfg.chunk_elements))
-    slices, offset = [], 0
-    for size in split_elements(flat.numel(), schedule.shares):
-        slices.append(flat[offset : offset + size])
-        offset += size
     runs = []
-    for t_idx, (tree, part) in enumerate(zip(schedule.trees, slices, strict=True)):
-        chunks = (
-            list(torch.split(part, split_elements(part.numel(), [1.0] * n_chunks))) if part.numel() else []
-        )
+    for t_idx, (tree, chunks) in enumerate(
+        zip(schedule.trees, tree_chunks(flat, schedule, cfg), strict=True)
+    ):
         runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg, audit, ledger))
     tasks = [asyncio.create_task(run) for run in runs]
     try:

@@ -55,9 +55,11 @@ from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
+from potluck.peer.train.recheck import GradientChecks
 from potluck.peer.train.spot import SpotChecks
 from potluck.peer.train.straggle import DeadlineSync, slowdown_s
 from potluck.protocol.checkpoints import StageMeta, plan_stage_meta
+from potluck.protocol.checks import audited, gradients_rechecked, spot_checked
 from potluck.protocol.collective import records_to_schedule
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
@@ -144,8 +146,8 @@ class Trainer:
         self.budget = budget or WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
         # Trust duties (docs/security.md): sealed messages kept in a ledger, pipeline spot checks, audits
         # of the stage's shard owners under a robust rule
-        checks_pipeline = self.spot_checked(job, plan)
-        audits_owners = self.audited(job, plan, self.stage)
+        checks_pipeline = spot_checked(job, plan)
+        audits_owners = audited(job, plan, self.stage)
         self.ledger: Ledger | None = None
         if checks_pipeline or audits_owners:
             if identity is None or identity.peer_id != box.peer_id:
@@ -174,6 +176,22 @@ class Trainer:
                 job.trust,
                 self.audit,
                 cfg.evidence_timeout_s,
+                label=f"{job.name}/{self.stage}",
+            )
+        self.rechecks: GradientChecks | None = None
+        if self.sync is not None and self.ledger is not None and gradients_rechecked(job, plan, self.stage):
+            self.rechecks = GradientChecks(
+                self.runner,
+                box,
+                list(self.assignment.peers),
+                self.schedule,
+                self.sync.buckets,
+                self.ledger,
+                self._allreduce_cfg(average=False),
+                job.trust,
+                self.audit,
+                self.micro_batches,
+                comp.error_feedback,
                 label=f"{job.name}/{self.stage}",
             )
         self.spot: SpotChecks | None = None
@@ -251,31 +269,6 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------------------------
 
-    @staticmethod
-    def spot_checked(job: JobSpec, plan: TrainPlan) -> bool:
-        """Whether the plan's pipeline messages are sealed and spot-checked: a job asking for checks,
-        a pipeline to check and replicas to check it, weights equal across replicas (no local steps)."""
-        return (
-            job.trust.spot_checks > 0
-            and len(plan.stages) > 1
-            and plan.n_replicas > 1
-            and job.compression.sync_every == 1
-        )
-
-    @staticmethod
-    def audited(job: JobSpec, plan: TrainPlan, stage: int) -> bool:
-        """Whether the stage's shard owners are audited: a robust rule (one-hop trees), three replicas
-        or more (an owner and two auditors), checks asked for, the strict sync policy without local
-        steps (the bucketed all-reduce is what seals its contributions)."""
-        rule = plan.stages[stage].aggregation
-        return (
-            job.trust.spot_checks > 0
-            and rule != "mean"
-            and plan.n_replicas >= 3
-            and job.compression.sync_every == 1
-            and job.sync.policy == "strict"
-        )
-
     def most_micro_batches(self) -> int:
         """Micro-batches of the replica with the most sequences (replica 0): replicas hold one more
         sequence than others when the batch does not divide evenly, so their counts may differ."""
@@ -343,6 +336,8 @@ class Trainer:
         micro = self.micro_batches(step)
         if self.sync is not None:
             self.sync.arm(rnd, len(micro), timeout_s)
+        if self.rechecks is not None:
+            self.rechecks.before_step()
         failed: PeerError | None = None
         try:
             loss_part = await pipeline_step(
@@ -383,6 +378,8 @@ class Trainer:
             timing.allreduce += time.perf_counter() - t0
         if self.audits is not None:
             self.audits.after_commit(rnd, decision)
+        if self.rechecks is not None:  # before the update: the checker recomputes on these weights
+            await self.rechecks.after_commit(rnd, decision)
         if self.spot is not None:  # before the update: checkers copy the weights the step ran on
             await self.spot.after_commit(rnd, decision, self.most_micro_batches())
         if self.ledger is not None:  # served: this step's messages go
@@ -472,7 +469,7 @@ class Trainer:
             drain = False  # a new plan: nobody will wait for this run's catch-up sends
             raise
         finally:
-            for duty in (self.spot, self.audits):
+            for duty in (self.spot, self.audits, self.rechecks):
                 if duty is not None:
                     duty.close()
             if self.deadline is not None:  # replicas behind still need the last steps' means

@@ -78,3 +78,21 @@ def test_failed_spot_checks_by_most_fellow_replicas_convict():
     five = ids(5)
     framed = [spot_report(p, 3 + i, {five[0]: (1, 1)}) for i, p in enumerate(five[3:])]
     assert hostile_peers(plan_of(five), framed, CFG) == []
+
+
+def test_where_replicas_recompute_clipping_alone_convicts_nobody():
+    """Under gradient checks (``rechecked``) outlying testimony is the suspicion, the recomputation the
+    verdict: a peer every replica clips but whose step holds up is not convicted; once most of them
+    recomputed it otherwise, it is."""
+    peers = ids(5)
+    odd = peers[4]
+    clipped = [
+        report(p, i, {odd: (20, 18)} | {q: (20, 1) for q in peers[:4] if q != p})
+        for i, p in enumerate(peers[:4])
+    ]
+    assert [p for p, _ in hostile_peers(plan_of(peers), clipped, CFG)] == [odd]  # without checks
+    assert hostile_peers(plan_of(peers), clipped, CFG, rechecked=[0]) == []
+    caught = [spot_report(p, i, {odd: (1, 1)}) for i, p in enumerate(peers[:3])]
+    verdict = hostile_peers(plan_of(peers), clipped + caught, CFG, rechecked=[0])
+    assert [p for p, _ in verdict] == [odd]
+    assert "recomputed its work otherwise" in verdict[0][1]
