@@ -10,13 +10,14 @@ A data-parallel job (one stage, ``--replicas`` replicas, p2pd daemons on loopbac
 Each attack runs under the plain mean and under the robust rule (``--rule``, default centered_clip).
 Reported per run: the final loss (replica 0's committed loss of the last step), its gap to the clean
 run's as a fraction of it, and the first step after which the other replicas' testimony convicts each
-attacker (``coordinator/job/accuse.py`` on the trainers' audits, as the coordinator would read them
-from progress records). A convicted attacker is banned ``--ban-delay`` steps later (default 3: the
-coordinator's poll, ~2 s, plus the peers' next read of the ban list, one heartbeat, ~10 s, over steps of
-several seconds in a real job); from then on every shard owner leaves its contributions out, as peers
-do once their ban list names it (the re-plan without it follows). Overhead: the robust rule's median
-step time on clean runs over the mean's, each the median of ``--repeats`` interleaved runs, with the
-job's default spot checks and audits (``overhead``) and without them (``overhead_rule_only``).
+attacker (``coordinator/job/accuse.py`` on the trainers' audits, as the coordinator would read them from
+progress records; under the robust rule with checks, by failed gradient checks alone, as
+``protocol.checks.gradients_rechecked`` says). A convicted attacker is banned ``--ban-delay`` steps later
+(default 3: the coordinator's poll, ~2 s, plus the peers' next read of the ban list, one heartbeat, ~10
+s, over steps of several seconds in a real job); from then on every shard owner leaves its contributions
+out, as peers do once their ban list names it (the re-plan without it follows). Overhead: the robust
+rule's median step time on clean runs over the mean's, each the median of ``--repeats`` interleaved runs,
+with the job's default spot checks and audits (``overhead``) and without them (``overhead_rule_only``).
 
     python scripts/bench_byzantine.py [--steps 40] [--replicas 10] [--repeats 3] [--json]
 
@@ -47,6 +48,7 @@ from potluck.compat import use_fork  # noqa: E402
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers  # noqa: E402
 from potluck.net.config import TransportConfig  # noqa: E402
 from potluck.net.mailbox import Mailbox  # noqa: E402
+from potluck.protocol.checks import gradients_rechecked  # noqa: E402
 from tests.helpers.hostile import (  # noqa: E402
     HostileMailbox,
     Oracle,
@@ -93,7 +95,8 @@ def run(
         for tr in trainers.values():
             tr.audit.excluded = banned
         plan = trainers[key].plan
-        for peer, _ in hostile_peers(plan, witness_records(trainers), AccuseConfig()):
+        rechecked = [j for j in range(len(plan.stages)) if gradients_rechecked(job, plan, j)]
+        for peer, _ in hostile_peers(plan, witness_records(trainers), AccuseConfig(), rechecked):
             convicted.setdefault(peer, report.step + 1)
         banned.update(p for p, at in convicted.items() if report.step + 1 >= at + delay)
 
@@ -124,6 +127,9 @@ def run(
         "convicted_at": sorted(convicted[p] for p in attackers if p in convicted),
         "unconvicted": len(attackers - set(convicted)),
         "honest_convicted": len(wrongly),
+        # gradient checks (peer/train/recheck.py) made by every replica, and how many failed
+        "rechecks": sum(t.rechecks.done for t in trainers.values() if t.rechecks is not None),
+        "rechecks_failed": sum(t.rechecks.failed for t in trainers.values() if t.rechecks is not None),
         "wall_s": round(wall, 1),
     }
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from potluck.net.config import NetworkConfig
@@ -17,7 +18,9 @@ from potluck.protocol.invite import Invite, read_invite
 if TYPE_CHECKING:
     from potluck.protocol.membership import PeerView
 
-err_console = Console(stderr=True)
+# Markup off: what potluck prints quotes peers' messages and addresses ("[/ip4/...]"), which rich would
+# read as tags (one crashed a peer). The few styled lines ask for markup and escape what they insert.
+err_console = Console(stderr=True, markup=False)
 
 HOST_MADDRS_HELP = "Multiaddrs to listen on, e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)."
 ANNOUNCE_HELP = "Public multiaddrs others should dial (behind NAT or port forwarding; repeatable)."
@@ -25,7 +28,7 @@ ANNOUNCE_HELP = "Public multiaddrs others should dial (behind NAT or port forwar
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print a one-line (or few-line) actionable error and return the exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, markup=True)
     return typer.Exit(code)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 
 from potluck.aio import bounded, stop_on_signals
 from potluck.cli.common import (
@@ -130,8 +131,9 @@ def _swarm_id(job: JobSpec, identity: Path, new_swarm: bool) -> str:
     unfinished = None if new_swarm else unfinished_swarm(identity, job.name)
     if unfinished is not None:
         err_console.print(
-            f"carrying on with swarm [bold]{unfinished}[/]: the last run of job {job.name} did not finish "
-            "(--new-swarm starts afresh)"
+            f"carrying on with swarm [bold]{escape(unfinished)}[/]: the last run of job {escape(job.name)} "
+            "did not finish (--new-swarm starts afresh)",
+            markup=True,
         )
         return unfinished
     return _default_swarm_id(job)
@@ -187,7 +189,9 @@ async def _serve(
         if invite_file is not None:
             write_private_text(invite_file, text)
         err_console.print(
-            f"coordinator of swarm [bold]{cfg.swarm_id}[/] for job [bold]{job.name}[/]; invite:"
+            f"coordinator of swarm [bold]{escape(cfg.swarm_id)}[/] "
+            f"for job [bold]{escape(job.name)}[/]; invite:",
+            markup=True,
         )
         print(text, flush=True)  # noqa: T201 - the invite goes to stdout so it can be piped
         err_console.print("peers join with:  potluck peer --join <invite>    (Ctrl-C stops the coordinator)")

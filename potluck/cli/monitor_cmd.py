@@ -86,7 +86,7 @@ def _mqtt_reader(join: str, mqtt_url: str | None, mqtt_ca: str | None) -> tuple[
 
 
 async def _watch(read: Any, source: str, once: bool, as_json: bool, wait: float, refresh: float) -> None:
-    console = Console()
+    console = Console(markup=False)  # peers' addresses and messages are printed as they are
     try:
         if once:
             snap = await read()

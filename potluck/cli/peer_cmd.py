@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
+from rich.markup import escape
 
 from potluck.aio import dump_tasks_on, stop_on_signals
 from potluck.cli.common import (
@@ -27,6 +28,8 @@ from potluck.telemetry.config import MqttTarget, TelemetryConfig
 from potluck.telemetry.errors import TelemetryError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from potluck.peer.daemon import PeerDaemon
     from potluck.peer.telemetry import Snapshot
 
@@ -166,7 +169,7 @@ def _parse_bytes(text: str) -> int:
 async def _run(daemon: PeerDaemon) -> None:
     """Run the daemon until SIGINT or SIGTERM; say so once it has joined."""
     # Ctrl-C twice: leave now; kill -USR1 <pid>: log what every task waits on (a peer that seems stuck)
-    daemon.telemetry.on_change = lambda snap: err_console.print(status_line(snap), highlight=False)
+    daemon.telemetry.on_change = lambda snap: print_status(err_console, snap)
     with stop_on_signals(daemon.stop_event, again=daemon.leave_now), dump_tasks_on():
         task = asyncio.create_task(daemon.run(), name="peer")
         ready = asyncio.create_task(daemon.ready.wait())
@@ -175,10 +178,11 @@ async def _run(daemon: PeerDaemon) -> None:
             hw = daemon.hardware
             assert hw is not None
             err_console.print(
-                f"joined swarm [bold]{daemon.cfg.invite.swarm_id}[/] as peer {daemon.peer_id} "
-                f"({hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32); "
+                f"joined swarm [bold]{escape(daemon.cfg.invite.swarm_id)}[/] as peer {daemon.peer_id} "
+                f"({escape(hw.label)}, {hw.tflops_fp32:.2f} TFLOP/s fp32); "
                 "Ctrl-C to leave (it hands its work over first; twice: at once)",
                 highlight=False,
+                markup=True,
             )
         ready.cancel()
         await task
@@ -186,6 +190,12 @@ async def _run(daemon: PeerDaemon) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("peer")(peer)
+
+
+def print_status(console: Console, snap: Snapshot) -> None:
+    """Print the status line as it is: markup off, since it quotes other peers' error messages (a
+    "[/ip4/...]" in one crashed a peer when rich read it as a closing tag) and its own "[state]"."""
+    console.print(status_line(snap), highlight=False, markup=False)
 
 
 def status_line(snap: Snapshot) -> str:

@@ -40,7 +40,7 @@ def status(
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
-        console = Console()
+        console = Console(markup=False)  # peers' addresses and messages are printed as they are
         console.print(peers_table(peers, now, f"swarm {invite.swarm_id}: {len(peers)} live peers"))
         n_links = sum(len(r.links) for r in links.values())
         console.print(f"{n_links} measured links from {len(links)} peers (details: --json)")

@@ -210,7 +210,10 @@ class PeerTelemetry:
                 changed = key != shown
                 # The line at once on a change, and every status_every_s (steps, tokens) besides.
                 if self.on_change is not None and (changed or now - last_line >= self.cfg.status_every_s):
-                    self.on_change(snap)
+                    try:
+                        self.on_change(snap)
+                    except Exception:  # the volunteer's status line must never stop the peer
+                        logger.exception("the status line failed")
                     last_line = now
                 if pub is not None:
                     if changed or now - last_status >= self.cfg.status_every_s:

@@ -68,6 +68,7 @@ class JobProgress:
     _holdings_at: dict[str, float] = field(default_factory=dict)  # peer -> issued_at of that record
     # peer -> the other live states of that record (Progress.also_holds: wider layers at the same step)
     also_holdings: dict[str, list[Holding]] = field(default_factory=dict)
+    _failed_runs: set[tuple[str, int]] = field(default_factory=set)  # (reporter, epoch) failures counted
 
     def update(self, plan: TrainPlan | None, records: Iterable[Progress]) -> None:
         if plan is None:
@@ -78,11 +79,15 @@ class JobProgress:
             if rec.holds is not None and rec.issued_at >= self._holdings_at.get(rec.peer_id, -1.0):
                 self.holdings[rec.peer_id], self._holdings_at[rec.peer_id] = rec.holds, rec.issued_at
                 self.also_holdings[rec.peer_id] = list(rec.also_holds)
-            # A suspicion is about a peer, not a plan: the reporter's record often lands after the
-            # coordinator already re-planned on a faster report of the same failure (seen: a dead peer
-            # placed in four plans in a row, each failing at its start barrier, until its heartbeat
-            # expired). A suspect that heartbeated after the suspicion is cleared anyway (``verdicts``).
-            if rec.state == "failed":
+            # The reporter's record often lands after the coordinator already re-planned on a faster
+            # report of the same failure (seen: a dead peer placed in four plans in a row, each failing
+            # at its start barrier, until its heartbeat expired), so the previous plan's failures accuse
+            # too. Each run fails once: its first failed record dates the suspicion; later copies of it
+            # (re-published with a fresh time, e.g. to announce a checkpoint copy) must not renew it, or
+            # a live suspect could never heartbeat "after" it.
+            first = (rec.peer_id, rec.epoch) not in self._failed_runs
+            if rec.state == "failed" and rec.epoch >= plan.epoch - 1 and first:
+                self._failed_runs.add((rec.peer_id, rec.epoch))
                 for s in rec.suspects:
                     if s != rec.peer_id:  # a peer cannot get itself excluded
                         self.suspects[s] = max(self.suspects.get(s, 0.0), rec.issued_at)

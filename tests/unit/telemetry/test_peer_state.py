@@ -65,3 +65,22 @@ def test_the_snapshot_feeds_the_status_line_and_metrics():
     assert "[contributing]" in line and "stage 1, replica 0 of plan epoch 2" in line and "64 tokens" in line
     assert b"potluck_peer_contributed_tokens_total 64.0" in peer_metrics(snap)
     assert events == ["placed", "state_received"]
+
+
+def test_a_status_line_quoting_an_address_prints_as_it_is():
+    """A peer died when rich read the "[/ip4/...]" of a dial error in its last-aborted message as a
+    closing markup tag; the line now prints with markup off, its "[state]" included."""
+    import io
+
+    from rich.console import Console
+
+    from potluck.cli.peer_cmd import print_status
+
+    act = Activity()
+    t = telemetry({"leaving": False, "alone": False}, act)
+    act.placed("job", 2, 1, 0, 40, "2-3")
+    act.failed(41, "cannot open a stream to X:   * [/ip4/127.0.0.1/tcp/37019] dial backoff")
+    out = io.StringIO()
+    print_status(Console(file=out, width=400), t.snapshot())
+    assert "[/ip4/127.0.0.1/tcp/37019]" in out.getvalue()
+    assert out.getvalue().startswith("[")  # the state, not eaten as a markup tag
