@@ -22,7 +22,9 @@ messages count); beyond that the handler stops reading (TCP backpressure on the 
 frees or ``timeout_s`` passes, and then drops the stream.
 
 Who may send (``admit``): once the worker names its plan's peers, streams from anyone else are closed
-unread and their buffered messages dropped. What may be sent (``advance``): a message for a round more
+unread and their buffered messages dropped, except a message for a newer plan epoch than this peer's,
+which is held unread for up to ``timeout_s`` until this peer reads that plan (its sender read it first).
+What may be sent (``advance``): a message for a round more
 than ``steps_ahead`` steps past this peer's step, or ``epochs_ahead`` plan epochs past its own, is
 refused rather than stored (nothing would ever claim it).
 """
@@ -49,6 +51,7 @@ logger = logging.getLogger(__name__)
 MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 16)
 IDLE_CLOSE = 10  # x timeout_s: an incoming stream silent this long is closed by its receiver
 REOPEN_AFTER_IDLE = 4  # x timeout_s: a sender opens a fresh stream rather than reuse one idle this long
+LATE_ADMIT_POLL_S = 0.25  # how often a held message from a newer plan's peer asks again
 GONE_CHECK_S = 2.0  # bound on the liveness check of a peer whose stream to us just ended
 MESSAGE_COST = 1024  # bytes a buffered message is charged beyond its payload (key, tag, bookkeeping)
 
@@ -75,6 +78,7 @@ class Mailbox:
         self._space = asyncio.Condition()
         self._admitted: frozenset[str] | None = None  # None: anyone (before the first plan; tests)
         self._horizon: Round | None = None  # the newest round a message may be for; None: any
+        self._epoch: int | None = None  # the plan epoch this peer runs (advance); None: none yet
         self.refused = 0  # messages and streams refused (unadmitted sender, too far ahead, over quota)
         self._out: dict[str, tuple[asyncio.StreamWriter, asyncio.Lock]] = {}
         self._used: dict[str, float] = {}  # peer -> when its outgoing stream last carried a message
@@ -208,6 +212,7 @@ class Mailbox:
         ``max_misses`` steps, so its trainer widens the window to that."""
         ahead = min(step + max(steps_ahead or 0, self.cfg.steps_ahead), (1 << 30) - 1)
         self._horizon = Round(min(epoch + self.cfg.epochs_ahead, (1 << 27) - 1), ahead)
+        self._epoch = epoch
 
     async def _admissible(self, sender: str) -> bool:
         if self._admitted is None or sender in self._admitted:
@@ -221,6 +226,21 @@ class Mailbox:
         if vouched and self._admitted is not None:
             self._admitted |= {sender}  # until the next admit(), which the newer plan brings
         return vouched
+
+    async def _admit_late(self, sender: str, tag: Tag) -> bool:
+        """A message of a plan epoch newer than this peer's from a sender outside its plan: the sender
+        read the newer plan first (a start-barrier READY often comes before this peer's next poll).
+        Hold the message (its stream unread, TCP pushing back) until this peer admits the sender or
+        vouches for it, for at most ``timeout_s``; dropping it would stall the new plan (seen in the
+        churn benchmark: a lost READY held a plan at its start barrier for 37 s)."""
+        if self._epoch is None or Round.unpack(tag.round).epoch <= self._epoch:
+            return False
+        deadline = time.monotonic() + self.cfg.timeout_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(LATE_ADMIT_POLL_S)
+            if await self._admissible(sender):
+                return True
+        return False
 
     def _in_horizon(self, tag: Tag) -> bool:
         if self._horizon is None:
@@ -329,17 +349,15 @@ class Mailbox:
     ) -> None:
         sender = info.peer_id.to_base58()
         self._ended.discard(sender)  # it opened a stream: alive, whatever an older stream's end said
+        known = await self._admissible(sender)
         try:
-            if not await self._admissible(sender):
-                self.refused += 1
-                logger.info("refused a stream from %s: not a peer of this plan", sender)
-                return
             while True:
                 try:
-                    # Idle streams are normal between rounds: wait long, but never forever.
-                    _, _, length = await read_header(
-                        reader, IDLE_CLOSE * self.cfg.timeout_s, expect={MsgType.TENSOR}
-                    )
+                    # Idle streams are normal between rounds: wait long, but never forever. A sender
+                    # outside the plan gets one short wait for the message that may show it is in a
+                    # plan this peer has not read yet.
+                    idle = IDLE_CLOSE * self.cfg.timeout_s if known else self.cfg.timeout_s
+                    _, _, length = await read_header(reader, idle, expect={MsgType.TENSOR})
                 except WireError as e:
                     if "closed" not in str(e):
                         logger.info("stream from %s ended: %s", sender, e)
@@ -350,14 +368,16 @@ class Mailbox:
                     logger.warning("message without a tag from %s; closing its stream", sender)
                     return
                 tag = Tag.unpack(await read_exactly(reader, TAG_BYTES, self.cfg.timeout_s))
+                known = await self._admissible(sender) or await self._admit_late(sender, tag)
+                if not known:  # closed unread: its payload is never read, let alone stored
+                    self.refused += 1
+                    logger.info("refused %s from %s: not a peer of this peer's plan", tag, sender)
+                    return
                 if not self._in_horizon(tag):  # read past it, unstored: the stream's later messages count
                     self.refused += 1
                     logger.warning("refused message %s from %s: too far ahead of this peer", tag, sender)
                     await _discard(reader, length - TAG_BYTES, self.cfg.timeout_s)
                     continue
-                if self._admitted is not None and sender not in self._admitted:
-                    self.refused += 1  # no longer a peer of the plan (a newer one came while it sent)
-                    return
                 await self._reserve(sender, length - TAG_BYTES)  # before reading (allocating) the payload
                 try:
                     payload = await read_exactly(reader, length - TAG_BYTES, self.cfg.timeout_s)

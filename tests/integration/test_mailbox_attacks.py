@@ -39,11 +39,11 @@ def test_a_peer_outside_the_plan_is_refused_and_its_buffered_messages_dropped():
             assert victim._pending_bytes > 0
             await victim.admit({friend.peer_id})
             assert victim._pending_bytes == 0  # the stranger's message went with its admission
-            # a new stream from the stranger is closed unread: nothing lands
-            with pytest.raises(WireError):
-                for i in range(50):  # its first writes may be accepted locally before the close lands
+            # the stranger's streams are closed unread: nothing lands, however often it opens another
+            for i in range(50):
+                with contextlib.suppress(WireError):
                     await stranger.send(victim.peer_id, act(6, i), b"y" * 1000)
-                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)
             assert victim._pending_bytes == 0 and victim.refused >= 1
             await friend.send(victim.peer_id, act(6), b"real")
             assert await victim.recv(friend.peer_id, act(6)) == b"real"
@@ -73,6 +73,34 @@ def test_a_newer_plans_peer_is_vouched_for():
             await joiner.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("newer", [True, False])
+def test_a_message_of_a_newer_plan_waits_for_the_receiver_to_read_that_plan(newer):
+    """Seen in the churn benchmark: a peer of a new plan sent its start-barrier READY before the plan's
+    leader had read the plan; the leader closed the stream unread and the plan stalled 37 s at its
+    barrier. A message for a newer epoch is now held until the receiver admits its sender (within
+    ``timeout_s``); one for the receiver's own epoch from a peer outside its plan is still refused."""
+
+    async def main():
+        async with p2p_group(3) as nodes:
+            victim, friend, joiner = await boxes(nodes, TransportConfig(timeout_s=3.0))
+            victim.advance(1, 0)
+            await victim.admit({friend.peer_id})  # plan epoch 1 without the joiner
+            tag = act(0, epoch=2 if newer else 1)
+            await joiner.send(victim.peer_id, tag, b"ready")  # it read plan epoch 2 first
+            await asyncio.sleep(0.5)
+            victim.advance(2 if newer else 1, 0)
+            await victim.admit({friend.peer_id, joiner.peer_id})  # the victim reads plan epoch 2
+            try:
+                got = await victim.recv(joiner.peer_id, tag, 3.0)
+            except WireError:
+                got = None
+            for b in (victim, friend, joiner):
+                await b.close()
+            return got
+
+    assert asyncio.run(main()) == (b"ready" if newer else None)
 
 
 def test_far_future_messages_are_refused_and_the_stream_keeps_working():

@@ -108,13 +108,15 @@ class GradientChecks(evidence.Duty):
     def suspects(self, rnd: Round, decision: Decision) -> list[str]:
         """The peers this replica checks after step ``rnd``: those whose slice its rule refused or
         clipped in this step, else (with probability ``trust.spot_checks``) one drawn at random; never
-        one it caught already or checked within ``RECHECK_STEPS`` steps, and none while a check runs."""
+        one it caught already, a banned one, or one checked within ``RECHECK_STEPS`` steps, and none
+        while a check runs."""
         if self.tasks:
             return []
 
         def due(p: str) -> bool:
             recent = rnd.step - self._last.get(p, -RECHECK_STEPS) < RECHECK_STEPS
-            return p != self.me and not self.audit.failed[p] and not recent
+            banned = p in self.audit.excluded  # its rows are left out already
+            return p != self.me and not banned and not self.audit.failed[p] and not recent
 
         now = self.audit.refused + self.audit.clipped
         flagged = sorted(p for p, n in now.items() if n > self._outlying.get(p, 0) and due(p))

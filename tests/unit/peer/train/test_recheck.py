@@ -150,3 +150,11 @@ def test_who_is_checked_and_how_often():
     )
     assert sum(drawn.values()) == 40 and all(len(k) == 1 and k[0] != s.me for k in drawn)
     assert len(drawn) >= 2  # not always the same peer
+
+
+def test_a_banned_peer_costs_no_recomputation():
+    s = Setup()
+    s.duty.before_step()
+    s.audit.refused[s.suspect] += 1  # its rows are left out as banned: refused at every step
+    s.audit.excluded.add(s.suspect)
+    assert s.duty.suspects(Round(1, 3), Decision(True, (1.0,), 2.0)) == []
