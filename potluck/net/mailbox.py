@@ -24,9 +24,9 @@ frees or ``timeout_s`` passes, and then drops the stream.
 Who may send (``admit``): once the worker names its plan's peers, streams from anyone else are closed
 unread and their buffered messages dropped, except a message for a newer plan epoch than this peer's,
 which is held unread for up to ``timeout_s`` until this peer reads that plan (its sender read it first).
-What may be sent (``advance``): a message for a round more
-than ``steps_ahead`` steps past this peer's step, or ``epochs_ahead`` plan epochs past its own, is
-refused rather than stored (nothing would ever claim it).
+What may be sent (``advance``): a message for a round more than ``steps_ahead`` steps past this peer's
+step, or ``epochs_ahead`` plan epochs past its own, is refused rather than stored (nothing would ever
+claim it).
 """
 
 from __future__ import annotations
