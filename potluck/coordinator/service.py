@@ -405,6 +405,12 @@ class CoordinatorService:
             logger.info("plan epoch %d re-published with its spares: %s", plan.epoch, told or "none")
             if self.on_plan is not None:
                 self.on_plan(plan, f"spares of epoch {plan.epoch} updated")
+        if step <= plan.start_step:
+            # Not before every placed peer committed a step of this plan: a hand-off now races the
+            # plan's own start (churn run M: after most kills the repair was followed within a second
+            # by a plan placing the kill's replacement from a step the repair never reached, which
+            # failed, and a third plan went back to the repair's start: 2-3 s lost per kill).
+            return
         newcomers = self.joins.newcomers(plan, self.state, self.job)
         if not self.joins.due(newcomers, time.monotonic()):
             return

@@ -246,7 +246,12 @@ class Mailbox:
         if self._horizon is None:
             return True
         r = Round.unpack(tag.round)
-        return r.epoch <= self._horizon.epoch and r.step <= self._horizon.step
+        if r.epoch > self._horizon.epoch:
+            return False
+        # A newer plan may start at any step: its messages are bounded by epochs_ahead and the sender's
+        # share, not by this peer's step (seen: a spare still at the step it last trained refused the
+        # start-barrier READY of the plan that placed it, and the plan stalled at its barrier).
+        return (self._epoch is not None and r.epoch > self._epoch) or r.step <= self._horizon.step
 
     # ---- receiving ---------------------------------------------------------------------------------
 

@@ -79,18 +79,19 @@ def test_a_newer_plans_peer_is_vouched_for():
 def test_a_message_of_a_newer_plan_waits_for_the_receiver_to_read_that_plan(newer):
     """Seen in the churn benchmark: a peer of a new plan sent its start-barrier READY before the plan's
     leader had read the plan; the leader closed the stream unread and the plan stalled 37 s at its
-    barrier. A message for a newer epoch is now held until the receiver admits its sender (within
-    ``timeout_s``); one for the receiver's own epoch from a peer outside its plan is still refused."""
+    barrier; and a spare, whose step stayed where it last trained, refused such a READY as "too far
+    ahead". A message for a newer epoch, at any step, is now held until the receiver admits its sender
+    (within ``timeout_s``); one for the receiver's own epoch from a peer outside its plan is refused."""
 
     async def main():
         async with p2p_group(3) as nodes:
             victim, friend, joiner = await boxes(nodes, TransportConfig(timeout_s=3.0))
-            victim.advance(1, 0)
+            victim.advance(1, 0)  # a spare's step stays where it last trained
             await victim.admit({friend.peer_id})  # plan epoch 1 without the joiner
-            tag = act(0, epoch=2 if newer else 1)
+            tag = act(1000, epoch=2) if newer else act(0, epoch=1)  # the new plan starts at step 1000
             await joiner.send(victim.peer_id, tag, b"ready")  # it read plan epoch 2 first
             await asyncio.sleep(0.5)
-            victim.advance(2 if newer else 1, 0)
+            victim.advance(*((2, 1000) if newer else (1, 0)))  # it reads plan epoch 2, from step 1000
             await victim.admit({friend.peer_id, joiner.peer_id})  # the victim reads plan epoch 2
             try:
                 got = await victim.recv(joiner.peer_id, tag, 3.0)
@@ -101,6 +102,29 @@ def test_a_message_of_a_newer_plan_waits_for_the_receiver_to_read_that_plan(newe
             return got
 
     assert asyncio.run(main()) == (b"ready" if newer else None)
+
+
+def test_a_newer_plans_message_is_kept_whatever_its_step():
+    """Seen in the churn benchmark: a spare, its step still where it last trained (461), refused the
+    start-barrier READY (step 1087) of the plan that placed it as "too far ahead", and the plan stalled
+    at its barrier. The step bound holds within this peer's epoch; a newer one may start anywhere."""
+
+    async def main():
+        async with p2p_group(2) as nodes:
+            victim, friend = await boxes(nodes, TransportConfig(timeout_s=3.0))
+            victim.advance(1, 461)
+            await victim.admit({friend.peer_id})
+            await friend.send(victim.peer_id, act(1087, epoch=2), b"ready")  # the next plan's start
+            await friend.send(victim.peer_id, act(1087, epoch=1), b"ahead")  # this plan, too far ahead
+            await asyncio.sleep(0.5)
+            victim.advance(2, 1087)
+            got = await victim.recv(friend.peer_id, act(1087, epoch=2), 3.0)
+            refused = victim.refused
+            for b in (victim, friend):
+                await b.close()
+            return got, refused
+
+    assert asyncio.run(main()) == (b"ready", 1)
 
 
 def test_far_future_messages_are_refused_and_the_stream_keeps_working():
