@@ -511,6 +511,10 @@ class CoordinatorService:
             start = self._handoff_start(start)
         plan: TrainPlan | None
         placement: PlacementPlan | None
+        if candidate is not None and not set(candidate[0].peers) <= set(state.peers):
+            # searched before a suspicion excluded one of its peers (run N: a dead peer placed by such a
+            # plan made the next re-plan find no live holder and restart from step 0): search again
+            candidate = None
         if candidate is not None:
             found, placement = candidate
             plan = found.model_copy(update={"epoch": epoch, "start_step": start, "issued_at": now})

@@ -11,9 +11,12 @@ Dialing (``dial.py``): the first send to a peer opens one stream, retrying with 
 address the peer announced, all within ``timeout_s``. A receiver closes a stream that stayed silent for
 ``IDLE_CLOSE`` x ``timeout_s``; a sender never writes into a stream idle for ``REOPEN_AFTER_IDLE`` x
 ``timeout_s`` but opens a fresh one, since a write into a stream its receiver already closed can be
-accepted by the local daemon and lost without an error. A peer this mailbox could not open a stream to,
-write to, or hear from in time becomes a *suspect* (``take_suspects``): the worker names it in its
-"failed" progress record so the coordinator can check whether that peer is still heartbeating.
+accepted by the local daemon and lost without an error. A peer whose stream to us ends is checked at
+once (does it still accept a connection?); if it is gone, the waits on it fail now, and the plan's other
+peers are told (a GONE message) so that those it never sent anything check it too. A peer this mailbox
+could not open a stream to, write to, or hear from in time becomes a *suspect* (``take_suspects``): the
+worker names it in its "failed" progress record so the coordinator can check whether that peer is still
+heartbeating.
 
 Bounds, checked before a message's payload is read: a message is at most the wire layer's TENSOR
 limit; messages that arrive before anyone waits for them are buffered up to ``max_pending_bytes`` in
@@ -42,7 +45,7 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from potluck.net.config import Pacer, TransportConfig
 from potluck.net.dial import AddressBook, open_stream, reachable
-from potluck.net.tags import TAG_BYTES, Round, RoundSpan, Tag
+from potluck.net.tags import INDEX_BITS, TAG_BYTES, Round, RoundSpan, Stream, Tag, make_tag
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, read_exactly, read_header, write_frame
 
@@ -51,6 +54,7 @@ logger = logging.getLogger(__name__)
 MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 16)
 IDLE_CLOSE = 10  # x timeout_s: an incoming stream silent this long is closed by its receiver
 REOPEN_AFTER_IDLE = 4  # x timeout_s: a sender opens a fresh stream rather than reuse one idle this long
+MAX_GONE_BYTES = 128  # a GONE message names one peer id
 LATE_ADMIT_POLL_S = 0.25  # how often a held message from a newer plan's peer asks again
 GONE_CHECK_S = 2.0  # bound on the liveness check of a peer whose stream to us just ended
 MESSAGE_COST = 1024  # bytes a buffered message is charged beyond its payload (key, tag, bookkeeping)
@@ -89,6 +93,8 @@ class Mailbox:
         self._suspects: dict[str, float] = {}  # peer -> when it last failed us (monotonic s)
         self._checks: dict[str, asyncio.Task[None]] = {}  # peer -> its liveness check under way
         self._watches: set[asyncio.Task[None]] = set()  # one per outgoing stream: has its receiver closed it?
+        self._told: set[str] = set()  # peers this mailbox told its plan's peers are gone
+        self._step = 0  # the step this peer runs (advance)
         # Peers whose stream to us ended and that have not opened another since: a wait on one of them
         # that starts later checks it at once (a wait begun after the stream ended would otherwise run
         # out its whole bound on a peer that died before anyone waited on it).
@@ -200,6 +206,7 @@ class Mailbox:
         if self._admitted is None:
             return
         self._ended &= self._admitted
+        self._told &= self._admitted
         async with self._space:
             for key in [k for k in self._pending if k[0] not in self._admitted]:
                 self._release(key)
@@ -212,7 +219,7 @@ class Mailbox:
         ``max_misses`` steps, so its trainer widens the window to that."""
         ahead = min(step + max(steps_ahead or 0, self.cfg.steps_ahead), (1 << 30) - 1)
         self._horizon = Round(min(epoch + self.cfg.epochs_ahead, (1 << 27) - 1), ahead)
-        self._epoch = epoch
+        self._epoch, self._step = epoch, step
 
     async def _admissible(self, sender: str) -> bool:
         if self._admitted is None or sender in self._admitted:
@@ -383,6 +390,14 @@ class Mailbox:
                     logger.warning("refused message %s from %s: too far ahead of this peer", tag, sender)
                     await _discard(reader, length - TAG_BYTES, self.cfg.timeout_s)
                     continue
+                if tag.stream >> INDEX_BITS == Stream.GONE:  # for the mailbox itself, never stored
+                    if length - TAG_BYTES > MAX_GONE_BYTES:
+                        logger.warning(
+                            "a %d-byte GONE from %s; closing its stream", length - TAG_BYTES, sender
+                        )
+                        return
+                    self._on_gone(sender, await read_exactly(reader, length - TAG_BYTES, self.cfg.timeout_s))
+                    continue
                 await self._reserve(sender, length - TAG_BYTES)  # before reading (allocating) the payload
                 try:
                     payload = await read_exactly(reader, length - TAG_BYTES, self.cfg.timeout_s)
@@ -398,7 +413,7 @@ class Mailbox:
 
     # ---- a peer whose stream ended: alive, or gone? -------------------------------------------------
 
-    def _check_alive(self, peer: str) -> None:
+    def _check_alive(self, peer: str, tell: bool = True) -> None:
         """A killed process's streams end at once (its connections are reset), long before anyone's wait
         for it runs out: check whether ``peer`` still accepts a connection, and if not, fail the waits on
         it now. A live peer that merely reopened its stream answers at once and nothing happens. With no
@@ -408,14 +423,14 @@ class Mailbox:
         if not self._waiting_on(peer):
             self._ended.add(peer)
             return
-        task = asyncio.create_task(self._check(peer, self.addresses), name=f"alive-{peer[-8:]}")
+        task = asyncio.create_task(self._check(peer, self.addresses, tell), name=f"alive-{peer[-8:]}")
         self._checks[peer] = task
         task.add_done_callback(lambda _: self._checks.pop(peer, None))
 
     def _waiting_on(self, peer: str) -> bool:
         return any(p == peer and not fut.done() for (p, _), fut in self._waiters.items())
 
-    async def _check(self, peer: str, addresses: AddressBook) -> None:
+    async def _check(self, peer: str, addresses: AddressBook, tell: bool = True) -> None:
         try:
             maddrs = await asyncio.wait_for(addresses(peer), GONE_CHECK_S)
             alive = bool(maddrs) and await reachable(self.p2p, peer, maddrs, GONE_CHECK_S)
@@ -435,6 +450,38 @@ class Mailbox:
         logger.info(
             "%s is gone (its stream ended, it refuses connections): %d wait(s) failed now", peer, failed
         )
+        if tell:
+            self._tell_gone(peer)
+
+    def _tell_gone(self, peer: str) -> None:
+        """Tell the plan's other peers that ``peer`` is gone: those whose streams from it did not end (it
+        never sent them anything this epoch, e.g. a step's leader) would otherwise wait out their bound
+        (run N: a leader noticed a death 5 s after the victim's neighbours). Each checks for itself
+        (``_on_gone``); only the peer that saw the stream end tells, so a death costs one message per peer."""
+        if self._admitted is None or peer in self._told:
+            return
+        self._told.add(peer)
+        tag = make_tag(Round(self._epoch or 0, self._step), Stream.GONE)
+        for other in sorted(self._admitted - {self.peer_id, peer}):
+            task = asyncio.create_task(self._send_quietly(other, tag, peer.encode()), name="gone")
+            self._watches.add(task)
+            task.add_done_callback(self._watches.discard)
+
+    async def _send_quietly(self, peer: str, tag: Tag, payload: bytes) -> None:
+        with contextlib.suppress(WireError):
+            await self.send(peer, tag, payload)
+
+    def _on_gone(self, sender: str, payload: bytes) -> None:
+        """``sender`` says a peer of the plan is gone: check it ourselves (a connection attempt) if we wait
+        on it, else remember its stream as ended so the next wait checks it. A lie costs one check."""
+        try:
+            peer = payload.decode("ascii")
+        except UnicodeDecodeError:
+            return
+        if peer == self.peer_id or self._admitted is None or peer not in self._admitted:
+            return
+        self._ended.add(peer)
+        self._check_alive(peer, tell=False)
 
 
 async def _discard(reader: asyncio.StreamReader, n: int, timeout_s: float) -> None:

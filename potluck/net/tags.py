@@ -70,6 +70,7 @@ class Stream(IntEnum):
     START_GO = 13  # start barrier, leader -> peer: every peer of the plan does; run the first step
     SPOT_EVIDENCE = 14  # pipeline neighbour -> checker: sealed messages of a checked micro-batch
     AUDIT_EVIDENCE = 15  # shard owner -> auditor: the sealed rows of an audited chunk; index = tree
+    GONE = 16  # mailbox -> its plan's peers: this peer's stream ended and it refuses connections
 
 
 class Direction(IntEnum):

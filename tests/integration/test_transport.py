@@ -1,6 +1,7 @@
 """The peer mailbox over real p2pd daemons on loopback (one process, port 0)."""
 
 import asyncio
+import contextlib
 import os
 import time
 
@@ -244,3 +245,44 @@ def test_a_probe_is_timed_by_both_ends_and_refused_to_strangers():
     seen = inbound[a_id].bandwidth_gbps
     # same bytes, same link: the two clocks differ by the first frame and a round trip
     assert 0.1 * sample.bandwidth_gbps < seen < 10 * sample.bandwidth_gbps, (sample, seen)
+
+
+def test_a_peer_that_never_heard_from_the_dead_one_is_told():
+    """Run N: a step's leader had no stream from the victim (it had sent it nothing yet), so nothing
+    ended at the leader and it waited out its whole bound while the victim's neighbours knew at once. A
+    mailbox that finds a peer gone tells the plan's other peers; each checks for itself."""
+
+    async def main() -> tuple[str, float]:
+        async with p2p_group(3) as nodes:
+            maddrs = {n.peer_id.to_base58(): [str(m) for m in await n.get_visible_maddrs()] for n in nodes}
+
+            async def book(peer: str) -> list[str]:
+                return maddrs.get(peer, [])
+
+            a, b, c = (Mailbox(n, PROTO, TransportConfig(timeout_s=30.0), addresses=book) for n in nodes)
+            for box in (a, b, c):
+                await box.start()
+                await box.admit({a.peer_id, b.peer_id, c.peer_id})
+                box.advance(1, 0)
+            await a.send(b.peer_id, Tag(1), b"hello")  # a's stream to b is open; a never sent c anything
+            assert await b.recv(a.peer_id, Tag(1)) == b"hello"
+            b_waits = asyncio.create_task(b.recv(a.peer_id, Tag(2), 30.0))
+            c_waits = asyncio.create_task(c.recv(a.peer_id, Tag(2), 30.0))
+            await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            await nodes[0].shutdown()
+            try:
+                await c_waits
+                why = "delivered"
+            except WireError as e:
+                why = str(e)
+            elapsed = time.monotonic() - t0
+            with contextlib.suppress(WireError):
+                await b_waits
+            for box in (b, c):
+                await box.close()
+            return why, elapsed
+
+    why, elapsed = asyncio.run(main())
+    assert "is gone" in why, why
+    assert elapsed < 15.0  # c's own bound is 30 s
