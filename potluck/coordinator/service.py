@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 # Plans in a row that may start from live state before falling back to checkpoints: a live hand-off
 # can fail once for timing (a holder still unwinding its run); twice means the state is not to be had.
 LIVE_RESUME_TRIES = 2
+RESUME_SETTLE_S = 10.0  # longest a re-plan waits for live peers to report state newer than it found
 
 
 class CoordinatorService:
@@ -87,6 +88,7 @@ class CoordinatorService:
         self._running: asyncio.Task[None] | None = None  # the supervisor of the service's loops
         self.owner: OwnerCopy | None = None  # the job owner's checkpoint copy: served, kept current
         self.resume_from: Literal["live", "checkpoint"] = "live"  # of the newest resume point
+        self._settle_since: float | None = None  # when a re-plan began waiting for live peers' reports
         self._resume_reason = ""
 
     async def start(self) -> Invite:
@@ -485,6 +487,11 @@ class CoordinatorService:
         logger.info("%s", why)
         return moved
 
+    def _settle(self, now: float) -> bool:
+        """True while a re-plan may still wait for live peers' reports (``RESUME_SETTLE_S``)."""
+        self._settle_since = self._settle_since if self._settle_since is not None else now
+        return now - self._settle_since < RESUME_SETTLE_S
+
     async def _replan(
         self,
         why: str,
@@ -507,6 +514,15 @@ class CoordinatorService:
         state = self.state.without(excluded)
         live = set(state.peers) | (set(self.state.leaving) if handoff else set())  # leavers still hold it
         start = self._resume_step(live)
+        held = max((h.step for p, h in self.progress.holdings.items() if p in live), default=0)
+        if start < held and self._settle(time.monotonic()):
+            # Live peers hold newer state than any step every layer is known at: their exact reports
+            # (a failed run says what it holds) are on their way. Restarting from an older checkpoint,
+            # or the seeded init, would throw their training away (run O restarted from step 0 a swarm
+            # that had trained to step 977), so wait for them, a few seconds at most.
+            self.last_reason = f"waiting up to {RESUME_SETTLE_S:.0f} s for live peers' reports of step {held}"
+            return
+        self._settle_since = None
         if handoff:
             start = self._handoff_start(start)
         plan: TrainPlan | None
