@@ -133,7 +133,12 @@ def test_who_is_checked_and_how_often():
     decision = Decision(True, (1.0,), 2.0)
     s.duty.before_step()
     assert s.duty.suspects(Round(1, 3), decision) == []  # nothing clipped, no random checks
-    s.audit.clipped[s.suspect] += 1  # the rule clipped it in this step
+    s.audit.seen[s.suspect] += 10
+    s.audit.clipped[s.suspect] += 1  # one slice of ten strayed: honest noise, no recomputation
+    assert s.duty.suspects(Round(1, 3), decision) == []
+    s.duty.before_step()
+    s.audit.seen[s.suspect] += 10
+    s.audit.clipped[s.suspect] += 6  # most of its slices this step: recompute it
     assert s.duty.suspects(Round(1, 3), decision) == [s.suspect]
     s.duty._last[s.suspect] = 3  # checked at step 3: not again before step 3 + RECHECK_STEPS
     s.duty.before_step()
