@@ -138,7 +138,7 @@ def test_who_is_checked_and_how_often():
     assert s.duty.suspects(Round(1, 3), decision) == []
     s.duty.before_step()
     s.audit.seen[s.suspect] += 10
-    s.audit.clipped[s.suspect] += 6  # most of its slices this step: recompute it
+    s.audit.clipped[s.suspect] += 12  # clipped again, and 13 of its 20 slices so far: recompute it
     assert s.duty.suspects(Round(1, 3), decision) == [s.suspect]
     s.duty._last[s.suspect] = 3  # checked at step 3: not again before step 3 + RECHECK_STEPS
     s.duty.before_step()
@@ -160,6 +160,8 @@ def test_who_is_checked_and_how_often():
 def test_a_banned_peer_costs_no_recomputation():
     s = Setup()
     s.duty.before_step()
-    s.audit.refused[s.suspect] += 1  # its rows are left out as banned: refused at every step
+    s.audit.seen[s.suspect] += 10
+    s.audit.refused[s.suspect] += 10  # its rows are left out as banned: refused at every step
+    assert s.duty.suspects(Round(1, 3), Decision(True, (1.0,), 2.0)) == [s.suspect]  # unless banned
     s.audit.excluded.add(s.suspect)
     assert s.duty.suspects(Round(1, 3), Decision(True, (1.0,), 2.0)) == []
