@@ -3,16 +3,17 @@
 Under a robust rule every replica owns a shard of the stage's gradient and sees each other replica's
 slice of it unsummed (``collectives/tree.py``), sealed by its sender and kept in the ledger until the
 step is committed. Clipping a contribution is only a suspicion: a peer with unusual data or a bad
-numerical step is clipped now and then, honestly. So the owner that clipped or refused most of peer X's
-slices at step s confirms it by recomputation: it copies its weights before applying step s (replicas
-hold the same weights), recomputes X's gradient of that step from X's own micro-batches (the data each
-replica reads is fixed by the plan and the step), and compares the coordinates of its shard with what X
-sent, allowing the gradient codec's error (twice, and once more for what error feedback carried from the
-step before) plus ``trust.spot_tolerance`` (relative L2). A mismatch is a failed check in this peer's
-``Audit``, published as testimony (``Witness.failed``): the coordinator convicts when most of the stage's
-other replicas, and at least two, recomputed X otherwise (``coordinator/job/accuse.py``). Besides, each
-step every replica checks one other, drawn from the committed decision, with probability
-``trust.spot_checks``, which reaches attacks that hide inside the variance and are never clipped.
+numerical step is clipped now and then, honestly. So an owner that clipped or refused peer X's slice at
+step s, and most of X's slices so far, confirms it by recomputation: it copies its weights before
+applying step s (replicas hold the same weights), recomputes X's gradient of that step from X's own
+micro-batches (the data each replica reads is fixed by the plan and the step), and compares the
+coordinates of its shard with what X sent, allowing the gradient codec's error (twice, and once more for
+what error feedback carried from the step before) plus ``trust.spot_tolerance`` (relative L2). A mismatch
+is a failed check in this peer's ``Audit``, published as testimony (``Witness.failed``): the coordinator
+convicts when most of the stage's other replicas, and at least two, recomputed X otherwise
+(``coordinator/job/accuse.py``). Besides, each step every replica checks one other, drawn from the
+committed decision, with probability ``trust.spot_checks``, which reaches attacks that hide inside the
+variance and are never clipped.
 
 Cost: one step's compute per check, in the background. An honest owner checks a peer at most once every
 ``RECHECK_STEPS`` steps and runs one check at a time, so a hostile peer can cost each replica at most that
