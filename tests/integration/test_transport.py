@@ -18,6 +18,25 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 PROTO = "potluck/test/mailbox/1"
 
 
+async def delivered(a: Mailbox, b: Mailbox, tag: Tag, payload: bytes) -> bytes | None:
+    """What ``b`` receives of ``payload`` sent by ``a`` under ``tag`` within 3 s (None: lost)."""
+    try:
+        await a.send(b.peer_id, tag, payload)
+        return await b.recv(a.peer_id, tag, 3.0)
+    except WireError:
+        return None
+
+
+async def outcome(wait: asyncio.Task, t0: float) -> tuple[str, float]:
+    """("delivered", or the wait's error) and the seconds since ``t0`` when it ended."""
+    try:
+        await wait
+        why = "delivered"
+    except WireError as e:
+        why = str(e)
+    return why, time.monotonic() - t0
+
+
 async def mailboxes(nodes, cfg=TransportConfig(timeout_s=5.0)):
     boxes = [Mailbox(node, PROTO, cfg) for node in nodes]
     for box in boxes:
@@ -123,12 +142,7 @@ def test_a_message_after_a_long_silence_is_not_lost(monkeypatch, reopen, watch):
             await a.send(b.peer_id, Tag(1), b"first")
             assert await b.recv(a.peer_id, Tag(1)) == b"first"
             await asyncio.sleep(2.5)  # b closed the idle stream after 1.5 s
-            got: bytes | None
-            try:
-                await a.send(b.peer_id, Tag(2), b"after the silence")
-                got = await b.recv(a.peer_id, Tag(2), 3.0)
-            except WireError:
-                got = None
+            got = await delivered(a, b, Tag(2), b"after the silence")
             for box in (a, b):
                 await box.close()
             return got
@@ -160,12 +174,7 @@ def test_a_stream_refused_while_not_admitted_is_not_reused(monkeypatch, watch):
             await a.send(b.peer_id, Tag(2), b"refused")  # b closes a's stream unread
             await asyncio.sleep(1.0)
             await b.admit({a.peer_id, c.peer_id})  # the next plan places a again
-            got: bytes | None
-            try:
-                await a.send(b.peer_id, Tag(3), b"ready")
-                got = await b.recv(a.peer_id, Tag(3), 3.0)
-            except WireError:
-                got = None
+            got = await delivered(a, b, Tag(3), b"ready")
             for box in (a, b, c):
                 await box.close()
             return got
@@ -202,12 +211,7 @@ def test_a_dead_senders_waits_fail_as_soon_as_its_stream_ends(wait_first: bool):
                 await asyncio.sleep(1.0)  # b sees the stream end with nobody waiting on a
                 t0 = time.monotonic()
                 waiting = asyncio.create_task(b.recv(a.peer_id, Tag(2), 30.0))
-            try:
-                await waiting
-                why = "delivered"
-            except WireError as e:
-                why = str(e)
-            elapsed = time.monotonic() - t0
+            why, elapsed = await outcome(waiting, t0)
             assert a.peer_id in b.take_suspects()
             await b.close()
             return why, elapsed
@@ -271,12 +275,7 @@ def test_a_peer_that_never_heard_from_the_dead_one_is_told():
             await asyncio.sleep(0.2)
             t0 = time.monotonic()
             await nodes[0].shutdown()
-            try:
-                await c_waits
-                why = "delivered"
-            except WireError as e:
-                why = str(e)
-            elapsed = time.monotonic() - t0
+            why, elapsed = await outcome(c_waits, t0)
             with contextlib.suppress(WireError):
                 await b_waits
             for box in (b, c):
