@@ -92,7 +92,8 @@ class Mailbox:
         self.sent_to: dict[str, int] = {}  # peer -> payload bytes sent to it (telemetry: bytes per link)
         self._suspects: dict[str, float] = {}  # peer -> when it last failed us (monotonic s)
         self._checks: dict[str, asyncio.Task[None]] = {}  # peer -> its liveness check under way
-        self._watches: set[asyncio.Task[None]] = set()  # one per outgoing stream: has its receiver closed it?
+        # Its own background tasks: a watch per outgoing stream (has its receiver closed it?), GONE sends
+        self._background: set[asyncio.Task[None]] = set()
         self._told: set[str] = set()  # peers this mailbox told its plan's peers are gone
         self._step = 0  # the step this peer runs (advance)
         # Peers whose stream to us ended and that have not opened another since: a wait on one of them
@@ -104,7 +105,7 @@ class Mailbox:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
 
     async def close(self) -> None:
-        for task in [*self._checks.values(), *self._watches]:
+        for task in [*self._checks.values(), *self._background]:
             task.cancel()
         for writer, _ in self._out.values():
             writer.close()
@@ -163,8 +164,8 @@ class Mailbox:
         self._out[peer] = entry
         self._used[peer] = time.monotonic()
         watch = asyncio.create_task(self._watch(peer, entry, reader), name=f"out-{peer[-8:]}")
-        self._watches.add(watch)
-        watch.add_done_callback(self._watches.discard)
+        self._background.add(watch)
+        watch.add_done_callback(self._background.discard)
         return entry
 
     async def _watch(
@@ -361,7 +362,7 @@ class Mailbox:
     ) -> None:
         sender = info.peer_id.to_base58()
         self._ended.discard(sender)  # it opened a stream: alive, whatever an older stream's end said
-        known = await self._admissible(sender)
+        known = self._admitted is None or sender in self._admitted  # strangers: see the first message
         try:
             while True:
                 try:
@@ -464,8 +465,8 @@ class Mailbox:
         tag = make_tag(Round(self._epoch or 0, self._step), Stream.GONE)
         for other in sorted(self._admitted - {self.peer_id, peer}):
             task = asyncio.create_task(self._send_quietly(other, tag, peer.encode()), name="gone")
-            self._watches.add(task)
-            task.add_done_callback(self._watches.discard)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _send_quietly(self, peer: str, tag: Tag, payload: bytes) -> None:
         with contextlib.suppress(WireError):

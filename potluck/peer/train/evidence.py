@@ -63,13 +63,16 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-12))
 
 
-def mismatch(sent: torch.Tensor, recomputed: torch.Tensor, codec: Codec, tolerance: float) -> float | None:
+def mismatch(
+    sent: torch.Tensor, recomputed: torch.Tensor, codec: Codec, tolerance: float, codings: int = 2
+) -> float | None:
     """The relative L2 error of what a peer sent against the recomputation, if more than the codec's own
-    error (twice what it loses coding the recomputed tensor) plus ``tolerance`` explain; else None."""
+    error (``codings`` x what it loses coding the recomputed tensor: 2 by default, a margin over the one
+    coding a message has) plus ``tolerance`` explain; else None."""
     if sent.shape != recomputed.shape:
         return math.inf
     coded = codec.decode(codec.encode(recomputed.detach().float().cpu().contiguous()))
-    allowed = tolerance + 2 * relative_error(coded, recomputed.cpu())
+    allowed = tolerance + codings * relative_error(coded, recomputed.cpu())
     err = relative_error(sent.cpu(), recomputed.cpu())
     return err if err > allowed else None
 

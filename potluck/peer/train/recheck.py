@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from potluck.compression import Codec, get_codec
+from potluck.compression import get_codec
 from potluck.compression.errors import CompressionError
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
@@ -66,14 +66,6 @@ class Sent:
     step: int
     rows: list[bytes]
     where: list[tuple[int, int, int]]  # (bucket, tree, chunk) of each row
-
-
-def relative_error_allowed(recomputed: torch.Tensor, codec: Codec, tolerance: float, feedback: bool) -> float:
-    """The relative L2 error an honest contribution may show against ``recomputed``: the codec's own
-    error on it, twice (the bucket and the tree each code it once), once more for the residual error
-    feedback carries over (at most one step's coding error), plus ``tolerance``."""
-    coded = codec.decode(codec.encode(recomputed.contiguous()))
-    return tolerance + (3 if feedback else 2) * evidence.relative_error(coded, recomputed)
 
 
 class GradientChecks(evidence.Duty):
@@ -214,6 +206,7 @@ class GradientChecks(evidence.Duty):
         sent_flat, recomputed = torch.cat(got), torch.cat(want)
         if not bool(torch.isfinite(sent_flat).all()):
             return "holds NaN or Inf"
-        allowed = relative_error_allowed(recomputed, self.codec, self.trust.spot_tolerance, self.feedback)
-        err = evidence.relative_error(sent_flat, recomputed)
-        return None if err <= allowed else f"is {err:.1%} off its recomputation (allowed {allowed:.1%})"
+        # the bucket and the tree each code it once, and error feedback carries one step's coding error
+        codings = 3 if self.feedback else 2
+        err = evidence.mismatch(sent_flat, recomputed, self.codec, self.trust.spot_tolerance, codings)
+        return None if err is None else f"is {err:.1%} off its recomputation"
