@@ -8,6 +8,7 @@
     .venv/bin/python scripts/bench_planner.py --only scale --sizes 64 256 1024
     .venv/bin/python scripts/bench_planner.py --only netmodel       # link estimation error, held-out pairs
     .venv/bin/python scripts/bench_planner.py --only replan
+    .venv/bin/python scripts/bench_planner.py --only home          # asymmetric home swarms vs annealing
 
 Prints tables and writes JSON to --out (default bench-out/planner.json).
 """
@@ -31,6 +32,7 @@ from potluck.coordinator.placement.costmodel import (
     DtfmJob,
     ModelShape,
     StepJob,
+    directed_bandwidth,
     dtfm_cost,
 )
 from potluck.coordinator.placement.exhaustive import step_optimum
@@ -41,9 +43,11 @@ from potluck.coordinator.placement.netmodel import (
     holdout_error,
 )
 from potluck.coordinator.placement.objectives import DtfmObjective, StepObjective
-from potluck.coordinator.placement.scenario import load_scenario
+from potluck.coordinator.placement.scenario import load_scenario, scenario_from_dict
 from potluck.coordinator.placement.search import evaluate
 from potluck.coordinator.placement.templates import template_partitions
+from potluck.coordinator.placement.tsp import open_path
+from potluck.testbed.homes import home_swarm
 
 # Their GA's COMM-COST on these files, measured with their code and default budget (research note §5.3).
 DTFM_GA = {1: 3.440, 2: 43.547, 3: 16.087, 4: 34.802, 5: 49.218}
@@ -362,11 +366,117 @@ def bench_replan(n: int, seed: int, trials: int) -> list[dict]:
     return rows
 
 
+def anneal(obj: DtfmObjective, groups: np.ndarray, seconds: float, seed: int) -> tuple[float, np.ndarray]:
+    """Simulated annealing over partitions, every move scored exactly: group summaries, every boundary
+    by ``obj.boundary`` (the exact directional matching), the best stage order by Held-Karp. A reference
+    the planner must reach, slow on purpose (~3 ms a move at 8 x 6). Returns (best cost, its groups)."""
+    rng = np.random.default_rng(seed)
+    g = np.array(groups, dtype=np.int64)
+    s, r = g.shape
+    stats = [obj.group_stat(row) for row in g]
+    pair = np.zeros((s, s))
+    for a in range(s):
+        for b in range(a + 1, s):
+            pair[a, b] = pair[b, a] = obj.boundary(g[a], g[b])[0]
+
+    def total(st: list, pw: np.ndarray) -> float:
+        return obj.combine([max(st)], np.array([open_path(pw)[0]]))
+
+    cost = total(stats, pair)
+    best, best_g = cost, g.copy()
+    start = time.monotonic()
+    temp0 = 0.02 * cost
+    while (elapsed := time.monotonic() - start) < seconds:
+        temp = temp0 * (1e-3 ** (elapsed / seconds))  # geometric cooling to 0.1% of the start
+        a, b = rng.choice(s, size=2, replace=False)
+        i, k = rng.integers(0, r, size=2)
+        g[a, i], g[b, k] = g[b, k], g[a, i]
+        new_stats = list(stats)
+        new_stats[a], new_stats[b] = obj.group_stat(g[a]), obj.group_stat(g[b])
+        new_pair = pair.copy()
+        for x in (a, b):
+            for y in range(s):
+                if y != x:
+                    new_pair[x, y] = new_pair[y, x] = obj.boundary(g[x], g[y])[0]
+        new_cost = total(new_stats, new_pair)
+        if new_cost <= cost or rng.random() < math.exp((cost - new_cost) / max(temp, 1e-12)):
+            cost, stats, pair = new_cost, new_stats, new_pair
+            if cost < best:
+                best, best_g = cost, g.copy()
+        else:
+            g[a, i], g[b, k] = g[b, k], g[a, i]
+    return best, best_g
+
+
+def bench_home(n: int, seeds: list[int], time_limit: float, anneal_s: float) -> list[dict]:
+    """Asymmetric home swarms (potluck.testbed.homes): the directional ``dtfm`` objective against the
+    same planner fed DT-FM's symmetric view of the links, and against long simulated annealing."""
+    print(f"\n== Home swarms: {n} peers, asymmetric access links, --objective dtfm ==")
+    print("seed  sym-predicted  sym-actual  directional  time s  anneal(ref)  anneal s  ratio  bound")
+    rows = []
+    for seed in seeds:
+        sc = scenario_from_dict(home_swarm(n, seed))
+        net, job = sc.state.net, sc.dtfm_job
+        assert job is not None
+        index = {p: i for i, p in enumerate(sc.state.peers)}
+        bw = directed_bandwidth(net)
+        sym = from_matrices((net.latency_ms + net.latency_ms.T) / 2, (bw + bw.T) / 2)
+        old, _ = plan(
+            PlanningState(sc.state.peers, sc.state.devices, sym),
+            job,
+            0.0,
+            cfg=PlannerConfig(seed=seed, time_limit_s=time_limit),
+        )
+        t0 = time.monotonic()
+        new, _ = plan(sc.state, job, 0.0, cfg=PlannerConfig(seed=seed, time_limit_s=time_limit))
+        solve = time.monotonic() - t0
+        assert old is not None and new is not None
+        grid_old = np.array([[index[x] for x in row] for row in old.stages])
+        grid_new = np.array([[index[x] for x in row] for row in new.stages])
+        actual_old = dtfm_cost(grid_old, net, job).total
+        actual_new = dtfm_cost(grid_new, net, job).total
+        obj = DtfmObjective(net, job)
+        # The reference: annealing from a random partition and from the planner's own answer, best kept.
+        rng = np.random.default_rng(seed)
+        ref_random, _ = anneal(
+            obj,
+            rng.permutation(n)[: job.n_stages * job.n_replicas].reshape(job.n_stages, job.n_replicas),
+            anneal_s / 2,
+            seed,
+        )
+        ref_polish, _ = anneal(obj, grid_new, anneal_s / 2, seed + 1)
+        ref = min(ref_random, ref_polish)
+        rows.append(
+            {
+                "seed": seed,
+                "n": n,
+                "symmetric_predicted_s": old.cost,
+                "symmetric_actual_s": actual_old,
+                "directional_s": actual_new,
+                "directional_predicted_s": new.cost,
+                "solve_s": solve,
+                "anneal_random_s": ref_random,
+                "anneal_from_plan_s": ref_polish,
+                "reference_s": ref,
+                "anneal_seconds": anneal_s,
+                "ratio_to_reference": actual_new / ref,
+                "lower_bound": new.lower_bound,
+            }
+        )
+        print(
+            f"{seed:4d}  {old.cost:13.1f}  {actual_old:10.1f}  {actual_new:11.1f}  {solve:6.1f}  "
+            f"{ref:11.1f}  {anneal_s:8.0f}  {actual_new / ref:5.3f}  {new.lower_bound:6.1f}"
+        )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--only", choices=["dtfm", "small", "small-step", "netmodel", "scale", "replan"], default=None
+        "--only", choices=["dtfm", "small", "small-step", "netmodel", "scale", "replan", "home"], default=None
     )
+    ap.add_argument("--home-seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--anneal-s", type=float, default=120.0, help="reference annealing per home swarm")
     ap.add_argument("--small-repeats", type=int, default=3)
     ap.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096])
     ap.add_argument("--time-limit", type=float, default=5.0, help="per DT-FM case, seconds")
@@ -387,6 +497,8 @@ def main() -> None:
         out["scale"] = bench_scale(args.sizes, args.seed)
     if args.only in (None, "replan"):
         out["replan"] = bench_replan(1024, args.seed, args.replan_trials)
+    if args.only in (None, "home"):
+        out["home"] = bench_home(48, args.home_seeds, args.time_limit, args.anneal_s)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

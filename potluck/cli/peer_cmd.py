@@ -57,6 +57,10 @@ def peer(
     link_probe_bytes: int = typer.Option(
         4 << 20, min=1024, help="Bytes sent to measure each link's goodput."
     ),
+    upload_mbps: float = typer.Option(
+        None, min=0.001, help="Your upload, Mbit/s (your plan's figure): the planner keeps bulk sends off it."
+    ),
+    download_mbps: float = typer.Option(None, min=0.001, help="Your download, Mbit/s."),
     threads: int = typer.Option(None, min=1, help="CPU threads torch may use (default: all cores)."),
     max_memory: str = typer.Option(
         None, "--max-memory", help="Memory offered to the swarm, e.g. 6GB or 512MiB (default: all free)."
@@ -117,7 +121,12 @@ def peer(
         device=device,
         ttl_s=ttl,
         probe_budget_s=probe_seconds,
-        links=LinkProbeConfig(interval_s=link_interval, bulk_bytes=link_probe_bytes),
+        links=LinkProbeConfig(
+            interval_s=link_interval,
+            bulk_bytes=link_probe_bytes,
+            upload_mbps=upload_mbps,
+            download_mbps=download_mbps,
+        ),
         threads=threads,
         max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
         train=train,

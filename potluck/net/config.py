@@ -46,6 +46,10 @@ class LinkProbeConfig:
     max_stream_bytes: int = 64 << 20  # a probe stream that sends more is cut off (abuse bound)
     sample_size: int = 4  # peers measured per round, at least; grows as ceil(log2 N)
     interval_s: float = 120.0  # seconds between measurement rounds
+    # The access link as the volunteer declares it (their plan: "20 up / 200 down"), Mbit/s; published in
+    # every LinkReport so the planner knows which direction is slow before probes have covered the swarm.
+    upload_mbps: float | None = None
+    download_mbps: float | None = None
 
 
 class Pacer(Protocol):

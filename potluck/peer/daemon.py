@@ -40,7 +40,7 @@ from potluck.protocol.errors import AdmissionError, WireError
 from potluck.protocol.identity import Identity, peer_id_from_public_key
 from potluck.protocol.keys import LINKS, PEERS, PROGRESS
 from potluck.protocol.membership import live_peers
-from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
+from potluck.protocol.records import AccessLink, Hardware, LinkReport, LinkSample, PeerRecord
 from potluck.protocol.training import Progress, TrainPlan
 from potluck.telemetry.http import serve_metrics
 
@@ -242,6 +242,13 @@ class PeerDaemon:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop_event.wait(), delay)
 
+    def _access(self) -> AccessLink:
+        """The declared access link, in the report's units (Gbit/s)."""
+        up, down = self.cfg.links.upload_mbps, self.cfg.links.download_mbps
+        return AccessLink(
+            upload_gbps=None if up is None else up / 1e3, download_gbps=None if down is None else down / 1e3
+        )
+
     async def _measure_links(self) -> None:
         """Every ``links.interval_s``: measure a sample of live peers and publish a signed LinkReport."""
         assert self.node is not None
@@ -264,7 +271,13 @@ class PeerDaemon:
                 inbound = list(self.prober.inbound.values())  # what others' probes showed here
                 if samples or inbound:
                     now = get_dht_time()
-                    report = LinkReport(peer_id=self.peer_id, links=samples, inbound=inbound, issued_at=now)
+                    report = LinkReport(
+                        peer_id=self.peer_id,
+                        links=samples,
+                        inbound=inbound,
+                        issued_at=now,
+                        access=self._access(),
+                    )
                     ttl = min(3 * cfg.interval_s, LINKS.max_ttl_s)
                     await self.node.publish(LINKS.name, report, ttl, self.peer_id)
                     self.link_reports += 1

@@ -96,6 +96,18 @@ class LinkSample(BaseModel):
     bandwidth_gbps: float = Field(ge=0.0, le=100_000.0, allow_inf_nan=False)  # measured goodput, Gbit/s
 
 
+class AccessLink(BaseModel):
+    """A peer's own access link as its owner declares it (``potluck peer --upload-mbps/--download-mbps``),
+    Gbit/s; None where not declared. Home links upload 5-20x slower than they download: the planner
+    costs each transfer over the direction it flows, capped by these (coordinator/job/claims.py bounds
+    a declaration by what the peer's probes showed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    upload_gbps: float | None = Field(default=None, gt=0.0, le=100_000.0)
+    download_gbps: float | None = Field(default=None, gt=0.0, le=100_000.0)
+
+
 class LinkReport(Record):
     """What a peer measured towards a sample of others. Stored under subkey = reporter's peer id."""
 
@@ -104,6 +116,7 @@ class LinkReport(Record):
     peer_id: PeerId
     links: list[LinkSample] = Field(max_length=64)
     issued_at: NonNegFloat
+    access: AccessLink = Field(default_factory=AccessLink)
     # The other end's view: goodput of the probes this peer served, from ``dst`` (the prober) to it, as
     # timed on arrival here (rtt_ms 0: only the prober can time a round trip). The coordinator believes
     # a prober's claim only as far as the receiver saw it (coordinator/job/claims.py).

@@ -18,8 +18,10 @@ other end of a probe times it as well (``LinkReport.inbound``), so ``confirmed_l
 measured bandwidth a -> b only up to ``INBOUND_SLACK`` x what b saw arrive from a's probe; a claim b never
 saw (a made-up measurement, or b's report is not out yet) counts for at most the median confirmed link;
 and a pair's round trip is the larger of what its two ends measured. A hostile receiver can only make
-links *to itself* look slow, which steers work away from it. Pure functions; the coordinator keeps the
-state.
+links *to itself* look slow, which steers work away from it. A declared access link (``LinkReport.access``)
+is believed up to ``INBOUND_SLACK`` x the fastest confirmed link in its direction once there is one (an
+upload is what the peer's sends showed; a download what others' probes of it showed); understating it
+only moves work away from the peer. Pure functions; the coordinator keeps the state.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
+from potluck.coordinator.placement.netmodel import AccessCapacity
 from potluck.protocol.records import Hardware, LinkReport, LinkSample
 
 CPU_CORE_TFLOPS = 0.2  # fp32 with AVX-512 FMA at ~3 GHz: 2 x 16 x 2 x 3e9 = 0.19 TFLOP/s per core
@@ -99,4 +102,25 @@ def confirmed_links(reports: Mapping[str, LinkReport]) -> dict[str, LinkReport]:
             rtt = max(s.rtt_ms, rtts.get((s.dst, peer), 0.0))
             links.append(LinkSample(dst=s.dst, rtt_ms=rtt, bandwidth_gbps=bandwidth))
         out[peer] = report.model_copy(update={"links": links})
+    return out
+
+
+def believed_access(confirmed: Mapping[str, LinkReport]) -> dict[str, AccessCapacity]:
+    """Each reporting peer's declared access link, bounded by its confirmed links (``confirmed_links``'
+    output): no peer is believed to upload faster than ``INBOUND_SLACK`` x its fastest confirmed send,
+    nor to download faster than that x the fastest confirmed link towards it."""
+    fastest_in: dict[str, float] = {}
+    for report in confirmed.values():
+        for s in report.links:
+            fastest_in[s.dst] = max(fastest_in.get(s.dst, 0.0), s.bandwidth_gbps)
+    out = {}
+    for peer, report in confirmed.items():
+        up, down = report.access.upload_gbps, report.access.download_gbps
+        fastest_out = max((s.bandwidth_gbps for s in report.links), default=0.0)
+        if up is not None and fastest_out > 0:
+            up = min(up, INBOUND_SLACK * fastest_out)
+        if down is not None and fastest_in.get(peer, 0.0) > 0:
+            down = min(down, INBOUND_SLACK * fastest_in[peer])
+        if up is not None or down is not None:
+            out[peer] = AccessCapacity(upload_gbps=up, download_gbps=down)
     return out

@@ -10,13 +10,14 @@ packed over their measured links.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from potluck.compression import get_codec
 from potluck.coordinator.errors import NetModelError, PackingError
-from potluck.coordinator.job.claims import believed_tflops, plausible_tflops, tflops_ceiling
+from potluck.coordinator.job.claims import believed_access, believed_tflops, plausible_tflops, tflops_ceiling
 from potluck.coordinator.placement import PlacementPlan, PlannerConfig, PlanningState, plan
 from potluck.coordinator.placement.costmodel import (
     BatchSpec,
@@ -30,7 +31,7 @@ from potluck.coordinator.placement.costmodel import (
     micro_batches,
     step_time,
 )
-from potluck.coordinator.placement.netmodel import NetModel, build_netmodel, from_matrices
+from potluck.coordinator.placement.netmodel import AccessCapacity, NetModel, build_netmodel, from_matrices
 from potluck.coordinator.placement.objectives import StepObjective
 from potluck.coordinator.state import SwarmState
 from potluck.coordinator.trees.plan import choose_tree_plan, to_schedule
@@ -84,9 +85,15 @@ def network(state: SwarmState, peers: list[str]) -> tuple[NetModel, str]:
         for s in rep.links
         if s.dst in inside and s.bandwidth_gbps > 0
     ]
+    access: dict[Hashable, AccessCapacity] = {
+        p: cap for p, cap in believed_access(state.links).items() if p in inside
+    }
     if measured:
         try:
-            return build_netmodel(peers, measured), f"{len(measured)} measured links"
+            note = f"{len(measured)} measured links" + (
+                f", {len(access)} declared access links" if access else ""
+            )
+            return build_netmodel(peers, measured, access), note
         except NetModelError as e:
             logger.warning("link reports unusable (%s); assuming uniform links", e)
     n = len(peers)

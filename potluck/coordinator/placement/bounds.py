@@ -52,16 +52,19 @@ def dtfm_milp(obj: DtfmObjective, devices: np.ndarray, time_limit_s: float) -> t
 
     z[d,i,j] = 1 if device d runs stage j of pipeline i; stage index = position in the pipeline, so the
     order is part of the model. q[d,e,j] >= x[d,j] + x[e,j] - 1 linearises "d and e share group j".
-    Variables: z (N*R*S), q (N*N*S, d < e used), G (max DP), E_j (matched link per boundary).
+    Variables: z (N*R*S), q (N*N*S, d < e used), G (max DP), E_j (matched link per boundary; on an
+    asymmetric network one per direction, F_j forward and B_j backward, each weighing half of 2 E_j).
     """
     s, r, n = obj.n_stages, obj.n_replicas, len(devices)
     w_dp = obj.w_dp[np.ix_(devices, devices)]
     w_pp = obj.link[np.ix_(devices, devices)]
+    w_fwd = obj.w_pp[np.ix_(devices, devices)]
     nz = n * r * s
     pairs = [(d, e) for d in range(n) for e in range(d + 1, n)]
     nq = len(pairs) * s
     g_idx, e0 = nz + nq, nz + nq + 1
-    nv = e0 + max(s - 1, 0)
+    b0 = e0 + max(s - 1, 0)  # backward boundary variables (directional only)
+    nv = b0 + (max(s - 1, 0) if obj.directional else 0)
 
     def z(d: int, i: int, j: int) -> int:
         return (d * r + i) * s + j
@@ -94,9 +97,14 @@ def dtfm_milp(obj: DtfmObjective, devices: np.ndarray, time_limit_s: float) -> t
         for i in range(r):
             for d in range(n):
                 for e in range(n):
-                    if d != e:
+                    if d == e:
+                        continue
+                    if not obj.directional:
                         w = float(w_pp[d, e])
                         rows.append(({e0 + j: 1.0, z(d, i, j): -w, z(e, i, j + 1): -w}, -w, np.inf))
+                        continue
+                    for var, w in ((e0 + j, float(w_fwd[d, e])), (b0 + j, float(w_fwd[e, d]))):
+                        rows.append(({var: 1.0, z(d, i, j): -w, z(e, i, j + 1): -w}, -w, np.inf))
     # Pipelines are interchangeable: order them by the index of their stage-0 device.
     for i in range(r - 1):
         coef = {z(d, i, 0): float(d) for d in range(n)}
@@ -111,7 +119,7 @@ def dtfm_milp(obj: DtfmObjective, devices: np.ndarray, time_limit_s: float) -> t
         lo[k], hi[k] = lb, ub
     cost = np.zeros(nv)
     cost[g_idx] = 1.0
-    cost[e0:] = 2.0
+    cost[e0:] = 1.0 if obj.directional else 2.0
     integrality = np.zeros(nv)
     integrality[:nz] = 1
     upper = np.full(nv, np.inf)

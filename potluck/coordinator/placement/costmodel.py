@@ -3,10 +3,15 @@
 A placement is `stages[j][i]`: the device running stage j of pipeline i, rows in pipeline order.
 
 `objective="dtfm"` reproduces the communication cost of Yuan et al. (NeurIPS 2022) exactly, so results
-compare with their scheduler on their cases. `objective="step"` is our model of one training step:
-1F1B pipeline time from per-stage compute (the slowest replica of a stage sets its pace) and activation
-transfers over the matched links, plus the data-parallel gradient sync that does not overlap the
-backward pass, with memory feasibility and uneven layer splits. All times in seconds.
+compare with their scheduler on their cases. Links are directional: row = sender. Where a network is
+asymmetric (home links upload 5-20x slower than they download), every transfer is costed over the
+direction it flows: activations a -> b, their gradients b -> a, each peer's shard sends over its own
+uplink; on a symmetric network this is DT-FM's formula to the bit.
+
+`objective="step"` is our model of one training step: 1F1B pipeline time from per-stage compute (the
+slowest replica of a stage sets its pace) and activation transfers over the matched links, plus the
+data-parallel gradient sync that does not overlap the backward pass, with memory feasibility and uneven
+layer splits. All times in seconds.
 """
 
 from __future__ import annotations
@@ -33,16 +38,23 @@ class DtfmJob:
     c_pp_gb: float  # one macro-batch's activations at a stage boundary
 
 
-def symmetrized(net: NetModel) -> tuple[np.ndarray, np.ndarray]:
-    """DT-FM's undirected graph: latency (s) and bandwidth (Gbit/s) averaged over both directions."""
-    lat = (net.latency_ms + net.latency_ms.T) / 2.0 / 1e3
-    bw = (net.bandwidth_gbps + net.bandwidth_gbps.T) / 2.0
-    return lat, bw
+def directed_bandwidth(net: NetModel) -> np.ndarray:
+    """Gbit/s from row to column: the pair's rate, capped by the sender's upload and receiver's download."""
+    bw = np.minimum(net.bandwidth_gbps, net.upload_gbps[:, None])
+    return np.minimum(bw, net.download_gbps[None, :])
+
+
+def is_symmetric(net: NetModel) -> bool:
+    """True where both directions of every pair look the same (DT-FM's undirected graph is exact)."""
+    bw = directed_bandwidth(net)
+    return bool(np.array_equal(net.latency_ms, net.latency_ms.T) and np.array_equal(bw, bw.T))
 
 
 def dtfm_weights(net: NetModel, job: DtfmJob) -> tuple[np.ndarray, np.ndarray]:
-    """Per-pair DP weight (both shard transfers of one peer pair) and pipeline link weight, seconds."""
-    lat, bw = symmetrized(net)
+    """Per ordered pair (row = sender), seconds: the DP weight (the sender's two shard sends, one per
+    all-reduce phase) and the pipeline weight (one macro-batch's activations, or their gradients)."""
+    lat = net.latency_ms / 1e3
+    bw = directed_bandwidth(net)
     w_dp = 2.0 * (lat + job.c_dp_gb * 8.0 / (bw * job.n_replicas))
     np.fill_diagonal(w_dp, 0.0)
     w_pp = lat + job.c_pp_gb * 8.0 / bw
@@ -51,17 +63,21 @@ def dtfm_weights(net: NetModel, job: DtfmJob) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class DtfmBreakdown:
-    dp: float  # max over stage groups of the slowest member's serial shard exchanges
-    pp: float  # sum over stage boundaries of the slowest matched link (one direction)
-    total: float  # dp + 2 * pp: forward activations and backward gradients
+    dp: float  # max over stage groups of the slowest member's serial shard sends
+    pp: float  # sum over stage boundaries of the slowest matched link, averaged over the two directions
+    total: float  # dp + 2 * pp: forward activations a -> b plus backward gradients b -> a
 
 
 def dtfm_cost(stages: np.ndarray, net: NetModel, job: DtfmJob) -> DtfmBreakdown:
-    """COMM-COST of a fixed layout, with its own matching and order (no optimisation)."""
+    """COMM-COST of a fixed layout, with its own matching and order (no optimisation), direction by
+    direction: a boundary costs its slowest forward transfer plus its slowest backward one."""
     grid = np.asarray(stages, dtype=np.int64)
     w_dp, w_pp = dtfm_weights(net, job)
     dp = max(float(w_dp[np.ix_(row, row)].sum(axis=1).max()) for row in grid)
-    pp = sum(float(w_pp[grid[j], grid[j + 1]].max()) for j in range(grid.shape[0] - 1))
+    pp = 0.0
+    for j in range(grid.shape[0] - 1):
+        a, b = grid[j], grid[j + 1]
+        pp += (float(w_pp[a, b].max()) + float(w_pp[b, a].max())) / 2.0
     return DtfmBreakdown(dp, pp, dp + 2.0 * pp)
 
 
@@ -175,18 +191,20 @@ def activation_bytes(job: StepJob) -> float:
 
 
 def link_weight(net: NetModel, job: StepJob) -> np.ndarray:
-    """One-direction transfer time of one micro-batch's activations per pair (s), worse direction."""
-    lat = np.maximum(net.latency_ms, net.latency_ms.T) / 1e3
-    bw = np.minimum(net.bandwidth_gbps, net.bandwidth_gbps.T)
+    """Transfer time of one micro-batch's activations (or their gradients) per pair (s), the slower of the
+    two directions: in 1F1B's steady state both directions carry one transfer per slot at once."""
+    bw = directed_bandwidth(net)
     c = job.codecs
     ratio = np.where(bw >= c.lan_gbps, c.activation_lan, c.activation_wan)
-    return lat + activation_bytes(job) * ratio * 8.0 / (bw * GB)
+    one_way = net.latency_ms / 1e3 + activation_bytes(job) * ratio * 8.0 / (bw * GB)
+    return np.maximum(one_way, one_way.T)
 
 
 def sync_weights(net: NetModel, job: StepJob) -> tuple[np.ndarray, np.ndarray]:
-    """Per pair: latency part (s) and seconds per byte of gradient shard, both shard directions."""
+    """Per ordered pair (row = sender): latency part (s, both directions) and seconds per byte of gradient
+    shard the sender sends the receiver over the all-reduce's two phases."""
     lat = (net.latency_ms + net.latency_ms.T) / 1e3
-    bw = np.minimum(net.bandwidth_gbps, net.bandwidth_gbps.T)
+    bw = directed_bandwidth(net)
     c = job.codecs
     ratio = np.where(bw >= c.lan_gbps, c.gradient_lan, c.gradient_wan)
     per_byte = 2.0 * ratio * 8.0 / (bw * GB)

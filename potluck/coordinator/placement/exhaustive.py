@@ -18,7 +18,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from potluck.coordinator.placement.costmodel import DeviceSpec, StepJob
-from potluck.coordinator.placement.matching import bottleneck_matching
 from potluck.coordinator.placement.netmodel import NetModel
 from potluck.coordinator.placement.objectives import DtfmObjective, StepObjective
 from potluck.coordinator.placement.search import pair_matrix
@@ -61,19 +60,31 @@ def _partitions(n: int, s: int, masks: np.ndarray, members: np.ndarray) -> np.nd
     return parts
 
 
-def _pair_weights(link: np.ndarray, members: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+def _pair_weights(
+    obj: DtfmObjective, devices: np.ndarray, members: np.ndarray, pairs: np.ndarray
+) -> np.ndarray:
+    """Boundary cost of every listed pair of groups (`members` rows index into `devices`)."""
     r = members.shape[1]
     out = np.empty(len(pairs))
     if r > 4:
         for k, (a, b) in enumerate(pairs):
-            out[k] = bottleneck_matching(link[np.ix_(members[a], members[b])])[0]
+            out[k] = obj.boundary(devices[members[a]], devices[members[b]])[0]
         return out
+    fwd_all = obj.w_pp[np.ix_(devices, devices)]
+    link = obj.link[np.ix_(devices, devices)]
     perms = np.array(list(itertools.permutations(range(r))), dtype=np.int64)
     for lo in range(0, len(pairs), 50_000):
         chunk = pairs[lo : lo + 50_000]
-        w = link[members[chunk[:, 0]][:, :, None], members[chunk[:, 1]][:, None, :]]  # (P, r, r)
-        picked = w[:, np.arange(r)[None, :], perms]  # (P, perms, r)
-        out[lo : lo + 50_000] = picked.max(axis=2).min(axis=1)
+        ma, mb = members[chunk[:, 0]], members[chunk[:, 1]]
+        if not obj.directional:
+            w = link[ma[:, :, None], mb[:, None, :]]  # (P, r, r)
+            out[lo : lo + 50_000] = w[:, np.arange(r)[None, :], perms].max(axis=2).min(axis=1)
+            continue
+        fwd = fwd_all[ma[:, :, None], mb[:, None, :]]  # fwd[p, i, k]: a_i -> b_k
+        bwd = fwd_all.T[ma[:, :, None], mb[:, None, :]]  # bwd[p, i, k]: b_k -> a_i
+        rows = np.arange(r)[None, :]
+        both = fwd[:, rows, perms].max(axis=2) + bwd[:, rows, perms].max(axis=2)
+        out[lo : lo + 50_000] = both.min(axis=1) / 2.0
     return out
 
 
@@ -82,7 +93,6 @@ def dtfm_optimum(obj: DtfmObjective, devices: np.ndarray) -> float:
     s, r, n = obj.n_stages, obj.n_replicas, len(devices)
     if not feasible(n, s, r):
         raise ValueError(f"{n} devices as {s} x {r} is too large to enumerate")
-    link = obj.link[np.ix_(devices, devices)]
     w_dp = obj.w_dp[np.ix_(devices, devices)]
     members, masks = _subsets(n, r)
     dp = w_dp[members[:, :, None], members[:, None, :]].sum(axis=2).max(axis=1)
@@ -96,7 +106,8 @@ def dtfm_optimum(obj: DtfmObjective, devices: np.ndarray) -> float:
     b = np.concatenate([parts[:, j] for _, j in combos])
     key = np.minimum(a, b) * len(members) + np.maximum(a, b)
     uniq, inverse = np.unique(key, return_inverse=True)
-    weights = _pair_weights(link, members, np.stack([uniq // len(members), uniq % len(members)], axis=1))
+    listed = np.stack([uniq // len(members), uniq % len(members)], axis=1)
+    weights = _pair_weights(obj, devices, members, listed)
     pw = weights[inverse].reshape(len(combos), len(parts))  # pw[c, p]
     slot = {pair: c for c, pair in enumerate(combos)}
     best_path = np.full(len(parts), np.inf)

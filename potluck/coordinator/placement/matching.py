@@ -120,3 +120,36 @@ def bottleneck_matching(w: np.ndarray) -> tuple[float, list[int]]:
         else:
             hi, best = mid, cand
     return float(values[lo]), best
+
+
+def split_bottleneck_matching(fwd: np.ndarray, bwd: np.ndarray) -> tuple[float, list[int]]:
+    """Minimum over perfect matchings of (max matched `fwd`) + (max matched `bwd`), and one such matching.
+
+    A stage boundary on an asymmetric network: the forward phase waits for its slowest activation
+    transfer, the backward phase for its slowest gradient transfer, and the two run over opposite
+    directions of each matched pair. For each threshold t on the forward side (the distinct values from
+    the forward bottleneck up), the best backward side is the bottleneck matching among pairs with
+    fwd <= t; the answer is the best t + that. Stops once no larger t can win.
+    """
+    n = fwd.shape[0]
+    if n == 1:
+        return float(fwd[0, 0] + bwd[0, 0]), [0]
+    low_f, match = bottleneck_matching(fwd)
+    low_b, _ = bottleneck_matching(bwd)
+    rows = np.arange(n)
+    best = float(fwd[rows, match].max() + bwd[rows, match].max())
+    best_match = list(match)
+    big = float(bwd.max()) * 2.0 + 1.0  # "not allowed": above every real weight
+    for t in np.unique(fwd[fwd >= low_f]):
+        if float(t) + low_b >= best:
+            break
+        masked = np.where(fwd <= t, bwd, big)
+        value_b, cand = bottleneck_matching(masked)
+        if value_b >= big:
+            continue
+        total = float(fwd[rows, cand].max()) + value_b
+        if total < best:
+            best, best_match = total, list(cand)
+        if value_b <= low_b:
+            break  # the backward side is as good as it gets: a larger t only costs more forward
+    return best, best_match

@@ -10,7 +10,7 @@ Units: latency is one-way milliseconds (RTT / 2); bandwidth is Gbit/s, row = sen
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,14 +133,16 @@ def _index(peers: Sequence[Hashable]) -> dict[Hashable, int]:
 def build_netmodel(
     peers: Sequence[Hashable],
     measurements: Sequence[LinkMeasurement | tuple[Hashable, Hashable, float, float]],
-    capacities: dict[Hashable, AccessCapacity] | None = None,
+    capacities: Mapping[Hashable, AccessCapacity] | None = None,
     dims: int = 3,
     seed: int = 0,
 ) -> NetModel:
     """Full matrices from measured pairs `(src, dst, rtt_ms, bandwidth_gbps)` plus optional capacities.
 
     Several measurements of one pair keep the median. A pair measured in one direction fills the other
-    direction's latency too (RTT is symmetric); its bandwidth only if the reverse is unmeasured.
+    direction's latency too (RTT is symmetric). Bandwidth is directional (home uplinks are 5-20x slower
+    than downlinks): an unmeasured reverse direction is estimated from the two peers' access capacities
+    and typical rates in that direction, like any unmeasured pair.
     """
     index = _index(peers)
     n = len(peers)
@@ -171,10 +173,8 @@ def build_netmodel(
         for a, b in ((i, j), (j, i)):
             lat[a, b] = lat_ij if not lat_known[a, b] else (lat[a, b] + lat_ij) / 2
             lat_known[a, b] = True
-    for i, j in zip(*np.nonzero(measured & ~measured.T), strict=True):
-        bw[j, i] = bw[i, j]
     _fill_latency(n, lat, lat_known, dims, seed)
-    _fill_bandwidth(n, bw, measured | measured.T, up, down)
+    _fill_bandwidth(n, bw, measured, up, down)
     np.fill_diagonal(lat, 0.0)
     return NetModel(lat, bw, measured, up, down)
 
@@ -188,17 +188,24 @@ def _fill_latency(n: int, lat: np.ndarray, known: np.ndarray, dims: int, seed: i
     lat[~known] = est[~known]
 
 
+def _typical(rates: list[np.ndarray], fallback: np.ndarray | None = None) -> np.ndarray:
+    """Median of each peer's rates; peers with none take `fallback` (else the swarm's median)."""
+    out = np.array([float(np.median(v)) if len(v) else np.nan for v in rates])
+    if fallback is not None:
+        out = np.where(np.isfinite(out), out, fallback)
+    swarm = float(np.nanmedian(out)) if np.isfinite(out).any() else 1.0
+    return np.where(np.isfinite(out), out, swarm)
+
+
 def _fill_bandwidth(n: int, bw: np.ndarray, known: np.ndarray, up: np.ndarray, down: np.ndarray) -> None:
-    # A peer's typical measured rate stands in for its access capacity where none was reported.
-    typical = np.full(n, np.nan)
-    for i in range(n):
-        vals = np.concatenate([bw[i, known[i]], bw[known[:, i], i]])
-        if len(vals):
-            typical[i] = float(np.median(vals))
-    fallback = float(np.nanmedian(typical)) if np.isfinite(typical).any() else 1.0
-    typical = np.where(np.isfinite(typical), typical, fallback)
-    send = np.where(np.isfinite(up), up, typical)
-    recv = np.where(np.isfinite(down), down, typical)
+    # A peer's typical measured rate in a direction stands in for its access capacity where none was
+    # reported: its sends for its upload, what it received for its download. A peer measured only one
+    # way takes its other-way median (better than the swarm's), and no estimate exceeds a reported cap.
+    both = _typical([np.concatenate([bw[i, known[i]], bw[known[:, i], i]]) for i in range(n)])
+    sent = _typical([bw[i, known[i]] for i in range(n)], both)
+    received = _typical([bw[known[:, i], i] for i in range(n)], both)
+    send = np.where(np.isfinite(up), up, sent)
+    recv = np.where(np.isfinite(down), down, received)
     est = np.minimum(send[:, None], recv[None, :])
     fill = ~known
     np.fill_diagonal(fill, False)

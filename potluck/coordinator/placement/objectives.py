@@ -22,23 +22,39 @@ from potluck.coordinator.placement.costmodel import (
     StepBreakdown,
     StepJob,
     dtfm_weights,
+    is_symmetric,
     link_weight,
     micro_batches,
     split_layers,
     step_time,
     sync_weights,
 )
+from potluck.coordinator.placement.matching import bottleneck_matching, split_bottleneck_matching
 from potluck.coordinator.placement.netmodel import NetModel
 
 
 class Objective(ABC):
-    """What the search minimises; `link` is the N x N pipeline link weight (seconds, symmetric)."""
+    """What the search minimises; `link` is the N x N pipeline link weight (seconds, symmetric).
+
+    A stage boundary between groups A (earlier) and B costs `boundary(A, B)`: by default the bottleneck
+    matching on `link`, which is exact where `link` says all there is to say about a pair. `link` is
+    also what the templates cluster on, and a lower bound of a boundary's matched pairs.
+    """
 
     name: str
     n_stages: int
     n_replicas: int
     link: np.ndarray
     monotone_in_links = False  # True if a longer link can never lower the objective (enables pruning)
+
+    def boundary(self, a: np.ndarray, b: np.ndarray) -> tuple[float, list[int]]:
+        """(Matched link time, the column of b matched to each row of a) between stage groups a and b."""
+        return bottleneck_matching(self.link[np.ix_(a, b)])
+
+    def boundary_floor(self, a: np.ndarray, b: np.ndarray) -> float:
+        """A cheap lower bound of ``boundary(a, b)[0]``: every device needs some partner."""
+        w = self.link[np.ix_(a, b)]
+        return max(float(w.min(axis=1).max()), float(w.min(axis=0).max()))
 
     @abstractmethod
     def group_stat(self, members: np.ndarray) -> Any:
@@ -54,15 +70,40 @@ class Objective(ABC):
 
 
 class DtfmObjective(Objective):
-    """DT-FM's COMM-COST: slowest group's shard exchange plus twice the matched path (seconds)."""
+    """DT-FM's COMM-COST: slowest group's shard sends plus twice the matched path (seconds).
+
+    `w_dp` and `w_pp` are directional (row = sender). On an asymmetric network a boundary's cost is the
+    mean of its slowest forward and slowest backward transfer, matched exactly for that sum
+    (``split_bottleneck_matching``); `link`, their mean per pair, bounds it from below.
+    """
 
     name = "dtfm"
     monotone_in_links = True
 
     def __init__(self, net: NetModel, job: DtfmJob) -> None:
         self.n_stages, self.n_replicas = job.n_stages, job.n_replicas
-        self.w_dp, w_pp = dtfm_weights(net, job)
-        self.link = w_pp
+        self.w_dp, self.w_pp = dtfm_weights(net, job)
+        self.directional = not is_symmetric(net)
+        self.link = (self.w_pp + self.w_pp.T) / 2.0 if self.directional else self.w_pp
+
+    def boundary(self, a: np.ndarray, b: np.ndarray) -> tuple[float, list[int]]:
+        if not self.directional:
+            return super().boundary(a, b)
+        total, col_of_row = split_bottleneck_matching(self.w_pp[np.ix_(a, b)], self.w_pp[np.ix_(b, a)].T)
+        return total / 2.0, col_of_row
+
+    def boundary_floor(self, a: np.ndarray, b: np.ndarray) -> float:
+        if not self.directional:
+            return super().boundary_floor(a, b)
+        fwd, bwd = self.w_pp[np.ix_(a, b)], self.w_pp[np.ix_(b, a)].T
+        floor_f = max(float(fwd.min(axis=1).max()), float(fwd.min(axis=0).max()))
+        floor_b = max(float(bwd.min(axis=1).max()), float(bwd.min(axis=0).max()))
+        return max((floor_f + floor_b) / 2.0, super().boundary_floor(a, b))
+
+    def uplink_rank(self, devices: np.ndarray) -> np.ndarray:
+        """`devices` from the fastest sender to the slowest (mean time of their sends to the others)."""
+        w = self.w_dp[np.ix_(devices, devices)]
+        return devices[np.argsort(w.sum(axis=1), kind="stable")]
 
     def group_stat(self, members: np.ndarray) -> float:
         return float(self.w_dp[np.ix_(members, members)].sum(axis=1).max())
@@ -88,17 +129,21 @@ class StepObjective(Objective):
         self.sync_lat, self.sync_per_byte = sync_weights(net, job)
         self.speed = np.array([d.tflops for d in devices], dtype=np.float64)
         self.memory = np.array([d.memory_gb for d in devices], dtype=np.float64)
-        # A member's access link caps how fast it pushes its shards: (R-1) shards out in each of the two
-        # phases, compressed as on a WAN link (access capacities describe the path to the internet).
-        up = np.minimum(net.upload_gbps, net.download_gbps)
+        # A member's access link caps how fast it pushes its shards out and takes the others' in: (R-1)
+        # shards each way in each of the two phases, compressed as on a WAN link (access capacities
+        # describe the path to the internet). Up and down run at once (full duplex): the slower sets it.
+        slowest = np.minimum(net.upload_gbps, net.download_gbps)
         ratio = job.codecs.gradient_wan
-        self.upload_per_byte = np.where(
-            np.isfinite(up), 2.0 * (n_replicas - 1) * ratio * 8.0 / (up * 1e9), 0.0
+        self.access_per_byte = np.where(
+            np.isfinite(slowest), 2.0 * (n_replicas - 1) * ratio * 8.0 / (slowest * 1e9), 0.0
         )
 
     def group_stat(self, members: np.ndarray) -> tuple[float, float, np.ndarray, np.ndarray]:
         grid = np.ix_(members, members)
-        per_byte = np.maximum(self.sync_per_byte[grid].sum(axis=1), self.upload_per_byte[members])
+        # Each member sends its shards over its own links (row sums) and receives the others' (column
+        # sums) at the same time: the slower of the two, or of its access link, sets its sync time.
+        sends, receives = self.sync_per_byte[grid].sum(axis=1), self.sync_per_byte[grid].sum(axis=0)
+        per_byte = np.maximum(np.maximum(sends, receives), self.access_per_byte[members])
         return (
             float(self.speed[members].min()),
             float(self.memory[members].min()),

@@ -89,6 +89,16 @@ def load_scenario(name_or_path: str) -> Scenario:
     path = resolve(name_or_path)
     try:
         raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(f"{path}: {type(exc).__name__}: {exc}") from exc
+    return scenario_from_dict(raw, path.stem, str(path))
+
+
+def scenario_from_dict(
+    raw: dict[str, Any], default_name: str = "scenario", where: str = "scenario"
+) -> Scenario:
+    """A scenario from its parsed JSON (a generated swarm, a file's contents); `where` names it in errors."""
+    try:
         devices = raw["devices"]
         links = raw["links"]
         job = raw.get("job", {})
@@ -105,12 +115,12 @@ def load_scenario(name_or_path: str) -> Scenario:
         if "D_PP" in job:
             dtfm = DtfmJob(int(job["D_PP"]), int(job["D_DP"]), float(job["c_dp_GB"]), float(job["c_pp_GB"]))
         return Scenario(
-            name=str(raw.get("name", path.stem)),
+            name=str(raw.get("name", default_name)),
             description=str(raw.get("description", "")),
             state=state,
             dtfm_job=dtfm,
             step_job=_step_job(job),
             groups=tuple(str(d.get("group", "")) for d in devices),
         )
-    except (OSError, ValueError, KeyError, TypeError, NetModelError) as exc:
-        raise ScenarioError(f"{path}: {type(exc).__name__}: {exc}") from exc
+    except (ValueError, KeyError, TypeError, NetModelError) as exc:
+        raise ScenarioError(f"{where}: {type(exc).__name__}: {exc}") from exc

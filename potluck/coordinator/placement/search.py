@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from potluck.coordinator.placement.matching import bottleneck_matching
 from potluck.coordinator.placement.objectives import Objective
 from potluck.coordinator.placement.tsp import EXACT_LIMIT, open_path
 
@@ -47,7 +46,7 @@ def pair_matrix(obj: Objective, groups: np.ndarray) -> np.ndarray:
     pair = np.zeros((s, s))
     for a in range(s):
         for b in range(a + 1, s):
-            pair[a, b] = pair[b, a] = bottleneck_matching(obj.link[np.ix_(groups[a], groups[b])])[0]
+            pair[a, b] = pair[b, a] = obj.boundary(groups[a], groups[b])[0]
     return pair
 
 
@@ -78,9 +77,7 @@ def evaluate_in_order(obj: Objective, groups: np.ndarray, spares: np.ndarray) ->
     """Evaluation that keeps row j of `groups` at stage j (re-planning must not reshuffle stages)."""
     groups = np.asarray(groups, dtype=np.int64)
     stats = [obj.group_stat(g) for g in groups]
-    edges = np.array(
-        [bottleneck_matching(obj.link[np.ix_(groups[k], groups[k + 1])])[0] for k in range(len(groups) - 1)]
-    )
+    edges = np.array([obj.boundary(groups[k], groups[k + 1])[0] for k in range(len(groups) - 1)])
     cost = obj.combine(stats, edges)
     return Candidate(
         groups.copy(), np.asarray(spares, dtype=np.int64).copy(), stats, list(range(len(groups))), edges, cost
@@ -92,7 +89,7 @@ def pipelines(obj: Objective, cand: Candidate) -> np.ndarray:
     rows = [cand.groups[cand.order[0]].copy()]
     for j in range(1, len(cand.order)):
         nxt = cand.groups[cand.order[j]]
-        _, col_of_row = bottleneck_matching(obj.link[np.ix_(rows[-1], nxt)])
+        _, col_of_row = obj.boundary(rows[-1], nxt)
         rows.append(nxt[np.asarray(col_of_row)])
     return np.stack(rows)
 
@@ -142,15 +139,15 @@ def try_move(
             return new_b
         return cand.groups[g]
 
-    blocks = {k: obj.link[np.ix_(members(cand.order[k]), members(cand.order[k + 1]))] for k in touched}
+    blocks = {k: (members(cand.order[k]), members(cand.order[k + 1])) for k in touched}
     ordered = [stats[o] for o in cand.order]
     if np.isfinite(cutoff) and obj.monotone_in_links:
-        for k, w in blocks.items():
-            edges[k] = max(float(w.min(axis=1).max()), float(w.min(axis=0).max()))
+        for k, (ga, gb) in blocks.items():
+            edges[k] = obj.boundary_floor(ga, gb)
         if obj.combine(ordered, edges) >= cutoff:
             return np.inf, new_a, new_b, stats, edges
-    for k, w in blocks.items():
-        edges[k] = bottleneck_matching(w)[0]
+    for k, (ga, gb) in blocks.items():
+        edges[k] = obj.boundary(ga, gb)[0]
     cost = obj.combine(ordered, edges)
     return cost, new_a, new_b, stats, edges
 
