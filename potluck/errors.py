@@ -19,6 +19,7 @@ went wrong and what to try::
     │   ├── CollectiveError (LateError), PipelineError, StepAborted
     │   ├── StateError (TransferError)    fetching a stage's state from disk or live holders
     │   └── TrainingFailed
+    ├── TestbedError             potluck.testbed.errors: the emulated WAN (root, TUN, scenario files)
     ├── TaskFailed               here: a supervised task (potluck.aio) raised; its error is the cause
     └── DeadlineExceeded         here: a bounded wait (potluck.aio.bounded) ran out; also a TimeoutError
 
