@@ -15,7 +15,9 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -29,6 +31,9 @@ from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobfile import parse_job
 from potluck.protocol.jobspec import JobSpec
+
+if TYPE_CHECKING:
+    from potluck.testbed.localswarm import Placement
 
 STAGES, REPLICAS = 2, 2
 STOP_TIMEOUT_S = 15.0  # bound on stopping the coordinator service when the demo ends
@@ -86,15 +91,20 @@ async def run_local_job(
     timeout: float,
     threads: int,
     telemetry: TelemetryOptions | None = None,
+    placement: Placement | None = None,
+    peer_extra: Callable[[int], tuple[str, ...]] | None = None,
 ) -> tuple[dict[str, object], JobWatcher]:
     """Coordinator here, ``job.min_peers`` peer processes on loopback; train to the end, then stop all.
-    ``telemetry``: the broker and dashboard to run (None: none, as benchmarks want).
+    ``telemetry``: the broker and dashboard to run (None: none, as benchmarks want). ``placement``: where
+    each process runs and listens (``"coordinator"`` is this process: its listen address only);
+    ``peer_extra(i)``: more flags for peer i (its declared access link, say).
 
     Returns the summary and the watcher (per-peer step timings, the plan) for benchmarks."""
     from potluck.coordinator.service import CoordinatorService  # hivemind, torch: only when run
-    from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
+    from potluck.testbed.localswarm import LocalSwarm, on_loopback
 
-    net = NetworkConfig(host_maddrs=(LOOPBACK,), bootstrap_timeout_s=30.0)
+    placement = placement or on_loopback
+    net = NetworkConfig(host_maddrs=(placement("coordinator")[1],), bootstrap_timeout_s=30.0)
     stack = TelemetryStack(telemetry or TelemetryOptions(enabled=False))
     mqtt = await stack.open_broker()  # before the invite, which carries its URL
     cfg = CoordinatorConfig(
@@ -122,7 +132,9 @@ async def run_local_job(
     # On SIGINT / SIGTERM the peers end too, never left orphaned.
     with (
         stop_on_signals() as stop,
-        LocalSwarm(run_dir, run_dir / "unused.toml", "demo", peer_args, verbose=verbose) as swarm,
+        LocalSwarm(
+            run_dir, run_dir / "unused.toml", "demo", peer_args, verbose=verbose, placement=placement
+        ) as swarm,
     ):
         swarm.invite = await service.start()
         # Another terminal can watch or join: potluck monitor --join @RUN_DIR/invite.txt
@@ -134,9 +146,10 @@ async def run_local_job(
             if stack.target is not None:
                 err_console.print(f"mqtt: {stack.target.url(with_password=False)}", highlight=False)
             n = job.min_peers
-            err_console.print(f"coordinator up; starting {n} peers on 127.0.0.1 (logs in {run_dir})")
+            where = "127.0.0.1" if placement is on_loopback else "their places"
+            err_console.print(f"coordinator up; starting {n} peers on {where} (logs in {run_dir})")
             for i in range(n):
-                swarm.start_peer(f"peer{i}")
+                swarm.start_peer(f"peer{i}", *(peer_extra(i) if peer_extra else ()))
             with JobWatcher(job, Path(job.checkpoint.dir), bar=True) as watcher:
                 service.on_plan = watcher.on_plan
                 service.on_progress = watcher.on_progress

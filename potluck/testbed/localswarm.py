@@ -31,6 +31,13 @@ from potluck.protocol.membership import PeerView
 logger = logging.getLogger(__name__)
 
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
+# Where a process runs: a command prefix (e.g. ``ip netns exec NS``) and the multiaddr it listens on.
+Placement = Callable[[str], tuple[tuple[str, ...], str]]
+
+
+def on_loopback(name: str) -> tuple[tuple[str, ...], str]:
+    """Every process on this machine's loopback (the default)."""
+    return (), LOOPBACK
 
 
 @dataclass
@@ -66,6 +73,8 @@ class LocalSwarm:
     peer_args: tuple[str, ...] = ()
     coordinator_args: tuple[str, ...] = ()
     verbose: int = 0  # -v flags given to every child (their logs go to <root>/<name>.log)
+    # Per process name: where it runs (a network namespace of a testbed, say); loopback by default.
+    placement: Placement = on_loopback
     procs: dict[str, Proc] = field(default_factory=dict)
     invite: Invite | None = None
 
@@ -73,9 +82,10 @@ class LocalSwarm:
         self.root.mkdir(parents=True, exist_ok=True)
         log = self.root / f"{name}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        prefix, _ = self.placement(name)
         with open(log, "wb") as out:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "potluck", *(["-v"] * self.verbose), *args],
+                [*prefix, sys.executable, "-m", "potluck", *(["-v"] * self.verbose), *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -111,7 +121,7 @@ class LocalSwarm:
                 "--identity",
                 str(self.root / "coordinator.pem"),
                 "--host-maddrs",
-                LOOPBACK,
+                self.placement("coordinator")[1],
                 "--poll-interval",
                 "1",
                 *self.coordinator_args,
@@ -149,7 +159,7 @@ class LocalSwarm:
                 "--state-dir",  # its key and checkpoints: as on a machine of its own
                 str(self.root / name),
                 "--host-maddrs",
-                LOOPBACK,
+                self.placement(name)[1],
                 *self.peer_args,
                 *extra,
             ],
