@@ -87,6 +87,10 @@ def stale_namespaces() -> list[str]:
     return [n for n in names if (m := pattern.match(n)) and not _alive(int(m.group(1)))]
 
 
+def delete_namespace(name: str) -> None:
+    _run("ip", "netns", "del", name)
+
+
 @contextmanager
 def sigterm_raises() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise ``SystemExit`` in the main thread, so ``with`` blocks
