@@ -47,6 +47,7 @@ NETNS_DIR = "/var/run/netns"
 BATCH = 256  # most packets read from one device per wakeup
 MAX_PACKET = 65535
 RELAY_NICE = -10
+RELAY_RT_PRIORITY = 10
 
 
 def _setns(fd: int) -> None:
@@ -110,9 +111,10 @@ class Relay:
         self.prefix = prefix
         self.stats = RelayStats()
 
-    def serve(self) -> None:
-        """Forward forever (until a signal handler raises)."""
+    def serve(self, stop_fd: int = -1) -> None:
+        """Forward until ``stop_fd`` (when given) becomes readable, or a signal handler raises."""
         fds, sched, prefix, n = self.fds, self.sched, self.prefix, len(self.fds)
+        watched = [*fds, stop_fd] if stop_fd >= 0 else fds
         index = {fd: i for i, fd in enumerate(fds)}
         heap: list[tuple[float, int, int, bytes]] = []  # (arrival at receiver, seq, receiver, packet)
         down: list[deque[tuple[float, bytes]]] = [deque() for _ in fds]  # (delivery time, packet)
@@ -127,9 +129,11 @@ class Relay:
                 if q and q[0][0] < wake:
                     wake = q[0][0]
             timeout = None if wake == math.inf else max(0.0, wake - clock())
-            ready, _, _ = wait(fds, (), (), timeout)
+            ready, _, _ = wait(watched, (), (), timeout)
             now = clock()
             for fd in ready:
+                if fd == stop_fd:
+                    return
                 src = index[fd]
                 for _ in range(BATCH):
                     try:
@@ -171,7 +175,14 @@ class Relay:
 
 def _raise_priority(nice: int) -> None:
     """Run ahead of ordinary processes (peers, benchmarks): a relay that waits for a CPU delays every
-    packet it holds, which shows up as extra RTT on a busy 2-core machine."""
+    packet it holds, which shows up as extra RTT on a busy 2-core machine. A real-time class when
+    allowed (it sleeps in select between packets, and the kernel caps real-time tasks at 95% of a
+    CPU anyway), else a high nice."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RELAY_RT_PRIORITY))
+        return
+    except (OSError, AttributeError) as exc:
+        logger.debug("relay: no real-time scheduling (%s), raising nice instead", exc)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError as exc:

@@ -100,6 +100,8 @@ def spec_from_dict(
         devices = raw["devices"]
         links = raw["links"]
         n = len(devices)
+        if not 2 <= n <= 250:
+            raise TestbedError(f"scenario {default_name!r}: the testbed emulates 2..250 devices, not {n}")
         lat = _matrix(links["latency_ms"], n, "links.latency_ms", latency_scale, allow_zero=True)
         pair = _matrix(links["bandwidth_gbps"], n, "links.bandwidth_gbps", 1000.0 * bandwidth_scale)
         up = tuple(
@@ -111,8 +113,6 @@ def spec_from_dict(
         groups = tuple(str(d.get("group", "")) for d in devices)
     except (KeyError, TypeError, ValueError) as exc:
         raise TestbedError(f"scenario {default_name!r}: {type(exc).__name__}: {exc}") from exc
-    if not 2 <= n <= 250:
-        raise TestbedError(f"scenario {default_name!r}: the testbed emulates 2..250 devices, not {n}")
     return WanSpec(str(raw.get("name", default_name)), lat, pair, up, down, groups)
 
 

@@ -1,0 +1,101 @@
+"""`potluck testbed check` on a real emulated WAN: every direction within 10% of an asymmetric
+scenario, and nothing left behind, after a normal run or a Ctrl+C in the middle of one.
+
+Needs root, /dev/net/tun and iproute2 (network namespaces and TUN devices); skipped otherwise.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.swarm import descendants, kill_recorded, still_running
+
+SCENARIO = Path(__file__).parent / "data" / "wan-3-asym.json"
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="network namespaces are Linux only"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the WAN testbed needs root (namespaces, TUN devices)"),
+    pytest.mark.skipif(not os.path.exists("/dev/net/tun"), reason="no /dev/net/tun (kernel TUN driver)"),
+    pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2's `ip` is not installed"),
+]
+
+
+def namespaces(tag: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(tag + "-")]
+
+
+def root_tun_devices() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link", "show", "type", "tun"], capture_output=True, text=True).stdout
+    return {line.split(":")[1].strip() for line in out.splitlines() if ":" in line}
+
+
+def check_cmd(*extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "potluck",
+        "testbed",
+        "check",
+        "--scenario",
+        str(SCENARIO),
+        "--json",
+        *extra,
+    ]
+
+
+def test_check_measures_every_direction_within_ten_percent():
+    tuns = root_tun_devices()
+    proc = subprocess.Popen(
+        check_cmd("--measure-s", "0.5", "--pings", "10"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=100)
+    report = json.loads(out.strip().splitlines()[-1])
+    links = {(link["a"], link["b"]): link for link in report["links"]}
+    assert set(links) == {(a, b) for a in range(3) for b in range(3) if a != b}
+    assert links[(1, 0)]["mbps_target"] == 5.0 and links[(0, 2)]["mbps_target"] == 20.0  # upload, path
+    assert links[(1, 2)]["rtt_ms_target"] == 100.0  # 40 ms one way, 60 ms back
+    for link in report["links"]:
+        assert abs(link["rtt_ms_measured"] - link["rtt_ms_target"]) <= 0.1 * link["rtt_ms_target"], link
+        assert abs(link["mbps_measured"] - link["mbps_target"]) <= 0.1 * link["mbps_target"], link
+    assert report["ok"] is True and proc.returncode == 0, err
+    assert namespaces(f"plw{proc.pid}") == []
+    assert root_tun_devices() == tuns  # the relay never made a device in the root namespace
+
+
+def test_ctrl_c_mid_run_leaves_no_namespace_and_no_process():
+    proc = subprocess.Popen(check_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tag = f"plw{proc.pid}"
+    kids = []
+    try:
+        deadline = time.monotonic() + 30
+        # mid-run: the namespaces exist and the relay plus three probe agents are running
+        while time.monotonic() < deadline and not (len(namespaces(tag)) == 3 and len(kids) >= 4):
+            time.sleep(0.1)
+            kids = descendants(proc.pid)
+        assert len(namespaces(tag)) == 3 and len(kids) >= 4, "the check never got going"
+        time.sleep(1.0)
+        kids = descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=20)
+        assert proc.returncode != 0
+        assert namespaces(tag) == []
+        assert [k for k in kids if still_running(k)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_recorded(kids)
+        for ns in namespaces(tag):
+            subprocess.run(["ip", "netns", "del", ns])
