@@ -49,12 +49,16 @@ class Objective(ABC):
 
     def boundary(self, a: np.ndarray, b: np.ndarray) -> tuple[float, list[int]]:
         """(Matched link time, the column of b matched to each row of a) between stage groups a and b."""
-        return bottleneck_matching(self.link[np.ix_(a, b)])
+        return bottleneck_matching(self.link[a[:, None], b])
 
     def boundary_floor(self, a: np.ndarray, b: np.ndarray) -> float:
         """A cheap lower bound of ``boundary(a, b)[0]``: every device needs some partner."""
-        w = self.link[np.ix_(a, b)]
-        return max(float(w.min(axis=1).max()), float(w.min(axis=0).max()))
+        return _partner_floor(self.link[a[:, None], b])
+
+
+def _partner_floor(w: np.ndarray) -> float:
+    """Every row and every column of a matching takes some entry: the largest row or column minimum."""
+    return max(float(w.min(axis=1).max()), float(w.min(axis=0).max()))
 
     @abstractmethod
     def group_stat(self, members: np.ndarray) -> Any:
@@ -89,16 +93,15 @@ class DtfmObjective(Objective):
     def boundary(self, a: np.ndarray, b: np.ndarray) -> tuple[float, list[int]]:
         if not self.directional:
             return super().boundary(a, b)
-        total, col_of_row = split_bottleneck_matching(self.w_pp[np.ix_(a, b)], self.w_pp[np.ix_(b, a)].T)
+        total, col_of_row = split_bottleneck_matching(self.w_pp[a[:, None], b], self.w_pp[b[:, None], a].T)
         return total / 2.0, col_of_row
 
     def boundary_floor(self, a: np.ndarray, b: np.ndarray) -> float:
         if not self.directional:
             return super().boundary_floor(a, b)
-        fwd, bwd = self.w_pp[np.ix_(a, b)], self.w_pp[np.ix_(b, a)].T
-        floor_f = max(float(fwd.min(axis=1).max()), float(fwd.min(axis=0).max()))
-        floor_b = max(float(bwd.min(axis=1).max()), float(bwd.min(axis=0).max()))
-        return max((floor_f + floor_b) / 2.0, super().boundary_floor(a, b))
+        fwd, bwd = self.w_pp[a[:, None], b], self.w_pp[b[:, None], a].T
+        split = (_partner_floor(fwd) + _partner_floor(bwd)) / 2.0
+        return max(split, _partner_floor((fwd + bwd) / 2.0))
 
     def uplink_rank(self, devices: np.ndarray) -> np.ndarray:
         """`devices` from the fastest sender to the slowest (mean time of their sends to the others)."""
@@ -106,7 +109,7 @@ class DtfmObjective(Objective):
         return devices[np.argsort(w.sum(axis=1), kind="stable")]
 
     def group_stat(self, members: np.ndarray) -> float:
-        return float(self.w_dp[np.ix_(members, members)].sum(axis=1).max())
+        return float(self.w_dp[members[:, None], members].sum(axis=1).max())
 
     def combine(self, stats: Sequence[Any], edges: np.ndarray) -> float:
         return float(max(stats)) + 2.0 * float(edges.sum())
