@@ -33,6 +33,11 @@ from potluck.coordinator.placement.matching import bottleneck_matching, split_bo
 from potluck.coordinator.placement.netmodel import NetModel
 
 
+def _partner_floor(w: np.ndarray) -> float:
+    """Every row and every column of a matching takes some entry: the largest row or column minimum."""
+    return max(float(w.min(axis=1).max()), float(w.min(axis=0).max()))
+
+
 class Objective(ABC):
     """What the search minimises; `link` is the N x N pipeline link weight (seconds, symmetric).
 
@@ -54,11 +59,6 @@ class Objective(ABC):
     def boundary_floor(self, a: np.ndarray, b: np.ndarray) -> float:
         """A cheap lower bound of ``boundary(a, b)[0]``: every device needs some partner."""
         return _partner_floor(self.link[a[:, None], b])
-
-
-def _partner_floor(w: np.ndarray) -> float:
-    """Every row and every column of a matching takes some entry: the largest row or column minimum."""
-    return max(float(w.min(axis=1).max()), float(w.min(axis=0).max()))
 
     @abstractmethod
     def group_stat(self, members: np.ndarray) -> Any:
