@@ -27,14 +27,12 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from potluck.lifeline import after_spawn, preexec
 from potluck.testbed.errors import TestbedError
+from potluck.testbed.wan.check import CheckReport, measure
 from potluck.testbed.wan.spec import INF, WanSpec
-
-if TYPE_CHECKING:
-    from potluck.testbed.wan.check import CheckReport
 
 logger = logging.getLogger(__name__)
 
@@ -255,8 +253,6 @@ class WanLab:
 
     def check(self, tolerance: float = 0.1, **kw: Any) -> CheckReport:
         """Measure every directed link's RTT and rate (see ``potluck.testbed.wan.check.measure``)."""
-        from potluck.testbed.wan.check import measure
-
         return measure(self, tolerance=tolerance, **kw)
 
 

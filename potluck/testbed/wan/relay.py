@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from potluck import logs
 from potluck.testbed.wan.sched import LinkScheduler, scheduler_for
 
 logger = logging.getLogger(__name__)
@@ -220,8 +221,6 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    from potluck import logs
-
     logs.configure(0)
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
