@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""The headline benchmark: one job, the same peers, on fast links and on emulated home links, and
+hivemind training the same model on the same home links (issue 15).
+
+Every process runs in a network namespace of its own. Three runs in one invocation:
+
+1. **potluck, fast links**: namespaces on a kernel bridge (``testbed.netem.Netlab``), unshaped (veth:
+   several Gbit/s, RTT ~0.05 ms);
+2. **potluck, home links**: namespaces joined by the userspace relay (``testbed.wan.WanLab``) with the
+   scenario's per-direction delays and rates, checked against the scenario before any training;
+3. **hivemind, home links**: ``scripts/wan_hivemind.py`` in the same peer namespaces, pure data parallel
+   with ``hivemind.Optimizer`` (fp16 gradient compression), to the same number of tokens.
+
+The coordinator runs in node 0's namespace (a rented server on a good line), the peers in nodes
+1..N. The job is the demo's model (4 layers, 128 wide, byte level, 2,048 tokens a step) with the WAN
+compression policy given on the command line; every peer runs one torch thread. Bytes on the wire are
+counted at each namespace's interface (IP level, everything: DHT, probes, training). The predicted step
+time is the planner's (``predicted (probe)``), and the same model on the same plan with each peer's
+speed calibrated from its measured compute (``predicted (calibrated)``): the peers share 2 cores, so
+only measured compute reflects what each got of them.
+
+Needs root. Tears everything down on exit, Ctrl+C or SIGTERM.
+
+    sudo .venv/bin/python scripts/bench_wan.py --steps 80 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+logger = logging.getLogger("bench_wan")
+
+SCENARIO = "home-train-5"  # potluck/testbed/scenarios/home-train-5.json: node 0 = the coordinator's
+PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
+
+
+# ==== inside node 0's namespace: the coordinator and the peers ==========================================
+
+
+def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run the job with the coordinator in this process (node 0) and peer i in node i + 1."""
+    from potluck.cli.demo_cmd import demo_job, run_local_job
+    from potluck.compat import use_fork
+    from potluck.coordinator.job.plan import calibrated_tflops, network, predict_step
+    from potluck.coordinator.placement.costmodel import DeviceSpec
+
+    use_fork()
+    run_dir = Path(cfg["run_dir"])
+    job = demo_job(cfg["steps"], run_dir / "checkpoints")
+    comp = job.compression.model_copy(update=cfg["compression"])
+    job = job.model_copy(update={"compression": comp})
+    prefixes, addrs, access = cfg["prefixes"], cfg["addrs"], cfg.get("access")
+
+    def placement(name: str) -> tuple[tuple[str, ...], str]:
+        node = 0 if name == "coordinator" else int(name.removeprefix("peer")) + 1
+        return tuple(prefixes[node]), f"/ip4/{addrs[node]}/tcp/0"
+
+    def extra(i: int) -> tuple[str, ...]:
+        if not access:
+            return ()
+        up, down = access[i + 1]
+        return ("--upload-mbps", f"{up:g}", "--download-mbps", f"{down:g}")
+
+    start = time.monotonic()
+    summary, watcher = asyncio.run(
+        run_local_job(job, run_dir, cfg["timeout"], 1, placement=placement, peer_extra=extra)
+    )
+    wall = time.monotonic() - start
+    plan, state = watcher.plan, watcher.swarm_state
+    assert plan is not None and state is not None
+    skip = cfg["skip"]
+    per_peer: dict[str, dict[str, float]] = {}
+    for peer, by_step in watcher.timings.items():
+        pos = plan.position(peer)
+        kept = [t for s, t in sorted(by_step.items()) if s > skip]
+        if kept and pos is not None:
+            per_peer[f"s{pos[0]}r{pos[1]}"] = {p: statistics.mean(getattr(t, p) for t in kept) for p in PARTS}
+    measured = max(p["total"] for p in per_peer.values())
+    order = sorted(p for st in plan.stages for p in st.peers)
+    compute = {
+        peer: statistics.mean(t.compute for s, t in by_step.items() if s > skip)
+        for peer, by_step in watcher.timings.items()
+        if any(s > skip for s in by_step)
+    }
+    tflops = calibrated_tflops(plan, job, compute)
+    devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
+    net, net_note = network(state, order)
+    calibrated = predict_step(plan, job, devices, net, order).total
+    losses = dict(sorted(watcher.losses.items()))
+    tail = [v for s, v in losses.items() if s > 0.9 * cfg["steps"]]
+    return {
+        **summary,
+        "wall_s": round(wall, 1),
+        "tokens": summary["steps"] * job.batch.tokens_per_step,  # type: ignore[operator]
+        "loss_tail_mean": statistics.mean(tail) if tail else None,
+        "losses": losses,
+        "step_s": measured,
+        "predicted_step_s": plan.predicted_step_s,
+        "calibrated_step_s": calibrated,
+        "prediction_error": (plan.predicted_step_s - measured) / measured,
+        "calibrated_error": (calibrated - measured) / measured,
+        "peers": per_peer,
+        "links": net_note,
+        "stages": len(plan.stages),
+        "replicas": plan.n_replicas,
+    }
+
+
+# ==== the driver (root namespace) ========================================================================
+
+
+def iface_bytes(prefix: list[str], dev: str) -> tuple[int, int]:
+    """(tx, rx) bytes of ``dev`` inside the namespace ``prefix`` enters."""
+    out = []
+    for what in ("tx_bytes", "rx_bytes"):
+        cmd = [*prefix, "cat", f"/sys/class/net/{dev}/statistics/{what}"]
+        out.append(int(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout))
+    return out[0], out[1]
+
+
+def run_potluck(
+    label: str,
+    spawn: Any,
+    prefixes: list[list[str]],
+    addrs: list[str],
+    dev: str,
+    args: argparse.Namespace,
+    access: list[tuple[float, float]] | None,
+) -> dict[str, Any]:
+    """Start ``potluck_inner`` in node 0 through ``spawn`` (the lab's, so the lab reaps it) and wait."""
+    with tempfile.TemporaryDirectory(prefix=f"potluck-wan-{label}-") as tmp:
+        cfg = {
+            "run_dir": tmp,
+            "steps": args.steps,
+            "skip": args.skip,
+            "timeout": args.timeout,
+            "prefixes": prefixes,
+            "addrs": addrs,
+            "access": access,
+            "compression": json.loads(args.compression),
+        }
+        cfg_file, out_file = Path(tmp) / "cfg.json", Path(tmp) / "result.json"
+        cfg_file.write_text(json.dumps(cfg))
+        before = [iface_bytes(p, dev) for p in prefixes]
+        log = open(Path(tmp) / "inner.log", "wb")  # noqa: SIM115 (closed below)
+        proc = spawn(
+            0,
+            [sys.executable, __file__, "--inner", str(cfg_file), "--inner-out", str(out_file)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            rc = proc.wait(timeout=args.timeout + 120)
+        except subprocess.TimeoutExpired:
+            rc = -1
+        finally:  # its peers die with it (lifeline); ours to reap, by PID
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            log.close()
+        after = [iface_bytes(p, dev) for p in prefixes]
+        if rc != 0 or not out_file.exists():
+            tail = (Path(tmp) / "inner.log").read_text(errors="replace")[-4000:]
+            raise RuntimeError(f"potluck run {label!r} failed (rc {rc}):\n{tail}")
+        result = json.loads(out_file.read_text())
+    sent = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
+    result["label"] = label
+    result["wire_bytes_sent"] = sum(sent)
+    result["wire_bytes_per_step"] = sum(sent) / max(result["steps"], 1)
+    result["wire_bytes_sent_per_node"] = sent
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--skip", type=int, default=5, help="leading steps left out of the step-time means")
+    ap.add_argument("--timeout", type=float, default=1500.0, help="per run, seconds")
+    ap.add_argument("--scenario", default=SCENARIO)
+    ap.add_argument(
+        "--compression",
+        default='{"activations": "int8:block=64", "gradients": "int8:block=64", "error_feedback": true}',
+        help="the job's [compression] section as JSON (the same in every potluck run)",
+    )
+    ap.add_argument("--only", choices=["fast", "home", "hivemind"], nargs="+", default=None)
+    ap.add_argument("--json", action="store_true", help="end with one JSON line")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "bench_wan.json")
+    ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--inner-out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.inner:
+        args.inner_out.write_text(json.dumps(potluck_inner(json.loads(args.inner.read_text()))))
+        return
+    from potluck.testbed.netem import Netlab
+    from potluck.testbed.wan.lab import WanLab, require_support
+    from potluck.testbed.wan.spec import load_spec
+
+    require_support()
+    spec = load_spec(args.scenario)
+    n = spec.n
+    access = [(spec.up_mbps[i], spec.down_mbps[i]) for i in range(n)]
+    runs = args.only or ["fast", "home", "hivemind"]
+    out: dict[str, Any] = {"scenario": spec.name, "steps": args.steps, "compression": args.compression}
+    if "fast" in runs:
+        with Netlab(n) as net:
+
+            def spawn(i: int, argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+                from potluck.lifeline import after_spawn, preexec
+
+                p = subprocess.Popen(
+                    [*net.exec_prefix(i), *argv], preexec_fn=preexec(), start_new_session=True, **kw
+                )
+                after_spawn(p.pid)
+                return p
+
+            prefixes = [net.exec_prefix(i) for i in range(n)]
+            out["fast"] = run_potluck("fast", spawn, prefixes, net.addrs, "eth0", args, None)
+            logger.info("fast: %s tokens/s", out["fast"]["tokens_per_s"])
+    if "home" in runs or "hivemind" in runs:
+        with WanLab(spec) as lab:
+            report = lab.check()
+            out["links"] = report.to_json()
+            logger.info("links ok: %s", report.ok)
+            prefixes = [lab.exec_prefix(i) for i in range(n)]
+            addrs = [lab.addr(i) for i in range(n)]
+            if "home" in runs:
+                cpu0 = lab.relay_cpu_s()
+                out["home"] = run_potluck("home", lab.spawn, prefixes, addrs, "tun0", args, access)
+                out["home"]["relay_cpu_s"] = lab.relay_cpu_s() - cpu0
+                logger.info("home: %s tokens/s", out["home"]["tokens_per_s"])
+    head = {}
+    if "fast" in out and "home" in out:
+        head["wan_slowdown"] = out["fast"]["tokens_per_s"] / out["home"]["tokens_per_s"]
+    if "home" in out:
+        head["loss_potluck"] = out["home"]["loss_tail_mean"]
+        head["prediction_error_max"] = max(
+            abs(out[k]["calibrated_error"]) for k in ("fast", "home") if k in out
+        )
+    out["headline"] = head
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print(json.dumps({k: out[k] for k in out if k not in ("links",)}, indent=1, default=str)[:6000])
+    if args.json:
+        print(json.dumps(head))
+
+
+if __name__ == "__main__":
+    main()
