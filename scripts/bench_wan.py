@@ -47,21 +47,53 @@ SCENARIO = "home-train-5"  # potluck/testbed/scenarios/home-train-5.json: node 0
 PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
 
 
+# ==== the job: the demo's model and data, the batch and the compression chosen here ======================
+
+
+def bench_job(steps: int, tokens_per_step: int, compression: dict[str, Any], checkpoint_dir: str) -> dict:
+    """The job every run trains (potluck's as a dict, hivemind's written to TOML from the same dict)."""
+    return {
+        "name": "wan-bench",
+        "seed": 0,
+        "steps": steps,
+        "min_peers": 4,
+        "model": {"n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 256, "seq_len": 64},
+        "batch": {"tokens_per_step": tokens_per_step, "micro_batch_size": 4},
+        "data": {"source": "generated", "generated_chars": 400_000},
+        "optimizer": {"lr": 3e-3, "warmup_steps": 10, "min_lr_ratio": 0.1},
+        "compression": compression,
+        "checkpoint": {"dir": checkpoint_dir, "interval": max(10, steps // 4), "keep": 2},
+        "limits": {"stages": 2, "replicas": 2},
+    }
+
+
+def to_toml(doc: dict[str, Any]) -> str:
+    """Tables of scalars, as the job file format needs (no arrays of tables)."""
+
+    def value(v: Any) -> str:
+        return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
+
+    lines = [f"{k} = {value(v)}" for k, v in doc.items() if not isinstance(v, dict)]
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            lines += ["", f"[{k}]", *(f"{kk} = {value(vv)}" for kk, vv in v.items())]
+    return "\n".join(lines) + "\n"
+
+
 # ==== inside node 0's namespace: the coordinator and the peers ==========================================
 
 
 def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the job with the coordinator in this process (node 0) and peer i in node i + 1."""
-    from potluck.cli.demo_cmd import demo_job, run_local_job
+    from potluck.cli.demo_cmd import run_local_job
     from potluck.compat import use_fork
     from potluck.coordinator.job.plan import calibrated_tflops, network, predict_step
     from potluck.coordinator.placement.costmodel import DeviceSpec
+    from potluck.protocol.jobfile import parse_job
 
     use_fork()
     run_dir = Path(cfg["run_dir"])
-    job = demo_job(cfg["steps"], run_dir / "checkpoints")
-    comp = job.compression.model_copy(update=cfg["compression"])
-    job = job.model_copy(update={"compression": comp})
+    job = parse_job(cfg["job"], source="bench_wan job")
     prefixes, addrs, access = cfg["prefixes"], cfg["addrs"], cfg.get("access")
 
     def placement(name: str) -> tuple[tuple[str, ...], str]:
@@ -116,6 +148,8 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
         "links": net_note,
         "stages": len(plan.stages),
         "replicas": plan.n_replicas,
+        "layers": [st.last_layer - st.first_layer for st in plan.stages],
+        "calibrated_tflops": tflops,
     }
 
 
@@ -150,7 +184,7 @@ def run_potluck(
             "prefixes": prefixes,
             "addrs": addrs,
             "access": access,
-            "compression": json.loads(args.compression),
+            "job": bench_job(args.steps, args.tokens_per_step, json.loads(args.compression), f"{tmp}/ckpt"),
         }
         cfg_file, out_file = Path(tmp) / "cfg.json", Path(tmp) / "result.json"
         cfg_file.write_text(json.dumps(cfg))
@@ -188,6 +222,137 @@ def run_potluck(
     return result
 
 
+def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, Any]:
+    """``scripts/wan_hivemind.py`` in nodes 1..N of ``lab`` (node 1 first, the rest bootstrap from it),
+    to ``tokens`` tokens; the swarm's summary plus tokens/s between its first and last full epoch."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from wan_hivemind import read_records, swarm_summary
+
+    n = lab.spec.n
+    worker = [sys.executable, str(ROOT / "scripts" / "wan_hivemind.py")]
+    with tempfile.TemporaryDirectory(prefix="potluck-wan-hivemind-") as tmp:
+        outs = [Path(tmp) / f"p{i}.jsonl" for i in range(1, n)]
+        logs = [open(Path(tmp) / f"p{i}.log", "wb") for i in range(1, n)]  # noqa: SIM115 (closed below)
+        job_file = Path(tmp) / "job.toml"
+        job_file.write_text(to_toml(bench_job(args.steps, args.tokens_per_step, {}, f"{tmp}/ckpt")))
+        common = [
+            "--n-peers",
+            str(n - 1),
+            "--tokens",
+            str(tokens),
+            "--compression",
+            args.hivemind_compression,
+            "--threads",
+            "1",
+            "--job",
+            str(job_file),
+        ]
+        before = [iface_bytes(lab.exec_prefix(i), "tun0") for i in range(n)]
+        procs = []
+        try:
+            first = lab.spawn(
+                1,
+                [
+                    *worker,
+                    "--host",
+                    lab.addr(1),
+                    "--peer-index",
+                    "0",
+                    *common,
+                    "--out",
+                    str(outs[0]),
+                    "--print-maddrs",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=logs[0],
+            )
+            procs.append(first)
+            line = _read_line(first, 120.0)
+            maddrs = json.loads(line)["maddrs"]
+            for i in range(2, n):
+                procs.append(
+                    lab.spawn(
+                        i,
+                        [
+                            *worker,
+                            "--host",
+                            lab.addr(i),
+                            "--initial-peers",
+                            *maddrs,
+                            "--peer-index",
+                            str(i - 1),
+                            *common,
+                            "--out",
+                            str(outs[i - 1]),
+                        ],
+                        stdout=logs[i - 1],
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+            deadline = time.monotonic() + args.timeout
+            for proc in procs:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+            for f in logs:
+                f.close()
+        after = [iface_bytes(lab.exec_prefix(i), "tun0") for i in range(n)]
+        rcs = [proc.returncode for proc in procs]
+        if any(rc != 0 for rc in rcs):
+            tail = (Path(tmp) / "p1.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"hivemind workers exited with {rcs}:\n{tail}")
+        records = [read_records(o) for o in outs]
+    summary = swarm_summary(records)
+    # Steady state, as potluck's tokens/s: from the first full epoch to the last (start-up left out).
+    epochs: dict[int, list[dict[str, Any]]] = {}
+    for peer in records:
+        for r in peer:
+            if r.get("event") == "epoch":
+                epochs.setdefault(int(r["trained_epoch"]), []).append(r)
+    full = sorted(e for e, rs in epochs.items() if len(rs) == n - 1)
+    curve = [
+        (
+            sum(r["tokens_local"] for r in epochs[e]),
+            max(r["time"] for r in epochs[e]),
+            sum(r["loss"] * r["samples"] for r in epochs[e]) / max(1, sum(r["samples"] for r in epochs[e])),
+        )
+        for e in full
+    ]
+    steady = None
+    if len(curve) >= 2 and curve[-1][1] > curve[0][1]:
+        steady = sum(c[0] for c in curve[1:]) / (curve[-1][1] - curve[0][1])
+    tail = [c[2] for c in curve[-max(1, len(curve) // 10) :]]
+    sent = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
+    return {
+        **summary,
+        "label": "hivemind",
+        "tokens_per_s_steady": steady,
+        "loss_tail_mean": statistics.mean(tail) if tail else None,
+        "losses": [(c[0], c[2]) for c in curve],
+        "wire_bytes_sent": sum(sent),
+        "wire_bytes_sent_per_node": sent,
+    }
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
+    """The first line a child prints on stdout, within ``timeout_s``."""
+    import select
+
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    line = proc.stdout.readline().decode() if ready else ""
+    if not line.strip():
+        raise RuntimeError(f"hivemind's first peer printed no multiaddrs within {timeout_s:.0f} s")
+    return line
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=80)
@@ -200,6 +365,8 @@ def main() -> None:
         help="the job's [compression] section as JSON (the same in every potluck run)",
     )
     ap.add_argument("--only", choices=["fast", "home", "hivemind"], nargs="+", default=None)
+    ap.add_argument("--hivemind-compression", choices=["fp16", "8bit", "none"], default="fp16")
+    ap.add_argument("--tokens-per-step", type=int, default=8192, help="the job's global batch, tokens")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "bench_wan.json")
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
@@ -246,6 +413,12 @@ def main() -> None:
                 out["home"] = run_potluck("home", lab.spawn, prefixes, addrs, "tun0", args, access)
                 out["home"]["relay_cpu_s"] = lab.relay_cpu_s() - cpu0
                 logger.info("home: %s tokens/s", out["home"]["tokens_per_s"])
+            if "hivemind" in runs:
+                tokens = args.steps * args.tokens_per_step  # the same tokens as potluck's runs
+                cpu0 = lab.relay_cpu_s()
+                out["hivemind"] = run_hivemind(lab, args, tokens)
+                out["hivemind"]["relay_cpu_s"] = lab.relay_cpu_s() - cpu0
+                logger.info("hivemind: %s tokens/s", out["hivemind"]["tokens_per_s_steady"])
     head = {}
     if "fast" in out and "home" in out:
         head["wan_slowdown"] = out["fast"]["tokens_per_s"] / out["home"]["tokens_per_s"]
@@ -254,6 +427,10 @@ def main() -> None:
         head["prediction_error_max"] = max(
             abs(out[k]["calibrated_error"]) for k in ("fast", "home") if k in out
         )
+    if "hivemind" in out:
+        head["loss_hivemind"] = out["hivemind"]["loss_tail_mean"]
+        if "home" in out and out["hivemind"]["tokens_per_s_steady"]:
+            head["vs_hivemind"] = out["home"]["tokens_per_s"] / out["hivemind"]["tokens_per_s_steady"]
     out["headline"] = head
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
