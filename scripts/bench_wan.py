@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import statistics
@@ -50,20 +51,23 @@ PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
 # ==== the job: the demo's model and data, the batch and the compression chosen here ======================
 
 
-def bench_job(steps: int, tokens_per_step: int, compression: dict[str, Any], checkpoint_dir: str) -> dict:
-    """The job every run trains (potluck's as a dict, hivemind's written to TOML from the same dict)."""
+def bench_job(
+    steps: int, tokens_per_step: int, compression: dict[str, Any], checkpoint_dir: str, peers: int = 4
+) -> dict:
+    """The job every run trains (potluck's as a dict, hivemind's written to TOML from the same dict):
+    2 stages x peers / 2 replicas."""
     return {
         "name": "wan-bench",
         "seed": 0,
         "steps": steps,
-        "min_peers": 4,
+        "min_peers": peers,
         "model": {"n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 256, "seq_len": 64},
         "batch": {"tokens_per_step": tokens_per_step, "micro_batch_size": 4},
         "data": {"source": "generated", "generated_chars": 400_000},
         "optimizer": {"lr": 3e-3, "warmup_steps": 10, "min_lr_ratio": 0.1},
         "compression": compression,
         "checkpoint": {"dir": checkpoint_dir, "interval": max(10, steps // 4), "keep": 2},
-        "limits": {"stages": 2, "replicas": 2},
+        "limits": {"stages": 2, "replicas": max(1, peers // 2)},
     }
 
 
@@ -101,10 +105,14 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
         return tuple(prefixes[node]), f"/ip4/{addrs[node]}/tcp/0"
 
     def extra(i: int) -> tuple[str, ...]:
+        # Link probes long enough to leave TCP's slow start behind on 50-100 ms round trips (1 MiB: 1.7 s
+        # at 5 Mbit/s), measured once at the start and then every 5 minutes (not the demo's 30 s: on a
+        # 5 Mbit/s uplink every probe is training traffic lost).
+        probes = ("--link-probe-bytes", str(1 << 20), "--link-interval", "300")
         if not access:
-            return ()
+            return probes
         up, down = access[i + 1]
-        return ("--upload-mbps", f"{up:g}", "--download-mbps", f"{down:g}")
+        return (*probes, "--upload-mbps", f"{up:g}", "--download-mbps", f"{down:g}")
 
     start = time.monotonic()
     summary, watcher = asyncio.run(
@@ -149,6 +157,8 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
         "stages": len(plan.stages),
         "replicas": plan.n_replicas,
         "layers": [st.last_layer - st.first_layer for st in plan.stages],
+        "run_ahead": plan.run_ahead,
+        "micro_batches": plan.micro_batches,
         "calibrated_tflops": tflops,
     }
 
@@ -184,7 +194,9 @@ def run_potluck(
             "prefixes": prefixes,
             "addrs": addrs,
             "access": access,
-            "job": bench_job(args.steps, args.tokens_per_step, json.loads(args.compression), f"{tmp}/ckpt"),
+            "job": bench_job(
+                args.steps, args.tokens_per_step, json.loads(args.compression), f"{tmp}/ckpt", len(addrs) - 1
+            ),
         }
         cfg_file, out_file = Path(tmp) / "cfg.json", Path(tmp) / "result.json"
         cfg_file.write_text(json.dumps(cfg))
@@ -234,7 +246,7 @@ def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, A
         outs = [Path(tmp) / f"p{i}.jsonl" for i in range(1, n)]
         logs = [open(Path(tmp) / f"p{i}.log", "wb") for i in range(1, n)]  # noqa: SIM115 (closed below)
         job_file = Path(tmp) / "job.toml"
-        job_file.write_text(to_toml(bench_job(args.steps, args.tokens_per_step, {}, f"{tmp}/ckpt")))
+        job_file.write_text(to_toml(bench_job(args.steps, args.tokens_per_step, {}, f"{tmp}/ckpt", n - 1)))
         common = [
             "--n-peers",
             str(n - 1),
@@ -246,6 +258,7 @@ def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, A
             "1",
             "--job",
             str(job_file),
+            *args.hivemind_args.split(),
         ]
         before = [iface_bytes(lab.exec_prefix(i), "tun0") for i in range(n)]
         procs = []
@@ -325,9 +338,9 @@ def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, A
         )
         for e in full
     ]
-    steady = None
+    steady = None  # tokens_local is cumulative: the swarm's tokens between the first and last full epoch
     if len(curve) >= 2 and curve[-1][1] > curve[0][1]:
-        steady = sum(c[0] for c in curve[1:]) / (curve[-1][1] - curve[0][1])
+        steady = (curve[-1][0] - curve[0][0]) / (curve[-1][1] - curve[0][1])
     tail = [c[2] for c in curve[-max(1, len(curve) // 10) :]]
     sent = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
     return {
@@ -339,6 +352,26 @@ def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, A
         "wire_bytes_sent": sum(sent),
         "wire_bytes_sent_per_node": sent,
     }
+
+
+def loss_at(curve: list[tuple[float, float]], tokens: float) -> float | None:
+    """The loss at ``tokens`` on a (cumulative tokens, loss) curve, linear between its points."""
+    pts = sorted(curve)
+    if not pts or tokens < pts[0][0]:
+        return None
+    for (t0, l0), (t1, l1) in itertools.pairwise(pts):
+        if t0 <= tokens <= t1:
+            return l0 + (l1 - l0) * (tokens - t0) / max(t1 - t0, 1e-9)
+    return pts[-1][1] if tokens <= pts[-1][0] * 1.05 else None
+
+
+def smoothed(curve: list[tuple[float, float]], window: int = 4) -> list[tuple[float, float]]:
+    """Each point's loss as the mean of the last ``window`` points' (training losses are noisy)."""
+    pts = sorted(curve)
+    return [
+        (t, statistics.mean(v for _, v in pts[max(0, k - window + 1) : k + 1]))
+        for k, (t, _) in enumerate(pts)
+    ]
 
 
 def _read_line(proc: subprocess.Popen[bytes], timeout_s: float) -> str:
@@ -367,6 +400,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["fast", "home", "hivemind"], nargs="+", default=None)
     ap.add_argument("--hivemind-compression", choices=["fp16", "8bit", "none"], default="fp16")
     ap.add_argument("--tokens-per-step", type=int, default=8192, help="the job's global batch, tokens")
+    ap.add_argument("--no-check", action="store_true", help="skip measuring the links first (tests)")
+    ap.add_argument("--hivemind-args", default="", help="more flags for every hivemind worker")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
     ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "bench_wan.json")
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
@@ -403,9 +438,14 @@ def main() -> None:
             logger.info("fast: %s tokens/s", out["fast"]["tokens_per_s"])
     if "home" in runs or "hivemind" in runs:
         with WanLab(spec) as lab:
-            report = lab.check()
-            out["links"] = report.to_json()
-            logger.info("links ok: %s", report.ok)
+            if not args.no_check:
+                report = lab.check()
+                out["links"] = report.to_json()
+                logger.info("links ok: %s", report.ok)
+                if not report.ok:
+                    raise SystemExit(
+                        f"the emulated links are off the scenario: {json.dumps(report.to_json())}"
+                    )
             prefixes = [lab.exec_prefix(i) for i in range(n)]
             addrs = [lab.addr(i) for i in range(n)]
             if "home" in runs:
@@ -428,7 +468,15 @@ def main() -> None:
             abs(out[k]["calibrated_error"]) for k in ("fast", "home") if k in out
         )
     if "hivemind" in out:
-        head["loss_hivemind"] = out["hivemind"]["loss_tail_mean"]
+        # Loss after the same tokens: each system's training loss, smoothed over its last 4 points, at the
+        # tokens potluck trained (hivemind's computed tokens: it overshoots its target batch each epoch).
+        tokens = args.steps * args.tokens_per_step
+        hm = smoothed([(t, v) for t, v in out["hivemind"]["losses"]])
+        head["loss_hivemind"] = loss_at(hm, tokens)
+        if "home" in out:
+            pl = smoothed([(int(s) * args.tokens_per_step, v) for s, v in out["home"]["losses"].items()])
+            head["loss_potluck"] = loss_at(pl, tokens)
+        head["tokens_compared"] = tokens
         if "home" in out and out["hivemind"]["tokens_per_s_steady"]:
             head["vs_hivemind"] = out["home"]["tokens_per_s"] / out["hivemind"]["tokens_per_s_steady"]
     out["headline"] = head

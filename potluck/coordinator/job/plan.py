@@ -10,6 +10,7 @@ packed over their measured links.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -232,7 +233,28 @@ def make_train_plan(
         predicted_step_s=float(min(placement.cost, 1e9)),
         issued_at=now,
     )
+    devices = {p: device(p) for p in usable}
+    ahead = run_ahead_for(predict_step(train, job, devices, net, usable), train.micro_batches)
+    if ahead:
+        train = train.model_copy(update={"run_ahead": ahead})
+        predicted = predict_step(train, job, devices, net, usable).total
+        train = train.model_copy(update={"predicted_step_s": float(min(predicted, 1e9))})
     return train, placement, f"{reason}; {net_note}"
+
+
+MAX_RUN_AHEAD = 16  # micro-batches beyond 1F1B's in flight per stage (their activations stay in memory)
+
+
+def run_ahead_for(br: StepBreakdown, micro_batches: int) -> int:
+    """Extra micro-batches in flight so that no boundary's round trip (its two transfers and the compute on
+    both sides) outlasts what the in-flight window keeps the slowest stage busy with; 0 on fast links."""
+    if not br.feasible or len(br.link) == 0:
+        return 0
+    compute, links = np.array(br.stage_compute), np.array(br.link)
+    s = len(compute)
+    window = (2.0 * links + compute[:-1] + compute[1:]) / max(float(compute.max()), 1e-9)
+    need = math.ceil(float((window - (s - np.arange(s - 1))).max()) - 1e-9)
+    return max(0, min(need, micro_batches - 1, MAX_RUN_AHEAD))
 
 
 def predict_step(
@@ -247,12 +269,17 @@ def predict_step(
     pairs = [
         zip(plan.stages[j].peers, plan.stages[j + 1].peers, strict=True) for j in range(len(plan.stages) - 1)
     ]
-    edges = np.array([max(obj.link[index[a], index[b]] for a, b in pair) for pair in pairs])
+    matched = [[(index[a], index[b]) for a, b in pair] for pair in pairs]
+    edges = np.array([max(obj.link[a, b] for a, b in pair) for pair in matched])
+    one_way = np.maximum(net.latency_ms, net.latency_ms.T) / 1e3
+    latency = np.array([max(one_way[a, b] for a, b in pair) for pair in matched])
     speed = np.array([s[0] for s in stats])
     memory = np.array([s[1] for s in stats])
     layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
     lat, per_byte = np.stack([s[2] for s in stats]), np.stack([s[3] for s in stats])
-    return step_time(speed, memory, edges, lat, per_byte, sj, plan.n_replicas, layers)
+    return step_time(
+        speed, memory, edges, lat, per_byte, sj, plan.n_replicas, layers, plan.run_ahead, latency
+    )
 
 
 def calibrated_tflops(plan: TrainPlan, job: JobSpec, compute_s: dict[str, float]) -> dict[str, float]:

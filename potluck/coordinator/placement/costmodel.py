@@ -280,8 +280,15 @@ def step_time(
     job: StepJob,
     n_replicas: int,
     layers: np.ndarray | None = None,
+    run_ahead: int = 0,
+    latency: np.ndarray | None = None,
 ) -> StepBreakdown:
     """Step time from per-stage summaries in pipeline order.
+
+    ``run_ahead`` (extra micro-batches in flight per stage) with each boundary's one-way ``latency`` (s):
+    stage j keeps S - j + run_ahead micro-batches in flight, so a boundary's round trip (both transfers
+    and the compute on its two sides) is spread over that many micro-batches, and only its bandwidth
+    part must fit in a slot.
 
     order_speed/order_memory: slowest replica's TFLOP/s and smallest memory per stage; links: bottleneck
     matched link per boundary (s per micro-batch, one direction); sync_lat/sync_per_byte: per stage and
@@ -302,6 +309,11 @@ def step_time(
     extra[-1] += head
     compute = (extra + work * layers) / (order_speed * 1e12)
     slot = max(float(compute.max()), float(links.max()) if len(links) else 0.0)
+    if run_ahead > 0 and latency is not None and len(links):
+        window = s - np.arange(s - 1) + run_ahead  # micro-batches in flight on the boundary's first stage
+        cycle = (2.0 * links + compute[:-1] + compute[1:]) / window
+        transfer = np.maximum(links - latency, 0.0)
+        slot = max(float(compute.max()), float(transfer.max()), float(cycle.max()))
     pipeline = float(compute.sum() + 2.0 * links.sum() + (mb - 1) * slot)
     # Stage j's gradients are final once its last backward ends; stages before it still have their
     # backward (2/3 of compute) and the gradient transfers back to do, which hides part of the sync.

@@ -74,8 +74,10 @@ async def pipeline_step(
     timeout_s: float,
     timing: Timing,
     ledger: Ledger | None = None,
+    run_ahead: int = 0,
 ) -> float:
     """Run the step's forwards and backwards; returns the weighted loss sum (last stage), else 0.0.
+    ``run_ahead``: extra warm-up forwards (the plan's; see ``schedule.one_f_one_b``).
 
     Parameter gradients are left accumulated in the runner. Raises ``PipelineError`` when a neighbour
     fails to deliver within ``timeout_s`` or sends something undecodable. With a ``ledger`` every
@@ -117,7 +119,7 @@ async def pipeline_step(
         return result
 
     try:
-        for kind, m in one_f_one_b(where.stage, where.n_stages, len(micro)):
+        for kind, m in one_f_one_b(where.stage, where.n_stages, len(micro), run_ahead):
             mb = micro[m]
             if kind == "F":
                 tag = make_tag(rnd, Stream.ACTIVATIONS, chunk=m)

@@ -13,10 +13,19 @@ from typing import Literal
 Op = tuple[Literal["F", "B"], int]
 
 
-def one_f_one_b(stage: int, n_stages: int, n_micro: int) -> list[Op]:
-    if not 0 <= stage < n_stages or n_micro < 1:
-        raise ValueError(f"bad schedule request: stage {stage} of {n_stages}, {n_micro} micro-batches")
-    warmup = min(n_stages - stage - 1, n_micro)
+def one_f_one_b(stage: int, n_stages: int, n_micro: int, run_ahead: int = 0) -> list[Op]:
+    """Stage ``stage``'s ops. ``run_ahead`` extra warm-up forwards on every stage (the plan's
+    ``run_ahead``): on a link whose round trip is long next to a micro-batch's compute, a stage that
+    waits for each backward before its next forward idles for the round trip; with k more micro-batches
+    in flight it keeps computing while activations and their gradients are on the wire. The same k on
+    every stage keeps warm-ups decreasing by one along the pipeline, the shape of 1F1B on S + k stages,
+    so the schedule stays deadlock free; activation memory grows by k micro-batches per stage."""
+    if not 0 <= stage < n_stages or n_micro < 1 or run_ahead < 0:
+        raise ValueError(
+            f"bad schedule request: stage {stage} of {n_stages}, {n_micro} micro-batches, "
+            f"run-ahead {run_ahead}"
+        )
+    warmup = min(n_stages - stage - 1 + run_ahead, n_micro)
     ops: list[Op] = [("F", m) for m in range(warmup)]
     next_f, next_b = warmup, 0
     while next_f < n_micro:  # steady state: one forward, then one backward

@@ -350,6 +350,7 @@ class Trainer:
                 timeout_s,
                 timing,
                 self.ledger,
+                self.plan.run_ahead,
             )
             ready: Ready | None = await self._sync_gradients(rnd, timing, loss_part, timeout_s)
         except LateError:

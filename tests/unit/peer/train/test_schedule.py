@@ -3,12 +3,12 @@ import pytest
 from potluck.peer.train.schedule import in_flight_peak, one_f_one_b
 
 
-def simulate(n_stages: int, n_micro: int) -> int:
+def simulate(n_stages: int, n_micro: int, run_ahead: int = 0) -> int:
     """Run every stage's op list with real dependencies; return the number of ticks, or fail on deadlock.
 
     F(s, m) needs F(s-1, m); B(s, m) needs F(s, m) and B(s+1, m) (the last stage's B needs only its F).
     """
-    plans = [one_f_one_b(s, n_stages, n_micro) for s in range(n_stages)]
+    plans = [one_f_one_b(s, n_stages, n_micro, run_ahead) for s in range(n_stages)]
     pos = [0] * n_stages
     done: set[tuple[str, int, int]] = set()
     ticks = 0
@@ -49,3 +49,20 @@ def test_bad_requests():
         one_f_one_b(2, 2, 4)
     with pytest.raises(ValueError):
         one_f_one_b(0, 2, 0)
+
+
+@pytest.mark.parametrize(
+    ("n_stages", "n_micro", "run_ahead"), [(2, 8, 1), (2, 16, 6), (4, 8, 3), (3, 4, 9), (1, 5, 2)]
+)
+def test_running_ahead_stays_complete_and_deadlock_free(n_stages, n_micro, run_ahead):
+    for s in range(n_stages):
+        ops = one_f_one_b(s, n_stages, n_micro, run_ahead)
+        assert sorted(m for k, m in ops if k == "F") == list(range(n_micro))
+        assert sorted(m for k, m in ops if k == "B") == list(range(n_micro))
+        assert in_flight_peak(ops) == min(n_stages - s + run_ahead, n_micro)
+    simulate(n_stages, n_micro, run_ahead)  # asserts on deadlock
+
+
+def test_a_negative_run_ahead_is_refused():
+    with pytest.raises(ValueError):
+        one_f_one_b(0, 2, 4, -1)
