@@ -121,19 +121,21 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
     wall = time.monotonic() - start
     plan, state = watcher.plan, watcher.swarm_state
     assert plan is not None and state is not None
-    skip = cfg["skip"]
+    skip = min(cfg["skip"], cfg["steps"] // 2)  # short runs (tests) keep their later half
     per_peer: dict[str, dict[str, float]] = {}
     for peer, by_step in watcher.timings.items():
         pos = plan.position(peer)
-        kept = [t for s, t in sorted(by_step.items()) if s > skip]
+        kept = [t for s, t in sorted(by_step.items()) if s > skip] or list(by_step.values())
         if kept and pos is not None:
             per_peer[f"s{pos[0]}r{pos[1]}"] = {p: statistics.mean(getattr(t, p) for t in kept) for p in PARTS}
     measured = max(p["total"] for p in per_peer.values())
     order = sorted(p for st in plan.stages for p in st.peers)
-    compute = {
-        peer: statistics.mean(t.compute for s, t in by_step.items() if s > skip)
+    compute = {  # a peer whose records all fall in the skipped steps keeps them (short runs)
+        peer: statistics.mean(
+            t.compute for s, t in by_step.items() if s > skip or not any(k > skip for k in by_step)
+        )
         for peer, by_step in watcher.timings.items()
-        if any(s > skip for s in by_step)
+        if by_step
     }
     tflops = calibrated_tflops(plan, job, compute)
     devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
