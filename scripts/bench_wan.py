@@ -177,6 +177,17 @@ def iface_bytes(prefix: list[str], dev: str) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def stop(proc: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
+    """End a child we started, by PID: SIGTERM, ``grace_s`` to exit, then SIGKILL; always reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def run_potluck(
     label: str,
     spawn: Any,
@@ -215,13 +226,7 @@ def run_potluck(
         except subprocess.TimeoutExpired:
             rc = -1
         finally:  # its peers die with it (lifeline); ours to reap, by PID
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop(proc)
             log.close()
         after = [iface_bytes(p, dev) for p in prefixes]
         if rc != 0 or not out_file.exists():
@@ -309,13 +314,7 @@ def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, A
                 proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         finally:
             for proc in procs:
-                if proc.poll() is None:
-                    proc.terminate()
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
+                stop(proc)
             for f in logs:
                 f.close()
         after = [iface_bytes(lab.exec_prefix(i), "tun0") for i in range(n)]
