@@ -10,7 +10,6 @@ packed over their measured links.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -234,7 +233,8 @@ def make_train_plan(
         issued_at=now,
     )
     devices = {p: device(p) for p in usable}
-    ahead = run_ahead_for(predict_step(train, job, devices, net, usable), train.micro_batches)
+    memory = [min(devices[p].memory_gb for p in st.peers) for st in train.stages]
+    ahead = run_ahead_for(predict_step(train, job, devices, net, usable), train.micro_batches, sj, memory)
     if ahead:
         train = train.model_copy(update={"run_ahead": ahead})
         predicted = predict_step(train, job, devices, net, usable).total
@@ -243,18 +243,30 @@ def make_train_plan(
 
 
 MAX_RUN_AHEAD = 16  # micro-batches beyond 1F1B's in flight per stage (their activations stay in memory)
+RUN_AHEAD_MEMORY = 0.1  # share of a stage's smallest device memory the extra activations may take
 
 
-def run_ahead_for(br: StepBreakdown, micro_batches: int) -> int:
-    """Extra micro-batches in flight so that no boundary's round trip (its two transfers and the compute on
-    both sides) outlasts what the in-flight window keeps the slowest stage busy with; 0 on fast links."""
+def run_ahead_for(
+    br: StepBreakdown, micro_batches: int, job: StepJob | None = None, memory_gb: list[float] | None = None
+) -> int:
+    """Extra micro-batches in flight per stage: 0 when every boundary's round trip (its two transfers and
+    the compute on both sides) fits in 1F1B's window; otherwise as many as memory allows. The window the
+    model asks for is a floor, not a target: plans are made from the start-up probe (off by 1.5-3x on a
+    shared CPU), and measured on the home testbed 2, 8 and 15 ahead gave 1.94, 1.73 and 1.54 s steps
+    (docs/benchmarks.md, "Headline"), so on a slow link the plan runs as far ahead as it may."""
     if not br.feasible or len(br.link) == 0:
         return 0
     compute, links = np.array(br.stage_compute), np.array(br.link)
     s = len(compute)
     window = (2.0 * links + compute[:-1] + compute[1:]) / max(float(compute.max()), 1e-9)
-    need = math.ceil(float((window - (s - np.arange(s - 1))).max()) - 1e-9)
-    return max(0, min(need, micro_batches - 1, MAX_RUN_AHEAD))
+    if float((window - (s - np.arange(s - 1))).max()) <= 1e-9:
+        return 0
+    ahead = min(micro_batches - 1, MAX_RUN_AHEAD)
+    if job is not None and memory_gb is not None:
+        act = layer_memory(job)[1]  # bytes per layer per micro-batch in flight
+        for layers, mem in zip(br.layers, memory_gb, strict=True):
+            ahead = min(ahead, int(RUN_AHEAD_MEMORY * mem * 1e9 // max(act * max(layers, 1), 1.0)))
+    return max(0, ahead)
 
 
 def predict_step(

@@ -188,3 +188,6 @@ def test_run_ahead_covers_a_long_round_trip_and_is_zero_on_fast_links() -> None:
     assert ahead >= 5
     hidden = step_time(speed, memory, slow_links, sync, sync, job, 2, None, ahead, latency)
     assert hidden.total < 0.7 * slow.total
+    # As far ahead as memory allows: a device with little room keeps fewer micro-batches in flight.
+    assert run_ahead_for(slow, slow.micro_batches, job, [8.0, 8.0]) == ahead
+    assert 0 <= run_ahead_for(slow, slow.micro_batches, job, [8.0, 0.001]) < ahead
