@@ -17,11 +17,14 @@ import json
 import statistics
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from potluck.cli.demo_cmd import demo_job, run_local_job
+from potluck.cli.jobview import JobWatcher
 from potluck.compat import use_fork
 from potluck.coordinator.job.plan import calibrated_tflops, network, predict_step
 from potluck.coordinator.placement.costmodel import DeviceSpec
+from potluck.protocol.jobspec import JobSpec
 
 PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
 
@@ -34,32 +37,7 @@ def run(label: str, steps: int, codecs: str, threads: int, skip: int, timeout: f
         )
         job = job.model_copy(update={"compression": comp})
         summary, watcher = asyncio.run(run_local_job(job, Path(tmp), timeout, threads))
-    assert watcher.plan is not None
-    per_peer = {}
-    for peer, by_step in watcher.timings.items():
-        pos = watcher.plan.position(peer)
-        kept = [t for s, t in sorted(by_step.items()) if s > skip]
-        if not kept or pos is None:
-            continue
-        per_peer[f"s{pos[0]}r{pos[1]}"] = {
-            part: statistics.mean(getattr(t, part) for t in kept) for part in PARTS
-        } | {"samples": len(kept)}
-    measured = max(p["total"] for p in per_peer.values())
-    predicted = watcher.plan.predicted_step_s
-    # The model on the same plan with each peer's speed calibrated from its measured compute, over the
-    # links the peers measured meanwhile: checks the model's structure apart from the start-up probe.
-    plan, state = watcher.plan, watcher.swarm_state
-    assert state is not None
-    order = sorted(p for st in plan.stages for p in st.peers)
-    compute = {
-        peer: statistics.mean(t.compute for s, t in by_step.items() if s > skip)
-        for peer, by_step in watcher.timings.items()
-        if any(s > skip for s in by_step)
-    }
-    tflops = calibrated_tflops(plan, job, compute)
-    devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
-    net, net_note = network(state, order)
-    model = predict_step(plan, job, devices, net, order)
+    report = timing_report(watcher, job, skip)
     return {
         "label": label,
         "codecs": codecs,
@@ -68,12 +46,43 @@ def run(label: str, steps: int, codecs: str, threads: int, skip: int, timeout: f
         "loss_first": summary["loss_first"],
         "loss_last": summary["loss_last"],
         "bytes_per_step": summary["bytes_per_step"],
+        **report,
+    }
+
+
+def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any]:
+    """Per-peer step-time breakdown (means over steps after ``skip``; a peer with none keeps all its
+    records, for short runs), the slowest peer's step, the plan's predicted step, and the same model on
+    the same plan with each peer's speed calibrated from its measured compute, over the links the peers
+    measured meanwhile (checks the model's structure apart from the start-up probe)."""
+    plan, state = watcher.plan, watcher.swarm_state
+    assert plan is not None and state is not None
+    per_peer: dict[str, dict[str, float]] = {}
+    compute: dict[str, float] = {}
+    for peer, by_step in watcher.timings.items():
+        kept = [t for s, t in sorted(by_step.items()) if s > skip] or list(by_step.values())
+        if not kept:
+            continue
+        compute[peer] = statistics.mean(t.compute for t in kept)
+        pos = plan.position(peer)
+        if pos is not None:
+            per_peer[f"s{pos[0]}r{pos[1]}"] = {
+                part: statistics.mean(getattr(t, part) for t in kept) for part in PARTS
+            } | {"samples": len(kept)}
+    measured = max(p["total"] for p in per_peer.values())
+    order = sorted(p for st in plan.stages for p in st.peers)
+    tflops = calibrated_tflops(plan, job, compute)
+    devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
+    net, net_note = network(state, order)
+    calibrated = predict_step(plan, job, devices, net, order).total
+    predicted = plan.predicted_step_s
+    return {
         "step_s": measured,
         "predicted_step_s": predicted,
         "prediction_error": (predicted - measured) / measured,
         "peers": per_peer,
-        "calibrated_step_s": model.total,
-        "calibrated_error": (model.total - measured) / measured,
+        "calibrated_step_s": calibrated,
+        "calibrated_error": (calibrated - measured) / measured,
         "links": net_note,
         "calibrated_tflops": tflops,
     }

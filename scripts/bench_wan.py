@@ -41,6 +41,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # bench_training's timing report, wan_hivemind's summary
 
 logger = logging.getLogger("bench_wan")
 
@@ -89,10 +90,10 @@ def to_toml(doc: dict[str, Any]) -> str:
 
 def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the job with the coordinator in this process (node 0) and peer i in node i + 1."""
+    from bench_training import timing_report
+
     from potluck.cli.demo_cmd import run_local_job
     from potluck.compat import use_fork
-    from potluck.coordinator.job.plan import calibrated_tflops, network, predict_step
-    from potluck.coordinator.placement.costmodel import DeviceSpec
     from potluck.protocol.jobfile import parse_job
 
     use_fork()
@@ -119,28 +120,10 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
         run_local_job(job, run_dir, cfg["timeout"], 1, placement=placement, peer_extra=extra)
     )
     wall = time.monotonic() - start
-    plan, state = watcher.plan, watcher.swarm_state
-    assert plan is not None and state is not None
-    skip = min(cfg["skip"], cfg["steps"] // 2)  # short runs (tests) keep their later half
-    per_peer: dict[str, dict[str, float]] = {}
-    for peer, by_step in watcher.timings.items():
-        pos = plan.position(peer)
-        kept = [t for s, t in sorted(by_step.items()) if s > skip] or list(by_step.values())
-        if kept and pos is not None:
-            per_peer[f"s{pos[0]}r{pos[1]}"] = {p: statistics.mean(getattr(t, p) for t in kept) for p in PARTS}
-    measured = max(p["total"] for p in per_peer.values())
-    order = sorted(p for st in plan.stages for p in st.peers)
-    compute = {  # a peer whose records all fall in the skipped steps keeps them (short runs)
-        peer: statistics.mean(
-            t.compute for s, t in by_step.items() if s > skip or not any(k > skip for k in by_step)
-        )
-        for peer, by_step in watcher.timings.items()
-        if by_step
-    }
-    tflops = calibrated_tflops(plan, job, compute)
-    devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
-    net, net_note = network(state, order)
-    calibrated = predict_step(plan, job, devices, net, order).total
+    plan = watcher.plan
+    assert plan is not None
+    # Short runs (tests) keep their later half.
+    report = timing_report(watcher, job, min(cfg["skip"], cfg["steps"] // 2))
     losses = dict(sorted(watcher.losses.items()))
     tail = [v for s, v in losses.items() if s > 0.9 * cfg["steps"]]
     return {
@@ -149,19 +132,12 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
         "tokens": summary["steps"] * job.batch.tokens_per_step,  # type: ignore[operator]
         "loss_tail_mean": statistics.mean(tail) if tail else None,
         "losses": losses,
-        "step_s": measured,
-        "predicted_step_s": plan.predicted_step_s,
-        "calibrated_step_s": calibrated,
-        "prediction_error": (plan.predicted_step_s - measured) / measured,
-        "calibrated_error": (calibrated - measured) / measured,
-        "peers": per_peer,
-        "links": net_note,
+        **report,
         "stages": len(plan.stages),
         "replicas": plan.n_replicas,
         "layers": [st.last_layer - st.first_layer for st in plan.stages],
         "run_ahead": plan.run_ahead,
         "micro_batches": plan.micro_batches,
-        "calibrated_tflops": tflops,
     }
 
 
@@ -244,7 +220,6 @@ def run_potluck(
 def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, Any]:
     """``scripts/wan_hivemind.py`` in nodes 1..N of ``lab`` (node 1 first, the rest bootstrap from it),
     to ``tokens`` tokens; the swarm's summary plus tokens/s between its first and last full epoch."""
-    sys.path.insert(0, str(ROOT / "scripts"))
     from wan_hivemind import read_records, swarm_summary
 
     n = lab.spec.n
@@ -325,21 +300,9 @@ def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, A
         records = [read_records(o) for o in outs]
     summary = swarm_summary(records)
     # Steady state, as potluck's tokens/s: from the first full epoch to the last (start-up left out).
-    epochs: dict[int, list[dict[str, Any]]] = {}
-    for peer in records:
-        for r in peer:
-            if r.get("event") == "epoch":
-                epochs.setdefault(int(r["trained_epoch"]), []).append(r)
-    full = sorted(e for e, rs in epochs.items() if len(rs) == n - 1)
-    curve = [
-        (
-            sum(r["tokens_local"] for r in epochs[e]),
-            max(r["time"] for r in epochs[e]),
-            sum(r["loss"] * r["samples"] for r in epochs[e]) / max(1, sum(r["samples"] for r in epochs[e])),
-        )
-        for e in full
-    ]
-    steady = None  # tokens_local is cumulative: the swarm's tokens between the first and last full epoch
+    full = [c for c in summary["curve"] if c["peers"] == n - 1]
+    curve = [(c["tokens"], c["time"], c["loss"]) for c in full]
+    steady = None  # tokens are cumulative: the swarm's tokens between the first and last full epoch
     if len(curve) >= 2 and curve[-1][1] > curve[0][1]:
         steady = (curve[-1][0] - curve[0][0]) / (curve[-1][1] - curve[0][1])
     tail = [c[2] for c in curve[-max(1, len(curve) // 10) :]]
@@ -463,27 +426,26 @@ def main() -> None:
     head = {}
     if "fast" in out and "home" in out:
         head["wan_slowdown"] = out["fast"]["tokens_per_s"] / out["home"]["tokens_per_s"]
+    # Loss after the same tokens: each system's training loss, smoothed over its last 4 points, at the
+    # tokens potluck trained (hivemind's computed tokens: it overshoots its target batch each epoch).
+    tokens = args.steps * args.tokens_per_step
+    head["tokens_compared"] = tokens
     if "home" in out:
-        head["loss_potluck"] = out["home"]["loss_tail_mean"]
+        pl = smoothed([(int(s) * args.tokens_per_step, v) for s, v in out["home"]["losses"].items()])
+        head["loss_potluck"] = loss_at(pl, tokens)
         head["prediction_error_max"] = max(
             abs(out[k]["calibrated_error"]) for k in ("fast", "home") if k in out
         )
     if "hivemind" in out:
-        # Loss after the same tokens: each system's training loss, smoothed over its last 4 points, at the
-        # tokens potluck trained (hivemind's computed tokens: it overshoots its target batch each epoch).
-        tokens = args.steps * args.tokens_per_step
-        hm = smoothed([(t, v) for t, v in out["hivemind"]["losses"]])
-        head["loss_hivemind"] = loss_at(hm, tokens)
-        if "home" in out:
-            pl = smoothed([(int(s) * args.tokens_per_step, v) for s, v in out["home"]["losses"].items()])
-            head["loss_potluck"] = loss_at(pl, tokens)
-        head["tokens_compared"] = tokens
+        head["loss_hivemind"] = loss_at(smoothed([(t, v) for t, v in out["hivemind"]["losses"]]), tokens)
         if "home" in out and out["hivemind"]["tokens_per_s_steady"]:
             head["vs_hivemind"] = out["home"]["tokens_per_s"] / out["hivemind"]["tokens_per_s_steady"]
     out["headline"] = head
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
-    print(json.dumps({k: out[k] for k in out if k not in ("links",)}, indent=1, default=str)[:6000])
+    # The details to stderr when --json asks for one JSON line on stdout (the whole run is in --out).
+    detail = json.dumps({k: out[k] for k in out if k not in ("links",)}, indent=1, default=str)[:6000]
+    print(detail, file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(head))
 

@@ -5,8 +5,6 @@ Needs root, /dev/net/tun and iproute2 (network namespaces and TUN devices); skip
 """
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,16 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.swarm import descendants, kill_recorded, still_running
+from tests.helpers.wanlab import NEEDS_WAN_TESTBED
 
 SCENARIO = Path(__file__).parent / "data" / "wan-3-asym.json"
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="network namespaces are Linux only"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the WAN testbed needs root (namespaces, TUN devices)"),
-    pytest.mark.skipif(not os.path.exists("/dev/net/tun"), reason="no /dev/net/tun (kernel TUN driver)"),
-    pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2's `ip` is not installed"),
+    *NEEDS_WAN_TESTBED,
 ]
 
 

@@ -8,13 +8,13 @@ Needs root, /dev/net/tun and iproute2; skipped otherwise.
 """
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.wanlab import NEEDS_WAN_TESTBED
 
 
 def lab_namespaces() -> set[str]:
@@ -29,10 +29,7 @@ SCENARIO = Path(__file__).parent / "data" / "wan-3-asym.json"
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="network namespaces are Linux only"),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the WAN testbed needs root (namespaces, TUN devices)"),
-    pytest.mark.skipif(not os.path.exists("/dev/net/tun"), reason="no /dev/net/tun (kernel TUN driver)"),
-    pytest.mark.skipif(shutil.which("ip") is None, reason="iproute2's `ip` is not installed"),
+    *NEEDS_WAN_TESTBED,
 ]
 
 

@@ -103,11 +103,6 @@ class DtfmObjective(Objective):
         split = (_partner_floor(fwd) + _partner_floor(bwd)) / 2.0
         return max(split, _partner_floor((fwd + bwd) / 2.0))
 
-    def uplink_rank(self, devices: np.ndarray) -> np.ndarray:
-        """`devices` from the fastest sender to the slowest (mean time of their sends to the others)."""
-        w = self.w_dp[np.ix_(devices, devices)]
-        return devices[np.argsort(w.sum(axis=1), kind="stable")]
-
     def group_stat(self, members: np.ndarray) -> float:
         return float(self.w_dp[members[:, None], members].sum(axis=1).max())
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import struct
 import sys
@@ -30,6 +29,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from potluck.testbed.wan.relay import raise_priority
 
 logger = logging.getLogger(__name__)
 
@@ -183,24 +184,9 @@ def run_command(cmd: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"unknown op {op!r}")
 
 
-def _raise_priority() -> None:
-    """An instrument: a busy machine's other processes must not be what it measures (each wake-up
-    late by a time slice adds milliseconds to a round trip). Real-time below the relay when allowed
-    (it sleeps on sockets; the kernel caps real-time tasks at 95% of a CPU), else a high nice."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(AGENT_RT_PRIORITY))
-        return
-    except (OSError, AttributeError) as exc:
-        logger.debug("probe agent: no real-time scheduling: %s", exc)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
-    except OSError as exc:
-        logger.debug("probe agent: cannot set nice %d: %s", AGENT_NICE, exc)
-
-
 def main() -> None:
     port = int(sys.argv[1]) if len(sys.argv) > 1 else PORT
-    _raise_priority()
+    raise_priority(AGENT_RT_PRIORITY, AGENT_NICE, "probe agent")
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("0.0.0.0", port))

@@ -174,20 +174,20 @@ class Relay:
                         st.write_errors += 1
 
 
-def _raise_priority(nice: int) -> None:
-    """Run ahead of ordinary processes (peers, benchmarks): a relay that waits for a CPU delays every
-    packet it holds, which shows up as extra RTT on a busy 2-core machine. A real-time class when
-    allowed (it sleeps in select between packets, and the kernel caps real-time tasks at 95% of a
-    CPU anyway), else a high nice."""
+def raise_priority(rt_priority: int, nice: int, who: str) -> None:
+    """Run ahead of ordinary processes (peers, benchmarks): the relay, and the probe agents measuring it,
+    are instruments, and each wake-up late by a time slice adds milliseconds to a round trip on a busy
+    2-core machine. A real-time class when allowed (both sleep in select or on sockets, and the kernel
+    caps real-time tasks at 95% of a CPU anyway), else a high nice."""
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RELAY_RT_PRIORITY))
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(rt_priority))
         return
     except (OSError, AttributeError) as exc:
-        logger.debug("relay: no real-time scheduling (%s), raising nice instead", exc)
+        logger.debug("%s: no real-time scheduling (%s), raising nice instead", who, exc)
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError as exc:
-        logger.warning("relay: cannot set nice %d (%s); links may be late when the CPU is busy", nice, exc)
+        logger.warning("%s: cannot set nice %d (%s); links may be late when the CPU is busy", who, nice, exc)
 
 
 def _set_timer_slack_ns(ns: int) -> None:
@@ -225,7 +225,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _terminate)
     _set_timer_slack_ns(1000)
-    _raise_priority(RELAY_NICE)
+    raise_priority(RELAY_RT_PRIORITY, RELAY_NICE, "relay")
     relay = build(json.loads(sys.stdin.read()))
     sys.stdout.write("ready\n")
     sys.stdout.flush()
