@@ -3,7 +3,9 @@
 Layout (every name carries the creating process's pid, so parallel or leftover runs never collide)::
 
     ns "plw<pid>-<i>": tun0 = 10.79.0.<i+1>/24 (the subnet routes into it), lo up
-    relay process:      holds every tun0's fd; forwards with the scenario's delays and rates
+    ... behind a NAT:  tun0 = 192.168.1.2/24, route 10.79.0.0/24 via tun0; 10.79.0.<i+1> is its router's
+    relay process:      holds every tun0's fd; forwards with the scenario's delays and rates, and plays
+                        each NATed peer's home router (``potluck.testbed.wan.nat``)
 
 Nothing is added to the root namespace: the relay creates each ``tun0`` from inside its namespace, and
 no route leads out of the subnet, so emulated traffic stays between the namespaces this object made.
@@ -32,6 +34,7 @@ from typing import IO, Any
 from potluck.lifeline import after_spawn, preexec
 from potluck.testbed.errors import TestbedError
 from potluck.testbed.wan.check import CheckReport, measure
+from potluck.testbed.wan.nat import PRIVATE_ADDR
 from potluck.testbed.wan.spec import INF, WanSpec
 
 logger = logging.getLogger(__name__)
@@ -142,8 +145,10 @@ class WanLab:
                 _run("ip", "-n", ns, "link", "set", "lo", "up")
             self._start_relay()
             for i, ns in enumerate(self.namespaces):
-                _run("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", DEV)
+                _run("ip", "-n", ns, "addr", "add", f"{self.local_addr(i)}/24", "dev", DEV)
                 _run("ip", "-n", ns, "link", "set", DEV, "mtu", str(self.mtu), "up")
+                if self.spec.nat_of(i):
+                    _run("ip", "-n", ns, "route", "add", f"{SUBNET}.0/24", "dev", DEV)
         except BaseException:
             self.close()
             raise
@@ -164,6 +169,7 @@ class WanLab:
             "pair_mbps": [[j(x) for x in row] for row in s.pair_mbps],
             "up_mbps": [j(x) for x in s.up_mbps],
             "down_mbps": [j(x) for x in s.down_mbps],
+            "nat": [s.nat_of(i) or None for i in range(s.n)],
         }
 
     def _start_relay(self) -> None:
@@ -222,7 +228,15 @@ class WanLab:
     # ---- using it ----------------------------------------------------------------------------------
 
     def addr(self, i: int) -> str:
+        """Peer i's public address: where others send to it (its home router's, when it is NATed)."""
         return f"{SUBNET}.{i + 1}"
+
+    def local_addr(self, i: int) -> str:
+        """The address of peer i's own interface, to listen on (a private one behind a NAT)."""
+        return PRIVATE_ADDR if self.spec.nat_of(i) else self.addr(i)
+
+    def natted(self) -> list[int]:
+        return [i for i in range(self.spec.n) if self.spec.nat_of(i)]
 
     def exec_prefix(self, i: int) -> list[str]:
         """Command prefix that runs a program inside peer i's namespace."""

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from potluck import logs
+from potluck.testbed.wan.nat import HomeNat, ip_addr
 from potluck.testbed.wan.sched import LinkScheduler, scheduler_for
 
 logger = logging.getLogger(__name__)
@@ -100,16 +101,30 @@ class RelayStats:
     forwarded: int = 0
     dropped_queue: int = 0
     dropped_unknown: int = 0
+    dropped_nat: int = 0  # refused by a home router (unsolicited inbound, or no mapping possible)
     write_errors: int = 0
 
 
 class Relay:
-    """Forwards packets between ``fds[i]`` (peer i's TUN) through the scheduler's emulated links."""
+    """Forwards packets between ``fds[i]`` (peer i's TUN) through the scheduler's emulated links.
 
-    def __init__(self, fds: Sequence[int], sched: LinkScheduler, prefix: bytes) -> None:
+    ``nats[i]``, when set, is peer i's home router: its packets are translated as they enter the relay
+    (before its upload link) and packets to it as they leave (after its download link), where a real
+    router sits."""
+
+    def __init__(
+        self,
+        fds: Sequence[int],
+        sched: LinkScheduler,
+        prefix: bytes,
+        nats: Sequence[HomeNat | None] = (),
+    ) -> None:
         self.fds = list(fds)
         self.sched = sched
         self.prefix = prefix
+        self.nats: list[HomeNat | None] = list(nats) or [None] * len(self.fds)
+        if len(self.nats) != len(self.fds):
+            raise ValueError("one NAT entry (or None) per device")
         self.stats = RelayStats()
 
     def serve(self, stop_fd: int = -1) -> None:
@@ -124,6 +139,22 @@ class Relay:
         read, write, clock, push, pop = os.read, os.write, time.monotonic, heapq.heappush, heapq.heappop
         wait = select.select
         st = self.stats
+        nats = self.nats
+
+        def deliver(dst: int, pkt: bytes, now: float) -> None:
+            nat = nats[dst]
+            if nat is not None:
+                translated = nat.inbound(pkt, now)
+                if translated is None:
+                    st.dropped_nat += 1
+                    return
+                pkt = translated
+            try:
+                write(fds[dst], pkt)
+                st.forwarded += 1
+            except OSError:
+                st.write_errors += 1
+
         while True:
             wake = heap[0][0] if heap else math.inf
             for q in down:
@@ -141,6 +172,13 @@ class Relay:
                         pkt = read(fd, MAX_PACKET)
                     except BlockingIOError:
                         break
+                    nat = nats[src]
+                    if nat is not None:
+                        translated = nat.outbound(pkt, now)
+                        if translated is None:
+                            st.dropped_nat += 1
+                            continue
+                        pkt = translated
                     dst = dest_index(pkt, prefix, n)
                     if dst < 0 or dst == src:
                         st.dropped_unknown += 1
@@ -160,18 +198,10 @@ class Relay:
                     else:
                         down[dst].append((out, pkt))
                     continue
-                try:
-                    write(fds[dst], pkt)
-                    st.forwarded += 1
-                except OSError:
-                    st.write_errors += 1
+                deliver(dst, pkt, now)
             for dst, q in enumerate(down):
                 while q and q[0][0] <= now:
-                    try:
-                        write(fds[dst], q.popleft()[1])
-                        st.forwarded += 1
-                    except OSError:
-                        st.write_errors += 1
+                    deliver(dst, q.popleft()[1], now)
 
 
 def raise_priority(rt_priority: int, nice: int, who: str) -> None:
@@ -212,8 +242,12 @@ def build(config: dict[str, Any]) -> Relay:
         queue_ms=float(config.get("queue_ms", 100.0)),
         mtu=int(config.get("mtu", 1500)),
     )
-    prefix = bytes(int(x) for x in str(config["subnet"]).split("."))
-    return Relay(fds, sched, prefix)
+    prefix = ip_addr(str(config["subnet"]) + ".0")[:3]
+    nats = [
+        HomeNat(kind, prefix + bytes([i + 1])) if kind else None
+        for i, kind in enumerate(config.get("nat") or [None] * len(fds))
+    ]
+    return Relay(fds, sched, prefix, nats)
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -234,10 +268,12 @@ def main() -> None:
     finally:
         s = relay.stats
         logger.info(
-            "relay: %d packets forwarded, %d dropped by queues, %d to unknown addresses, %d write errors",
+            "relay: %d packets forwarded, %d dropped by queues, %d to unknown addresses, %d by home NATs, "
+            "%d write errors",
             s.forwarded,
             s.dropped_queue,
             s.dropped_unknown,
+            s.dropped_nat,
             s.write_errors,
         )
 

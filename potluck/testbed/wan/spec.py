@@ -9,6 +9,9 @@ on a small machine can carry (0.01 turns 1 Gbit/s into 10 Mbit/s).
 A packet a -> b is serialised on a's upload, then on the pair's rate, waits the one-way delay, then is
 serialised on b's download. So the rate a TCP flow a -> b can reach is the smallest of the three and
 its round trip is ``latency[a][b] + latency[b][a]``.
+
+A device with ``"nat": "cone"`` or ``"symmetric"`` sits behind a home router (``potluck.testbed.wan.nat``):
+it can dial out, but nobody can dial it until it has sent to them.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from potluck.testbed.errors import TestbedError
+from potluck.testbed.wan.nat import KINDS as NAT_KINDS
 
 BUNDLED = Path(__file__).resolve().parent.parent / "scenarios"
 INF = math.inf
@@ -38,6 +42,10 @@ class WanSpec:
     up_mbps: tuple[float, ...]  # each device's upload (shared by all it sends)
     down_mbps: tuple[float, ...]  # each device's download (shared by all who send to it)
     groups: tuple[str, ...] = ()
+    nat: tuple[str, ...] = ()  # per device: "" (public address), "cone" or "symmetric"
+
+    def nat_of(self, i: int) -> str:
+        return self.nat[i] if self.nat else ""
 
     @property
     def n(self) -> int:
@@ -111,9 +119,34 @@ def spec_from_dict(
             _rate(d.get("download_gbps"), bandwidth_scale, f"devices[{i}]") for i, d in enumerate(devices)
         )
         groups = tuple(str(d.get("group", "")) for d in devices)
+        nat = tuple(_nat(d.get("nat"), f"devices[{i}]") for i, d in enumerate(devices))
     except (KeyError, TypeError, ValueError) as exc:
         raise TestbedError(f"scenario {default_name!r}: {type(exc).__name__}: {exc}") from exc
-    return WanSpec(str(raw.get("name", default_name)), lat, pair, up, down, groups)
+    name = str(raw.get("name", default_name))
+    return WanSpec(name, lat, pair, up, down, groups, nat if any(nat) else ())
+
+
+def with_nat(spec: WanSpec, nat: dict[int, str]) -> WanSpec:
+    """``spec`` with the devices in ``nat`` put behind home routers of the given kinds."""
+    kinds = [spec.nat_of(i) for i in range(spec.n)]
+    for i, kind in nat.items():
+        if not 0 <= i < spec.n:
+            raise TestbedError(f"no device {i} in a {spec.n}-device scenario")
+        try:
+            kinds[i] = _nat(kind, f"device {i}")
+        except ValueError as exc:
+            raise TestbedError(str(exc)) from None
+    return replace(spec, nat=tuple(kinds) if any(kinds) else ())
+
+
+def _nat(value: object, where: str) -> str:
+    if value in (None, False, ""):
+        return ""
+    if value is True:
+        return "cone"
+    if value in NAT_KINDS:
+        return str(value)
+    raise ValueError(f"{where}: nat must be one of {', '.join(NAT_KINDS)} (or true for cone), got {value!r}")
 
 
 def _rate(gbps: object, scale: float, where: str) -> float:

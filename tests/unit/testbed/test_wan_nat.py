@@ -515,11 +515,6 @@ def test_with_nat_puts_devices_behind_routers():
         with_nat(spec, {-1: "cone"})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with_nat raises a bare ValueError for an unknown kind, not TestbedError as it does for an "
-    "unknown device and as spec_from_dict does: the CLI catches only TestbedError",
-)
 def test_with_nat_refuses_an_unknown_kind_with_a_testbed_error():
     spec = spec_from_dict(scenario([..., ...]))
     with pytest.raises(TestbedError):
