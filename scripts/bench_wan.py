@@ -100,6 +100,7 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(cfg["run_dir"])
     job = parse_job(cfg["job"], source="bench_wan job")
     prefixes, addrs, access = cfg["prefixes"], cfg["addrs"], cfg.get("access")
+    nat = cfg.get("nat") or []  # per node: "", "cone" or "symmetric" (home runs with --nat)
 
     def placement(name: str) -> tuple[tuple[str, ...], str]:
         node = 0 if name == "coordinator" else int(name.removeprefix("peer")) + 1
@@ -109,7 +110,9 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
         # Link probes long enough to leave TCP's slow start behind on 50-100 ms round trips (1 MiB: 1.7 s
         # at 5 Mbit/s), measured once at the start and then every 5 minutes (not the demo's 30 s: on a
         # 5 Mbit/s uplink every probe is training traffic lost).
-        probes = ("--link-probe-bytes", str(1 << 20), "--link-interval", "300")
+        probes: tuple[str, ...] = ("--link-probe-bytes", str(1 << 20), "--link-interval", "300")
+        if nat:  # NATed peers reserve relay slots on the coordinator; the others are public
+            probes += ("--reachability", "private" if nat[i + 1] else "public")
         if not access:
             return probes
         up, down = access[i + 1]
@@ -117,7 +120,15 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
 
     start = time.monotonic()
     summary, watcher = asyncio.run(
-        run_local_job(job, run_dir, cfg["timeout"], 1, placement=placement, peer_extra=extra)
+        run_local_job(
+            job,
+            run_dir,
+            cfg["timeout"],
+            1,
+            placement=placement,
+            peer_extra=extra,
+            reachability="public" if nat else "auto",
+        )
     )
     wall = time.monotonic() - start
     plan = watcher.plan
@@ -138,6 +149,38 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
         "layers": [st.last_layer - st.first_layer for st in plan.stages],
         "run_ahead": plan.run_ahead,
         "micro_batches": plan.micro_batches,
+        **(nat_report(run_dir, plan, watcher, nat) if nat else {}),
+    }
+
+
+def nat_report(run_dir: Path, plan: Any, watcher: Any, nat: list[str]) -> dict[str, Any]:
+    """Behind-NAT peers: where the plan put each (None: left out), the links their probes found
+    relayed, and which of the plan's bulk pairs (pipeline neighbours, replicas of a stage) are relayed."""
+    from potluck.protocol.identity import Identity
+
+    names = {
+        Identity.load_or_create(run_dir / f"peer{i}" / "identity.pem").peer_id: f"peer{i}"
+        for i in range(len(nat) - 1)
+    }
+    relayed = sorted(
+        {
+            tuple(sorted((names.get(r, r[-6:]), names.get(s.dst, s.dst[-6:]))))
+            for r, rep in watcher.swarm_state.links.items()
+            for s in rep.links
+            if s.relayed
+        }
+    )
+    bulk = set()
+    for st in plan.stages:  # replicas of a stage all-reduce with each other
+        bulk |= {tuple(sorted((a, b))) for k, a in enumerate(st.peers) for b in st.peers[k + 1 :]}
+    for a, b in zip(plan.stages, plan.stages[1:], strict=False):  # pipeline neighbours, per replica
+        bulk |= {tuple(sorted(pair)) for pair in zip(a.peers, b.peers, strict=True)}
+    bulk_names = {tuple(sorted((names.get(a, a), names.get(b, b)))) for a, b in bulk}
+    return {
+        "nat": {f"peer{i - 1}": kind for i, kind in enumerate(nat) if i > 0 and kind},
+        "placed": {name: plan.position(pid) for pid, name in names.items()},
+        "relayed_links": [list(p) for p in relayed],
+        "relayed_bulk_pairs": [list(p) for p in sorted(bulk_names & set(relayed))],
     }
 
 
@@ -172,6 +215,7 @@ def run_potluck(
     dev: str,
     args: argparse.Namespace,
     access: list[tuple[float, float]] | None,
+    nat: list[str] | None = None,
 ) -> dict[str, Any]:
     """Start ``potluck_inner`` in node 0 through ``spawn`` (the lab's, so the lab reaps it) and wait."""
     with tempfile.TemporaryDirectory(prefix=f"potluck-wan-{label}-") as tmp:
@@ -183,6 +227,7 @@ def run_potluck(
             "prefixes": prefixes,
             "addrs": addrs,
             "access": access,
+            "nat": nat,
             "job": bench_job(
                 args.steps, args.tokens_per_step, json.loads(args.compression), f"{tmp}/ckpt", len(addrs) - 1
             ),
@@ -367,6 +412,12 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="skip measuring the links first (tests)")
     ap.add_argument("--hivemind-args", default="", help="more flags for every hivemind worker")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
+    ap.add_argument(
+        "--nat",
+        default="",
+        help="home nodes behind a NAT, e.g. '2:cone,4:symmetric' (node 0 is the coordinator's, node i+1 "
+        "peer i's); they join with --reachability private, the rest with public",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench-out" / "bench_wan.json")
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--inner-out", type=Path, help=argparse.SUPPRESS)
@@ -377,10 +428,12 @@ def main() -> None:
         return
     from potluck.testbed.netem import Netlab
     from potluck.testbed.wan.lab import WanLab, require_support
-    from potluck.testbed.wan.spec import load_spec
+    from potluck.testbed.wan.spec import load_spec, with_nat
 
     require_support()
     spec = load_spec(args.scenario)
+    if args.nat:
+        spec = with_nat(spec, {int(k): v for k, v in (x.split(":") for x in args.nat.split(","))})
     n = spec.n
     access = [(spec.up_mbps[i], spec.down_mbps[i]) for i in range(n)]
     runs = args.only or ["fast", "home", "hivemind"]
@@ -411,10 +464,11 @@ def main() -> None:
                         f"the emulated links are off the scenario: {json.dumps(report.to_json())}"
                     )
             prefixes = [lab.exec_prefix(i) for i in range(n)]
-            addrs = [lab.addr(i) for i in range(n)]
+            addrs = [lab.local_addr(i) for i in range(n)]  # where each listens (private behind a NAT)
             if "home" in runs:
                 cpu0 = lab.relay_cpu_s()
-                out["home"] = run_potluck("home", lab.spawn, prefixes, addrs, "tun0", args, access)
+                nat = [spec.nat_of(i) for i in range(n)] if spec.nat else None
+                out["home"] = run_potluck("home", lab.spawn, prefixes, addrs, "tun0", args, access, nat)
                 out["home"]["relay_cpu_s"] = lab.relay_cpu_s() - cpu0
                 logger.info("home: %s tokens/s", out["home"]["tokens_per_s"])
             if "hivemind" in runs:

@@ -23,6 +23,15 @@ if TYPE_CHECKING:
 err_console = Console(stderr=True, markup=False)
 
 HOST_MADDRS_HELP = "Multiaddrs to listen on, e.g. /ip4/0.0.0.0/tcp/31337 (repeatable)."
+REACHABILITY = ("auto", "public", "private")
+REACHABILITY_HELP = (
+    "Can others dial this machine? auto: let libp2p find out; private: behind a NAT without port "
+    "forwarding (reachable through relays, dials public peers itself); public: a reachable address "
+    "(also relays for NATed peers)."
+)
+RELAY_HELP = (
+    "With --reachability private: a relay to reserve a slot on, /.../p2p/ID (default: the bootstrap peers)."
+)
 ANNOUNCE_HELP = "Public multiaddrs others should dial (behind NAT or port forwarding; repeatable)."
 
 
@@ -45,12 +54,21 @@ def network_config(
     default_host: str,
     bootstrap_timeout_s: float,
     use_auto_relay: bool = False,
+    reachability: str = "auto",
+    relays: list[str] | None = None,
 ) -> NetworkConfig:
+    if reachability not in REACHABILITY:
+        raise fail(f"--reachability must be one of {', '.join(REACHABILITY)}, not {reachability!r}")
+    bad = [r for r in relays or () if "/p2p/" not in r]
+    if bad:
+        raise fail(f"a --relay address must end in /p2p/<relay peer id>: {bad[0]}")
     return NetworkConfig(
         host_maddrs=tuple(host_maddrs or [default_host]),
         announce_maddrs=tuple(announce_maddrs or ()),
         bootstrap_timeout_s=bootstrap_timeout_s,
         use_auto_relay=use_auto_relay,
+        reachability=reachability,  # type: ignore[arg-type]  # checked above
+        relays=tuple(relays or ()),
     )
 
 

@@ -26,7 +26,7 @@ from potluck.cli.common import err_console, fail, write_private_text
 from potluck.cli.jobview import JobWatcher
 from potluck.cli.telemetry_opts import DASHBOARD_HELP, TelemetryOptions, TelemetryStack
 from potluck.coordinator.config import CoordinatorConfig
-from potluck.net.config import NetworkConfig
+from potluck.net.config import NetworkConfig, Reachability
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobfile import parse_job
@@ -93,18 +93,22 @@ async def run_local_job(
     telemetry: TelemetryOptions | None = None,
     placement: Placement | None = None,
     peer_extra: Callable[[int], tuple[str, ...]] | None = None,
+    reachability: Reachability = "auto",
 ) -> tuple[dict[str, object], JobWatcher]:
     """Coordinator here, ``job.min_peers`` peer processes on loopback; train to the end, then stop all.
     ``telemetry``: the broker and dashboard to run (None: none, as benchmarks want). ``placement``: where
     each process runs and listens (``"coordinator"`` is this process: its listen address only);
-    ``peer_extra(i)``: more flags for peer i (its declared access link, say).
+    ``peer_extra(i)``: more flags for peer i (its declared access link, say). ``reachability``: the
+    coordinator's (``NetworkConfig.reachability``; "public" makes it a relay for NATed peers).
 
     Returns the summary and the watcher (per-peer step timings, the plan) for benchmarks."""
     from potluck.coordinator.service import CoordinatorService  # hivemind, torch: only when run
     from potluck.testbed.localswarm import LocalSwarm, on_loopback
 
     placement = placement or on_loopback
-    net = NetworkConfig(host_maddrs=(placement("coordinator")[1],), bootstrap_timeout_s=30.0)
+    net = NetworkConfig(
+        host_maddrs=(placement("coordinator")[1],), bootstrap_timeout_s=30.0, reachability=reachability
+    )
     stack = TelemetryStack(telemetry or TelemetryOptions(enabled=False))
     mqtt = await stack.open_broker()  # before the invite, which carries its URL
     cfg = CoordinatorConfig(

@@ -17,6 +17,7 @@ from potluck.aio import bounded, stop_on_signals
 from potluck.cli.common import (
     ANNOUNCE_HELP,
     HOST_MADDRS_HELP,
+    REACHABILITY_HELP,
     err_console,
     fail,
     network_config,
@@ -63,6 +64,7 @@ def launch(
     identity: Path = typer.Option(DEFAULT_HOME / "coordinator.pem", help="Coordinator's Ed25519 key file."),
     host_maddrs: list[str] = typer.Option(None, "--host-maddrs", help=HOST_MADDRS_HELP),
     announce_maddrs: list[str] = typer.Option(None, "--announce-maddrs", help=ANNOUNCE_HELP),
+    reachability: str = typer.Option("auto", "--reachability", help=REACHABILITY_HELP),
     initial_peers: list[str] = typer.Option(None, "--initial-peers", help="Join an existing DHT instead."),
     poll_interval: float = typer.Option(2.0, min=0.2, help="Seconds between reads of the swarm state."),
     as_json: bool = typer.Option(False, "--json", help="When the job ends, print a one-line JSON summary."),
@@ -106,7 +108,9 @@ def launch(
     cfg = CoordinatorConfig(
         swarm_id=swarm,
         identity_path=identity,
-        net=network_config(host_maddrs, announce_maddrs, "/ip4/0.0.0.0/tcp/0", 30.0),
+        net=network_config(
+            host_maddrs, announce_maddrs, "/ip4/0.0.0.0/tcp/0", 30.0, reachability=reachability
+        ),
         initial_peers=tuple(initial_peers or ()),
         poll_interval_s=poll_interval,
         train=not membership_only,

@@ -14,6 +14,8 @@ from potluck.aio import dump_tasks_on, stop_on_signals
 from potluck.cli.common import (
     ANNOUNCE_HELP,
     HOST_MADDRS_HELP,
+    REACHABILITY_HELP,
+    RELAY_HELP,
     err_console,
     fail,
     network_config,
@@ -53,6 +55,8 @@ def peer(
     ),
     probe_seconds: float = typer.Option(0.5, min=0.0, help="Seconds per matmul benchmark at start-up."),
     use_auto_relay: bool = typer.Option(False, help="Behind NAT: become reachable through a libp2p relay."),
+    reachability: str = typer.Option("auto", "--reachability", help=REACHABILITY_HELP),
+    relay: list[str] = typer.Option(None, "--relay", help=RELAY_HELP),
     link_interval: float = typer.Option(120.0, min=1.0, help="Seconds between rounds of link measurement."),
     link_probe_bytes: int = typer.Option(
         4 << 20, min=1024, help="Bytes sent to measure each link's goodput."
@@ -116,7 +120,13 @@ def peer(
         invite=invite,
         identity_path=identity or state_dir / "identity.pem",
         net=network_config(
-            host_maddrs, announce_maddrs, "/ip4/0.0.0.0/tcp/0", bootstrap_timeout, use_auto_relay
+            host_maddrs,
+            announce_maddrs,
+            "/ip4/0.0.0.0/tcp/0",
+            bootstrap_timeout,
+            use_auto_relay,
+            reachability,
+            relay,
         ),
         device=device,
         ttl_s=ttl,

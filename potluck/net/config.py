@@ -7,7 +7,9 @@ Every network wait in ``potluck.net`` takes its bound from one of these.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
+
+Reachability = Literal["auto", "public", "private"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,12 @@ class NetworkConfig:
     use_relay: bool = True  # reach NATed peers through libp2p circuit relays
     use_auto_relay: bool = False  # look for a relay to become reachable ourselves (behind NAT)
     nat_traversal: bool | None = None  # AutoNAT + UPnP; None: on unless every listen address is loopback
+    # Whether others can dial this node. "auto": libp2p's AutoNAT decides, which trusts only addresses
+    # it deems public. "private" (behind a NAT without port forwarding): hold a reservation on each of
+    # ``relays`` (default: the bootstrap peers) and announce circuit addresses through them, so anyone
+    # can reach us; we dial out to public peers ourselves. "public": serve as a relay for NATed peers.
+    reachability: Reachability = "auto"
+    relays: tuple[str, ...] = ()  # multiaddrs ending in /p2p/<relay id>
 
     @property
     def loopback_only(self) -> bool:

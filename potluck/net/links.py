@@ -28,6 +28,7 @@ from potluck.protocol.wire import MAX_PAYLOAD, Frame, MsgType, read_frame, write
 logger = logging.getLogger(__name__)
 
 LAST = 1  # frame flag: the final BULK frame of a probe
+CIRCUIT = "/p2p-circuit"  # in a connection's remote address: it runs through a relay
 INBOUND_KEPT = 64  # probers whose last probe is remembered (LinkReport.inbound holds at most 64)
 
 
@@ -53,6 +54,20 @@ def choose_targets(self_id: str, peer_ids: Sequence[str], round_no: int, minimum
     order = sorted(others, key=rank)
     start = (round_no * k) % len(order)
     return [order[(start + i) % len(order)] for i in range(k)]
+
+
+async def connections(p2p: P2P, peer_id: str) -> list[str]:
+    """Remote addresses of our daemon's open connections to ``peer_id`` (empty: not connected)."""
+    for info in await p2p.list_peers():
+        if info.peer_id.to_base58() == peer_id:
+            return [str(a) for a in info.addrs]
+    return []
+
+
+async def relayed_only(p2p: P2P, peer_id: str) -> bool:
+    """Whether every open connection to ``peer_id`` runs through a relay (libp2p then streams over it)."""
+    addrs = await connections(p2p, peer_id)
+    return bool(addrs) and all(CIRCUIT in a for a in addrs)
 
 
 class LinkProber:
@@ -106,19 +121,20 @@ class LinkProber:
                     logger.warning("probe stream from %s exceeded %d bytes; closing", info.peer_id, received)
                     return
                 if frame.flags & LAST:
-                    self._saw(peer, received - first_bytes, time.perf_counter() - first_at)
+                    relayed = CIRCUIT in str(info.addr)
+                    self._saw(peer, received - first_bytes, time.perf_counter() - first_at, relayed)
                     done = Frame(MsgType.BULK_DONE, struct.pack("<Q", received))
                     await write_frame(writer, done, self.cfg.timeout_s)
                     received = 0
         finally:
             writer.close()
 
-    def _saw(self, peer: str, nbytes: int, seconds: float) -> None:
+    def _saw(self, peer: str, nbytes: int, seconds: float, relayed: bool = False) -> None:
         if nbytes <= 0 or seconds <= 0:
             return  # a one-frame probe: nothing timed
         self.inbound.pop(peer, None)
         self.inbound[peer] = LinkSample(
-            dst=peer, rtt_ms=0.0, bandwidth_gbps=min(nbytes * 8 / seconds / 1e9, 1e5)
+            dst=peer, rtt_ms=0.0, bandwidth_gbps=min(nbytes * 8 / seconds / 1e9, 1e5), relayed=relayed
         )
         while len(self.inbound) > INBOUND_KEPT:
             del self.inbound[next(iter(self.inbound))]  # the oldest
@@ -152,4 +168,7 @@ class LinkProber:
         rtt = statistics.median(rtts)
         # The clock ran from the first byte sent to the acknowledgement: subtract one round trip.
         transfer_s = max(elapsed - rtt, 1e-6)
-        return LinkSample(dst=peer_id, rtt_ms=rtt * 1e3, bandwidth_gbps=received * 8 / transfer_s / 1e9)
+        relayed = await relayed_only(self.p2p, peer_id)
+        return LinkSample(
+            dst=peer_id, rtt_ms=rtt * 1e3, bandwidth_gbps=received * 8 / transfer_s / 1e9, relayed=relayed
+        )

@@ -51,6 +51,7 @@ class SwarmNode:
         self._tmp_dir = tmp_dir  # holds the derived p2pd key when the caller gave no key_dir
         self.validator: PotluckValidator = node.protocol.record_validator
         self.admission: bytes | None = None  # this node's encoded Admission, attached to what it publishes
+        self.circuits: list[str] = []  # our addresses through relays, when reachability is "private"
 
     @classmethod
     async def start(
@@ -68,6 +69,7 @@ class SwarmNode:
         tmp_dir = Path(tempfile.mkdtemp(prefix="potluck-p2p-")) if key_dir is None else None  # mode 0700
         key_file = identity.write_libp2p_key((key_dir or tmp_dir or Path(".")) / f"{identity.peer_id}.p2pkey")
         nat = (not net.loopback_only) if net.nat_traversal is None else net.nat_traversal
+        relays = relay_addresses(net, initial_peers)
         p2p_kwargs: dict[str, Any] = dict(
             host_maddrs=list(net.host_maddrs),
             announce_maddrs=list(net.announce_maddrs) or None,
@@ -80,8 +82,18 @@ class SwarmNode:
             nat_port_map=nat,
             dht_mode="client" if client_mode else "server",
         )
+        extra_args: tuple[str, ...] = ()
+        if net.reachability == "private":
+            # Static relays only: with discovery on, libp2p's autorelay waits minutes for 4 candidates
+            # before it reserves a slot on fewer; hivemind offers no argument for this p2pd flag.
+            p2p_kwargs.update(force_reachability="private", use_auto_relay=True, use_relay=True)
+            if relays:
+                p2p_kwargs["trusted_relays"] = list(relays)
+                extra_args = ("-relayDiscovery=false",)
+        elif net.reachability == "public":
+            p2p_kwargs["force_reachability"] = "public"  # relay service on without AutoNAT's verdict
         try:
-            p2p = await _start_p2p(list(initial_peers), p2p_kwargs, net.bootstrap_timeout_s)
+            p2p = await _start_p2p(list(initial_peers), p2p_kwargs, net.bootstrap_timeout_s, extra_args)
         except BaseException:
             _remove_tree(tmp_dir)
             raise
@@ -102,11 +114,19 @@ class SwarmNode:
             await p2p.shutdown()
             _remove_tree(tmp_dir)
             raise
-        return cls(p2p, node, identity, policy, tmp_dir)
+        swarm_node = cls(p2p, node, identity, policy, tmp_dir)
+        if net.reachability == "private":
+            swarm_node.circuits = [f"{r}/p2p-circuit/p2p/{identity.peer_id}" for r in relays]
+        return swarm_node
+
+    @property
+    def behind_nat(self) -> bool:
+        return bool(self.circuits)
 
     async def visible_maddrs(self) -> list[str]:
-        """Addresses others can dial, each ending in /p2p/<our peer id>."""
-        return [str(m) for m in await self.p2p.get_visible_maddrs()]
+        """Addresses others can dial, each ending in /p2p/<our peer id>; behind a NAT the circuits
+        through our relays come first (libp2p lists relay addresses only when they look public)."""
+        return self.circuits + [str(m) for m in await self.p2p.get_visible_maddrs()]
 
     async def publish(
         self, name: str, record: Record, ttl_s: float, subkey: Any = None, signer: Identity | None = None
@@ -170,7 +190,15 @@ class SwarmNode:
         _remove_tree(self._tmp_dir)
 
 
-async def _start_p2p(initial_peers: list[str], kwargs: dict[str, Any], timeout_s: float) -> P2P:
+def relay_addresses(net: NetworkConfig, initial_peers: Sequence[str]) -> list[str]:
+    """The relays a NATed node reserves a slot on: the configured ones, else the bootstrap peers; only
+    addresses naming the relay's peer id (a circuit address needs it)."""
+    return [a for a in (net.relays or tuple(initial_peers)) if "/p2p/" in a]
+
+
+async def _start_p2p(
+    initial_peers: list[str], kwargs: dict[str, Any], timeout_s: float, extra_args: tuple[str, ...] = ()
+) -> P2P:
     """p2pd refuses to start when no bootstrap peer answers; retry until ``timeout_s``, then explain."""
     for addr in initial_peers:
         try:
@@ -182,7 +210,7 @@ async def _start_p2p(initial_peers: list[str], kwargs: dict[str, Any], timeout_s
     delay, last_error = 0.5, ""
     while True:
         try:
-            with p2pd_dies_with_this_process():
+            with p2pd_dies_with_this_process(extra_args):
                 p2p = await P2P.create(initial_peers=initial_peers or None, **kwargs)
             _guard_p2pd(p2p)
             return p2p
@@ -207,10 +235,11 @@ async def _start_p2p(initial_peers: list[str], kwargs: dict[str, Any], timeout_s
 # Set while hivemind's P2P.create runs in this task: the spawn hook below acts only then, so no other
 # subprocess of this process is touched.
 _SPAWNING_P2PD: contextvars.ContextVar[bool] = contextvars.ContextVar("potluck_spawning_p2pd", default=False)
+_EXTRA_ARGS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("potluck_p2pd_args", default=())
 
 
 @contextlib.contextmanager
-def p2pd_dies_with_this_process() -> Iterator[None]:
+def p2pd_dies_with_this_process(extra_args: tuple[str, ...] = ()) -> Iterator[None]:
     """Make the p2pd daemons that hivemind's ``P2P.create`` spawns inside this block die with us.
 
     Why: hivemind 1.1.12 (``hivemind/p2p/p2p_daemon.py``, ``P2P.create``) starts p2pd with
@@ -220,12 +249,15 @@ def p2pd_dies_with_this_process() -> Iterator[None]:
     active in the current task the wrapper adds ``lifeline.preexec()`` (PR_SET_PDEATHSIG = SIGKILL: p2pd
     holds no state worth a graceful exit). The loop thread forks p2pd, and it lives as long as the node.
     Where the kernel lacks PDEATHSIG, ``lifeline.after_spawn`` starts a watchdog once the PID is known.
+    ``extra_args`` are p2pd flags hivemind has no argument for, appended to its command line.
     """
     _install_spawn_hook()
     token = _SPAWNING_P2PD.set(True)
+    args_token = _EXTRA_ARGS.set(extra_args)
     try:
         yield
     finally:
+        _EXTRA_ARGS.reset(args_token)
         _SPAWNING_P2PD.reset(token)
 
 
@@ -258,6 +290,7 @@ def _install_spawn_hook() -> None:
         hook = _SPAWNING_P2PD.get() and kwargs.get("preexec_fn") is None
         if hook:
             kwargs["preexec_fn"] = lifeline.preexec(signal.SIGKILL)
+            args = (*args, *_EXTRA_ARGS.get())
         proc = await original(*args, **kwargs)
         if hook and kwargs["preexec_fn"] is not None:
             _HOOKED_PIDS.add(proc.pid)

@@ -28,6 +28,7 @@ from potluck.net.admit import ask_admission
 from potluck.net.dial import dht_addresses
 from potluck.net.links import LinkProber, choose_targets
 from potluck.net.node import SwarmNode
+from potluck.net.reachout import dial_public
 from potluck.net.streams import Streams
 from potluck.peer.config import PeerConfig
 from potluck.peer.leave import LeaveView, leave_verdict
@@ -52,6 +53,8 @@ LEAVE_POLL_S = 1.0  # seconds between two looks at the hand-off while leaving
 ADMIT_TIMEOUT_S = 10.0  # bound on one admission request to the coordinator
 LEAVE_READ_S = 5.0  # bound on one read of the swarm while leaving
 MEMBERS_READ_EVERY_S = 1.0  # an unknown prober costs at most one read of the swarm's members a second
+DIAL_OUT_S = 2.0  # behind a NAT: seconds between two rounds of dialling the public peers
+DIAL_OUT_TIMEOUT_S = 5.0  # bound on one round's dials
 
 
 class PeerDaemon:
@@ -132,6 +135,8 @@ class PeerDaemon:
         }
         if self.cfg.metrics_bind is not None:
             tasks["metrics"] = serve_metrics(*self.cfg.metrics_bind, self._metrics_text)
+        if self.node.behind_nat:
+            tasks["dial-out"] = self._dial_out()
         if self.cfg.swarm_gone_after_s is not None:
             tasks["swarm-watch"] = self._watch_swarm(self.cfg.swarm_gone_after_s)
         if self.cfg.train:
@@ -170,6 +175,7 @@ class PeerDaemon:
             hardware=self.hardware,
             maddrs=(await self.node.visible_maddrs())[:16],
             issued_at=get_dht_time(),
+            behind_nat=self.node.behind_nat,
         )
 
     async def _admit(self, within_s: float) -> None:
@@ -285,6 +291,18 @@ class PeerDaemon:
                 logger.exception("link measurement round %d failed", round_no)
             round_no += 1
             await asyncio.sleep(cfg.interval_s)
+
+    async def _dial_out(self) -> None:
+        """Behind a NAT: keep a direct connection to every public peer (``net/reachout.py``), checked
+        every ``DIAL_OUT_S`` so newcomers are dialled before they reach us through a relay."""
+        assert self.node is not None
+        while True:
+            try:
+                peers = live_peers(await self.node.fetch(PEERS.name), get_dht_time())
+                await dial_public(self.node.p2p, self.peer_id, [p.record for p in peers], DIAL_OUT_TIMEOUT_S)
+            except Exception as e:  # best effort: a relay still carries what a direct dial would
+                logger.info("dialling public peers failed: %s", e)
+            await asyncio.sleep(DIAL_OUT_S)
 
     async def _watch_swarm(self, limit_s: float) -> None:
         """Stop the daemon once nobody else has been visible for ``limit_s`` seconds.

@@ -84,6 +84,9 @@ class PeerRecord(Record):
     hardware: Hardware
     maddrs: list[Multiaddr] = Field(default_factory=list, max_length=16)
     issued_at: NonNegFloat  # DHT time (unix seconds) when signed; age of a heartbeat = now - issued_at
+    # Behind a NAT without port forwarding (``--reachability private``): reachable only through the relay
+    # circuits among ``maddrs``; it dials public peers itself, and two such peers talk through a relay.
+    behind_nat: bool = False
 
 
 class LinkSample(BaseModel):
@@ -94,6 +97,7 @@ class LinkSample(BaseModel):
     dst: PeerId
     rtt_ms: float = Field(ge=0.0, le=600_000.0, allow_inf_nan=False)  # median round trip, milliseconds
     bandwidth_gbps: float = Field(ge=0.0, le=100_000.0, allow_inf_nan=False)  # measured goodput, Gbit/s
+    relayed: bool = False  # the measured connection ran through a libp2p relay (a /p2p-circuit address)
 
 
 class AccessLink(BaseModel):

@@ -83,6 +83,8 @@ def confirmed_links(reports: Mapping[str, LinkReport]) -> dict[str, LinkReport]:
     """Each peer's outbound links as the planner may believe them (see the module's text)."""
     seen = {(s.dst, r.peer_id): s.bandwidth_gbps for r in reports.values() for s in r.inbound}
     rtts = {(r.peer_id, s.dst): s.rtt_ms for r in reports.values() for s in r.links}
+    # Either end may say the connection ran through a relay (each sees its own connection's address).
+    relayed_in = {(s.dst, r.peer_id) for r in reports.values() for s in r.inbound if s.relayed}
     confirmed = [
         min(s.bandwidth_gbps, INBOUND_SLACK * seen[(r.peer_id, s.dst)])
         for r in reports.values()
@@ -100,7 +102,8 @@ def confirmed_links(reports: Mapping[str, LinkReport]) -> dict[str, LinkReport]:
             else:
                 bandwidth = s.bandwidth_gbps if median is None else min(s.bandwidth_gbps, median)
             rtt = max(s.rtt_ms, rtts.get((s.dst, peer), 0.0))
-            links.append(LinkSample(dst=s.dst, rtt_ms=rtt, bandwidth_gbps=bandwidth))
+            relayed = s.relayed or (peer, s.dst) in relayed_in
+            links.append(LinkSample(dst=s.dst, rtt_ms=rtt, bandwidth_gbps=bandwidth, relayed=relayed))
         out[peer] = report.model_copy(update={"links": links})
     return out
 

@@ -31,7 +31,13 @@ from potluck.coordinator.placement.costmodel import (
     micro_batches,
     step_time,
 )
-from potluck.coordinator.placement.netmodel import AccessCapacity, NetModel, build_netmodel, from_matrices
+from potluck.coordinator.placement.netmodel import (
+    AccessCapacity,
+    NetModel,
+    build_netmodel,
+    from_matrices,
+    slow_pairs,
+)
 from potluck.coordinator.placement.objectives import StepObjective
 from potluck.coordinator.state import SwarmState
 from potluck.coordinator.trees.plan import choose_tree_plan, to_schedule
@@ -43,6 +49,26 @@ from potluck.protocol.training import Spare, StageAssignment, TrainPlan, TreeRec
 logger = logging.getLogger(__name__)
 
 DEFAULT_RTT_MS, DEFAULT_GBPS = 2.0, 1.0  # assumed for pairs when no link has been measured at all
+# Planning divides a relayed pair's bandwidth by this. A relay carries the pair's bytes on its own
+# uplink (slowing whatever else it sends), p2pd resets a circuit after 4 GiB or 30 min, and the extra
+# hop lengthens every round trip: bulk traffic belongs on direct links wherever a plan within 4x exists.
+RELAYED_SLOWDOWN = 4.0
+
+
+def relayed_pairs(state: SwarmState, peers: list[str]) -> set[tuple[int, int]]:
+    """Index pairs (i < j) of ``peers`` whose traffic runs through a relay: measured so by either end
+    (``LinkSample.relayed``), or, where no probe between them says otherwise, both behind a NAT (a
+    NATed peer dials public peers itself, ``net/reachout.py``, so only two NATed ones need a relay)."""
+    index = {p: i for i, p in enumerate(peers)}
+    seen: dict[tuple[int, int], bool] = {}  # pair -> any measurement says relayed
+    for rep in state.links.values():
+        for s in rep.links:
+            if rep.peer_id in index and s.dst in index and rep.peer_id != s.dst:
+                a, b = sorted((index[rep.peer_id], index[s.dst]))
+                seen[(a, b)] = seen.get((a, b), False) or s.relayed
+    natted = [i for i, p in enumerate(peers) if p in state.peers and state.peers[p].record.behind_nat]
+    assumed = {(a, b) for k, a in enumerate(natted) for b in natted[k + 1 :] if (a, b) not in seen}
+    return {pair for pair, relayed in seen.items() if relayed} | assumed
 
 
 def _planner_defaults() -> PlannerConfig:
@@ -88,21 +114,22 @@ def network(state: SwarmState, peers: list[str]) -> tuple[NetModel, str]:
     access: dict[Hashable, AccessCapacity] = {
         p: cap for p, cap in believed_access(state.links).items() if p in inside
     }
+    relayed = relayed_pairs(state, peers)
+    slow = f", {len(relayed)} relayed pairs at 1/{RELAYED_SLOWDOWN:g} speed" if relayed else ""
     if measured:
         try:
             note = f"{len(measured)} measured links" + (
                 f", {len(access)} declared access links" if access else ""
             )
-            return build_netmodel(peers, measured, access), note
+            return slow_pairs(build_netmodel(peers, measured, access), relayed, RELAYED_SLOWDOWN), note + slow
         except NetModelError as e:
             logger.warning("link reports unusable (%s); assuming uniform links", e)
     n = len(peers)
     lat = np.full((n, n), DEFAULT_RTT_MS / 2)
     bw = np.full((n, n), DEFAULT_GBPS)
     np.fill_diagonal(lat, 0.0)
-    return from_matrices(
-        lat, bw
-    ), f"no measured links yet: assumed {DEFAULT_GBPS} Gbit/s, {DEFAULT_RTT_MS} ms"
+    assumed = f"no measured links yet: assumed {DEFAULT_GBPS} Gbit/s, {DEFAULT_RTT_MS} ms"
+    return slow_pairs(from_matrices(lat, bw), relayed, RELAYED_SLOWDOWN), assumed + slow
 
 
 def stage_trees(

@@ -10,7 +10,7 @@ Units: latency is one-way milliseconds (RTT / 2); bandwidth is Gbit/s, row = sen
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +61,19 @@ class NetModel:
             self.upload_gbps[ix],
             self.download_gbps[ix],
         )
+
+
+def slow_pairs(model: NetModel, pairs: Iterable[tuple[int, int]], factor: float) -> NetModel:
+    """``model`` with both directions of each pair ``factor`` times slower (relayed links: see
+    ``coordinator/job/plan.py``), so every objective keeps bulk traffic off them where it can."""
+    if factor < 1.0:
+        raise NetModelError(f"a slow-down factor must be >= 1, not {factor}")
+    bw = model.bandwidth_gbps.copy()
+    for i, j in pairs:
+        if i != j:
+            bw[i, j] /= factor
+            bw[j, i] /= factor
+    return NetModel(model.latency_ms, bw, model.measured, model.upload_gbps, model.download_gbps)
 
 
 def from_matrices(
