@@ -31,6 +31,7 @@ import asyncio
 import itertools
 import json
 import logging
+import shutil
 import statistics
 import subprocess
 import sys
@@ -250,6 +251,10 @@ def run_potluck(
             stop(proc)
             log.close()
         after = [iface_bytes(p, dev) for p in prefixes]
+        if args.keep_logs:  # every process's log, for a look at what went wrong (or right)
+            shutil.copytree(
+                tmp, args.keep_logs / label, ignore=shutil.ignore_patterns("ckpt"), dirs_exist_ok=True
+            )
         if rc != 0 or not out_file.exists():
             tail = (Path(tmp) / "inner.log").read_text(errors="replace")[-4000:]
             raise RuntimeError(f"potluck run {label!r} failed (rc {rc}):\n{tail}")
@@ -412,6 +417,7 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="skip measuring the links first (tests)")
     ap.add_argument("--hivemind-args", default="", help="more flags for every hivemind worker")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
+    ap.add_argument("--keep-logs", type=Path, help="copy each potluck run's logs to DIR/<run>")
     ap.add_argument(
         "--nat",
         default="",

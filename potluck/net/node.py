@@ -227,7 +227,7 @@ async def _start_p2p(
             "Check that the coordinator is running and that this machine can reach those addresses "
             "(firewall, VPN). If the coordinator is behind NAT it must announce a public address "
             "(`potluck launch --announce-maddrs /ip4/PUBLIC_IP/tcp/PORT`); if you are behind NAT, "
-            "`--use-auto-relay` makes you reachable through a relay."
+            "`--reachability private` makes you reachable through relays."
         )
     raise BootstrapError(f"the p2p daemon failed to start: {last_error}")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -53,6 +53,22 @@ DEFAULT_RTT_MS, DEFAULT_GBPS = 2.0, 1.0  # assumed for pairs when no link has be
 # uplink (slowing whatever else it sends), p2pd resets a circuit after 4 GiB or 30 min, and the extra
 # hop lengthens every round trip: bulk traffic belongs on direct links wherever a plan within 4x exists.
 RELAYED_SLOWDOWN = 4.0
+
+
+def public_leader(placement: PlacementPlan, natted: set[str]) -> PlacementPlan:
+    """The placement with its pipelines reordered so that the leader (stage 0 of pipeline 0: every
+    peer sends it its step's commit messages) is a public peer where stage 0 has one. Pipelines are
+    interchangeable, so the cost is unchanged; a NATed leader would hear every other NATed peer through
+    a relay."""
+    first = placement.stages[0]
+    if first[0] not in natted:
+        return placement
+    public = [r for r, p in enumerate(first) if p not in natted]
+    if not public:
+        return placement
+    order = [public[0], *(r for r in range(len(first)) if r != public[0])]
+    stages = tuple(tuple(row[r] for r in order) for row in placement.stages)
+    return replace(placement, stages=stages)
 
 
 def relayed_pairs(state: SwarmState, peers: list[str]) -> set[tuple[int, int]]:
@@ -227,6 +243,7 @@ def make_train_plan(
     placement, reason = plan(pstate, sj, now, previous, pcfg)  # falls back to a fresh plan itself
     if placement is None:
         return None, None, reason
+    placement = public_leader(placement, {p for p in usable if state.peers[p].record.behind_nat})
     index = {p: i for i, p in enumerate(usable)}
     stages, first = [], 0
     for row, n_layers in zip(placement.stages, placement.layers, strict=True):

@@ -100,6 +100,8 @@ def test_a_plan_keeps_two_natted_peers_from_exchanging_bulk():
         plan, _, reason = make_train_plan(state, job, 100.0, epoch=1, start_step=0)
         assert plan is not None, reason
         assert frozenset(pids[:2]) not in bulk_pairs(plan), (reason, plan.stages)
+        # Every peer sends the leader its commit messages: a public one hears NATed peers directly.
+        assert plan.leader not in pids[:2]
 
 
 def test_confirmed_links_keep_a_relay_seen_by_either_end():
@@ -118,3 +120,15 @@ def test_confirmed_links_keep_a_relay_seen_by_either_end():
         update={"inbound": [LinkSample(dst=a, rtt_ms=0.0, bandwidth_gbps=0.01)]}
     )
     assert not confirmed_links(reports)[a].links[0].relayed
+
+
+def test_the_leader_is_a_public_peer_when_stage_0_has_one():
+    from potluck.coordinator.job.plan import public_leader
+    from potluck.coordinator.placement import PlacementPlan
+
+    placement = PlacementPlan("step", (("n1", "p1", "n2"), ("a", "b", "c")), (), 1.0, 0.5, "x")
+    moved = public_leader(placement, {"n1", "n2"})
+    assert moved.stages == (("p1", "n1", "n2"), ("b", "a", "c"))  # pipelines move whole
+    assert public_leader(moved, {"n1", "n2"}) is moved
+    all_natted = public_leader(placement, {"n1", "p1", "n2"})
+    assert all_natted is placement
