@@ -433,13 +433,13 @@ def main() -> None:
         args.inner_out.write_text(json.dumps(potluck_inner(json.loads(args.inner.read_text()))))
         return
     from potluck.testbed.netem import Netlab
-    from potluck.testbed.wan.lab import WanLab, require_support
-    from potluck.testbed.wan.spec import load_spec, with_nat
+    from potluck.testbed.wan.lab import WanLab, require_support, sigterm_raises
+    from potluck.testbed.wan.spec import load_spec, parse_nat, with_nat
 
     require_support()
     spec = load_spec(args.scenario)
     if args.nat:
-        spec = with_nat(spec, {int(k): v for k, v in (x.split(":") for x in args.nat.split(","))})
+        spec = with_nat(spec, parse_nat(args.nat))
     n = spec.n
     access = [(spec.up_mbps[i], spec.down_mbps[i]) for i in range(n)]
     runs = args.only or ["fast", "home", "hivemind"]
@@ -460,7 +460,7 @@ def main() -> None:
             out["fast"] = run_potluck("fast", spawn, prefixes, net.addrs, "eth0", args, None)
             logger.info("fast: %s tokens/s", out["fast"]["tokens_per_s"])
     if "home" in runs or "hivemind" in runs:
-        with WanLab(spec) as lab:
+        with sigterm_raises(), WanLab(spec) as lab:  # a SIGTERM tears the lab down like Ctrl+C
             if not args.no_check:
                 report = lab.check()
                 out["links"] = report.to_json()

@@ -33,15 +33,21 @@ def check(
     ),
     pings: int = typer.Option(20, "--pings", help="Round trips per direction; the median is reported."),
     serial: bool = typer.Option(False, "--serial", help="One bulk flow at a time (default: disjoint pairs)."),
+    nat: str = typer.Option(
+        "", "--nat", help="Devices behind a home NAT, e.g. 2:cone,4:symmetric (links into them are skipped)."
+    ),
 ) -> None:
     """Build the scenario's network, measure every direction's RTT and rate, tear it down.
 
     Exit code 0 when every link is within the tolerance, 1 when one is not, 2 on errors."""
     from potluck.testbed.errors import TestbedError
     from potluck.testbed.wan import WanLab, load_spec, sigterm_raises
+    from potluck.testbed.wan.spec import parse_nat, with_nat
 
     try:
         spec = load_spec(scenario, bandwidth_scale=scale, latency_scale=latency_scale)
+        if nat:
+            spec = with_nat(spec, parse_nat(nat))
         with sigterm_raises(), WanLab(spec, queue_ms=queue_ms) as lab:
             report = lab.check(tolerance=tolerance, pings=pings, measure_s=measure_s, serial=serial)
     except TestbedError as exc:

@@ -50,9 +50,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_RTT_MS, DEFAULT_GBPS = 2.0, 1.0  # assumed for pairs when no link has been measured at all
 # Planning divides a relayed pair's bandwidth by this. A relay carries the pair's bytes on its own
-# uplink (slowing whatever else it sends), p2pd resets a circuit after 4 GiB or 30 min, and the extra
-# hop lengthens every round trip: bulk traffic belongs on direct links wherever a plan within 4x exists.
-RELAYED_SLOWDOWN = 4.0
+# uplink (slowing whatever else it sends), p2pd resets a circuit after 4 GiB or 30 min, the extra hop
+# lengthens every round trip, and in the WAN testbed bulk exchanges over circuits were reset mid-step
+# (docs/benchmarks.md, "Home NAT"): bulk belongs on direct links wherever a plan within 10x exists.
+RELAYED_SLOWDOWN = 10.0
 
 
 def public_leader(placement: PlacementPlan, natted: set[str]) -> PlacementPlan:

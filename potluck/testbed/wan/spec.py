@@ -139,6 +139,19 @@ def with_nat(spec: WanSpec, nat: dict[int, str]) -> WanSpec:
     return replace(spec, nat=tuple(kinds) if any(kinds) else ())
 
 
+def parse_nat(text: str) -> dict[int, str]:
+    """``"2:cone,4:symmetric"`` -> ``{2: "cone", 4: "symmetric"}`` (a bare index means cone)."""
+    out: dict[int, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        index, _, kind = item.partition(":")
+        try:
+            out[int(index)] = kind or "cone"
+        except ValueError:
+            hint = "--nat wants DEVICE[:KIND] items, e.g. 2:cone,4:symmetric"
+            raise TestbedError(f"{hint}; got {item!r}") from None
+    return out
+
+
 def _nat(value: object, where: str) -> str:
     if value in (None, False, ""):
         return ""

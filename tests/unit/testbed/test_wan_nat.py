@@ -531,3 +531,13 @@ def test_the_lab_tells_the_relay_which_devices_are_natted():
     plain = WanLab(spec_from_dict(scenario([..., ...])), tag="plwtest")
     assert plain.relay_config()["nat"] == [None, None]
     assert plain.natted() == [] and plain.local_addr(1) == "10.79.0.2"
+
+
+def test_parse_nat_reads_device_kind_lists_and_refuses_garbage():
+    from potluck.testbed.errors import TestbedError
+    from potluck.testbed.wan.spec import parse_nat
+
+    assert parse_nat("2:cone, 4:symmetric") == {2: "cone", 4: "symmetric"}
+    assert parse_nat("3") == {3: "cone"} and parse_nat("") == {}
+    with pytest.raises(TestbedError, match="DEVICE"):
+        parse_nat("two:cone")
