@@ -30,6 +30,7 @@ class NetworkConfig:
     # can reach us; we dial out to public peers ourselves. "public": serve as a relay for NATed peers.
     reachability: Reachability = "auto"
     relays: tuple[str, ...] = ()  # multiaddrs ending in /p2p/<relay id>
+    relay_check: bool = True  # "public": test our relay with a bulk transfer, restart p2pd if it fails
 
     @property
     def loopback_only(self) -> bool:

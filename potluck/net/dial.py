@@ -21,6 +21,7 @@ from typing import cast
 from hivemind.p2p import P2P, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
+from potluck.net.maddrs import WireMaddr
 from potluck.net.node import SwarmNode
 from potluck.protocol.errors import WireError
 from potluck.protocol.keys import PEERS
@@ -35,46 +36,6 @@ FIRST_BACKOFF_S = 0.2  # wait after the first failed attempt; doubles after each
 MAX_BACKOFF_S = 2.0  # cap on one wait between attempts
 MIN_ATTEMPT_S, MAX_ATTEMPT_S = 2.0, 10.0  # bounds on one attempt, which gets a third of the dial's timeout
 ADDRESS_TTL_S = 5.0  # how long a DHT lookup of a peer's addresses is reused
-
-
-P2P_CODE = 421  # the multiaddr protocol code of /p2p/
-
-
-class WireMaddr:
-    """A multiaddr with /p2p/ parts (a relay circuit), encoded as p2pd decodes it.
-
-    hivemind 1.1.12's multiaddr codec writes a /p2p/ part of an Ed25519 peer id as a CIDv1 (its string
-    is not one of the CIDv0 shapes it knows), where go-multiaddr expects the bare multihash; p2pd then
-    refuses the whole address ("length greater than remaining number of bytes"). So each /p2p/ part is
-    written here as varint(421) varint(len) multihash, and the parts between by hivemind's codec."""
-
-    def __init__(self, text: str) -> None:
-        out = b""
-        for i, part in enumerate(text.split("/p2p/")):
-            rest = part
-            if i > 0:
-                peer, _, tail = part.partition("/")
-                mh = PeerID.from_base58(peer).to_bytes()
-                out += _varint(P2P_CODE) + _varint(len(mh)) + mh
-                rest = "/" + tail if tail else ""
-            if rest:
-                out += Multiaddr(rest).to_bytes()
-        self.text, self._bytes = text, out
-
-    def to_bytes(self) -> bytes:
-        return self._bytes
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def dial_addresses(maddrs: Sequence[str], peer: str) -> list[Multiaddr]:

@@ -28,6 +28,7 @@ from hivemind.utils.serializer import MSGPackSerializer
 from potluck import lifeline, logs
 from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
+from potluck.net.relaycheck import relay_serves_bulk
 from potluck.net.validator import PotluckValidator
 from potluck.protocol import envelope
 from potluck.protocol.admission import BanList
@@ -39,6 +40,7 @@ from potluck.protocol.records import Record
 logger = logging.getLogger(__name__)
 
 DHT_SHUTDOWN_S = 5.0  # bound on stopping the DHT node; p2pd is stopped after it either way
+RELAY_TRIES = 6  # starts of p2pd until its relay passes the self-test (each passes ~2 in 3 here)
 
 
 class SwarmNode:
@@ -94,6 +96,8 @@ class SwarmNode:
             p2p_kwargs["force_reachability"] = "public"  # relay service on without AutoNAT's verdict
         try:
             p2p = await _start_p2p(list(initial_peers), p2p_kwargs, net.bootstrap_timeout_s, extra_args)
+            if net.reachability == "public" and net.relay_check:
+                p2p = await _with_working_relay(p2p, list(initial_peers), p2p_kwargs, net)
         except BaseException:
             _remove_tree(tmp_dir)
             raise
@@ -188,6 +192,40 @@ class SwarmNode:
             logger.exception("DHT node shutdown failed")
         await self.p2p.shutdown()
         _remove_tree(self._tmp_dir)
+
+
+async def _with_working_relay(
+    p2p: P2P, initial_peers: list[str], kwargs: dict[str, Any], net: NetworkConfig
+) -> P2P:
+    """``p2p``, or a restarted one, whose circuit relay carries bulk data (``net/relaycheck.py``)."""
+    for attempt in range(1, RELAY_TRIES + 1):
+        ok = await relay_serves_bulk(p2p, spawn_p2pd)
+        if ok is None:
+            logger.info("relay self-test did not run; relaying as started")
+            return p2p
+        if ok:
+            logger.info("this node relays bulk data for NATed peers (self-test %d)", attempt)
+            return p2p
+        logger.warning(
+            "this node's relay cut a test transfer short (p2pd's default relay service, 128 KiB per "
+            "circuit, won its start-up race); restarting p2pd (%d of %d)",
+            attempt,
+            RELAY_TRIES,
+        )
+        await p2p.shutdown()
+        p2p = await _start_p2p(initial_peers, kwargs, net.bootstrap_timeout_s)
+    logger.warning(
+        "this node's relay still cuts transfers short: NATed peers can only send it small messages"
+    )
+    return p2p
+
+
+async def spawn_p2pd(kwargs: dict[str, Any], extra_args: tuple[str, ...] = ()) -> P2P:
+    """A bare p2pd (no DHT node) that dies with this process; ``extra_args``: flags hivemind lacks."""
+    with p2pd_dies_with_this_process(extra_args):
+        p2p = await P2P.create(**kwargs)
+    _guard_p2pd(p2p)
+    return p2p
 
 
 def relay_addresses(net: NetworkConfig, initial_peers: Sequence[str]) -> list[str]:

@@ -7,7 +7,8 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from potluck.cli.common import network_config
 from potluck.net.config import NetworkConfig
-from potluck.net.dial import WireMaddr, dial_addresses
+from potluck.net.dial import dial_addresses
+from potluck.net.maddrs import WireMaddr
 from potluck.net.node import relay_addresses
 from potluck.protocol.identity import Identity
 
@@ -54,3 +55,14 @@ def test_the_cli_refuses_an_unknown_reachability_and_a_relay_without_an_id():
         network_config(
             None, None, "/ip4/0.0.0.0/tcp/0", 5.0, reachability="private", relays=["/ip4/1.2.3.4/tcp/1"]
         )
+
+
+def test_the_relay_self_test_dials_loopback_when_it_can_else_a_tcp_address():
+    from potluck.net.relaycheck import pick_address
+
+    tcp = f"/ip4/10.79.0.1/tcp/4001/p2p/{RELAY}"
+    loop = f"/ip4/127.0.0.1/tcp/4001/p2p/{RELAY}"
+    quic = f"/ip4/10.79.0.1/udp/4001/quic-v1/p2p/{RELAY}"
+    assert pick_address([quic, tcp, loop]) == loop
+    assert pick_address([quic, tcp]) == tcp
+    assert pick_address([quic, f"{tcp}/p2p-circuit/p2p/{TARGET}"]) is None
