@@ -40,17 +40,20 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-# A private containers.conf: runc, and rlimits within the host's hard limits.
-nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
-[ "$nofile" = unlimited ] && nofile=1048576
-[ "$nproc" = unlimited ] && nproc=65536
-[ "$nproc" -gt 65536 ] && nproc=65536
-cat > "$WORK/containers.conf" <<EOF
+# A private containers.conf: runc, and rlimits the host lets a container set (at most its hard limits;
+# here NPROC above 32768 was refused too, so the first value that starts a container wins; see below).
+write_conf() {  # write_conf NOFILE NPROC
+  cat > "$WORK/containers.conf" <<EOF
 [containers]
-default_ulimits = ["nofile=$nofile:$nofile", "nproc=$nproc:$nproc"]
+default_ulimits = ["nofile=$1:$1", "nproc=$2:$2"]
 [engine]
 runtime = "runc"
 EOF
+}
+nofile=$(ulimit -Hn); nproc_max=$(ulimit -Hu)
+[ "$nofile" = unlimited ] && nofile=1048576
+[ "$nproc_max" = unlimited ] && nproc_max=4194304
+write_conf "$nofile" "$nproc_max"
 export CONTAINERS_CONF="$WORK/containers.conf"
 
 compose() { podman-compose -p "$PROJECT" -f docker/compose.yaml "$@"; }
@@ -92,6 +95,15 @@ else
   tar -C "$WORK/rootfs" -c . | podman import - "$BASE_IMAGE" >/dev/null
   rm -rf "$WORK/rootfs"
 fi
+
+for nproc in "$nproc_max" 65536 32768 16384 8192 4096; do
+  [ "$nproc" -le "$nproc_max" ] || continue
+  write_conf "$nofile" "$nproc"
+  if podman run --rm "$BASE_IMAGE" true >/dev/null 2>&1; then break; fi
+  nproc=""
+done
+[ -n "$nproc" ] || { podman run --rm "$BASE_IMAGE" true; echo "podman cannot start a container" >&2; exit 1; }
+log "podman runs containers (runc, nofile=$nofile, nproc=$nproc)"
 
 # --- a CPU torch source -----------------------------------------------------------------------------
 build_args=(--format docker --build-arg "BASE=$BASE_IMAGE")  # docker format: OCI images drop HEALTHCHECK
