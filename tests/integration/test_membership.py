@@ -88,7 +88,7 @@ def test_link_probes_are_served_to_members_only(swarm, tmp_path):
         try:
 
             async def addresses(peer: str) -> list[str]:
-                return [str(m) for m in victim.maddrs]
+                return [str(m) for m in victim.record.maddrs]
 
             prober = LinkProber(p2p, "itest", LinkProbeConfig(bulk_bytes=1 << 20, timeout_s=5), addresses)
             try:
