@@ -90,7 +90,8 @@ if podman image exists "$BASE_IMAGE"; then
   log "base image $BASE_IMAGE: cached"
 else
   log "debootstrap --variant=minbase bookworm (once; the image is kept)"
-  debootstrap --variant=minbase bookworm "$WORK/rootfs" >"$WORK/debootstrap.log" 2>&1 \
+  # the release's default mirror unless DEBIAN_MIRROR names another
+  debootstrap --variant=minbase bookworm "$WORK/rootfs" ${DEBIAN_MIRROR:-} >"$WORK/debootstrap.log" 2>&1 \
     || { tail -20 "$WORK/debootstrap.log"; exit 1; }
   tar -C "$WORK/rootfs" -c . | podman import - "$BASE_IMAGE" >/dev/null
   rm -rf "$WORK/rootfs"
