@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-BF16_MAX_BITS = 0x7F7F0000
+BF16_MAX_BITS = tl.constexpr(0x7F7F0000)  # a jit kernel may read only constexpr globals (compiled for a GPU)
 
 
 @triton.jit
