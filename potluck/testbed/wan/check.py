@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Not ``-m potluck.testbed.wan.probe``: the package imports that module itself, so runpy would warn that
+# it was already imported (on the user's terminal, once per agent) before running it again as __main__.
+AGENT_ARGV = ["-c", "from potluck.testbed.wan.probe import main; main()"]
+
 UNLIMITED_BYTES = 25_000_000  # a flow on a link without a rate limit sends this much
 
 Pair = tuple[int, int]
@@ -141,7 +145,7 @@ class Agents:
         self.procs = [
             lab.spawn(
                 i,
-                [sys.executable, "-m", "potluck.testbed.wan.probe", str(port)],
+                [sys.executable, *AGENT_ARGV, str(port)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,

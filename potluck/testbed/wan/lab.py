@@ -44,7 +44,7 @@ DEV = "tun0"
 TAG_PREFIX = "plw"
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 3.0
-RELAY_ARGV = ["-m", "potluck.testbed.wan.relay"]
+RELAY_ARGV = ["-c", "from potluck.testbed.wan.relay import main; main()"]  # not -m: see check.AGENT_ARGV
 
 
 def require_support() -> None:
