@@ -56,17 +56,13 @@ def choose_targets(self_id: str, peer_ids: Sequence[str], round_no: int, minimum
     return [order[(start + i) % len(order)] for i in range(k)]
 
 
-async def connections(p2p: P2P, peer_id: str) -> list[str]:
-    """Remote addresses of our daemon's open connections to ``peer_id`` (empty: not connected)."""
-    for info in await p2p.list_peers():
-        if info.peer_id.to_base58() == peer_id:
-            return [str(a) for a in info.addrs]
-    return []
+async def connections(p2p: P2P) -> dict[str, list[str]]:
+    """Per connected peer, the remote addresses of our daemon's open connections to it (one RPC)."""
+    return {info.peer_id.to_base58(): [str(a) for a in info.addrs] for info in await p2p.list_peers()}
 
 
-async def relayed_only(p2p: P2P, peer_id: str) -> bool:
-    """Whether every open connection to ``peer_id`` runs through a relay (libp2p then streams over it)."""
-    addrs = await connections(p2p, peer_id)
+def relayed_only(addrs: Sequence[str]) -> bool:
+    """Whether connections with these remote addresses all run through a relay (none: not relayed)."""
     return bool(addrs) and all(CIRCUIT in a for a in addrs)
 
 
@@ -168,7 +164,7 @@ class LinkProber:
         rtt = statistics.median(rtts)
         # The clock ran from the first byte sent to the acknowledgement: subtract one round trip.
         transfer_s = max(elapsed - rtt, 1e-6)
-        relayed = await relayed_only(self.p2p, peer_id)
+        relayed = relayed_only((await connections(self.p2p)).get(peer_id, []))
         return LinkSample(
             dst=peer_id, rtt_ms=rtt * 1e3, bandwidth_gbps=received * 8 / transfer_s / 1e9, relayed=relayed
         )

@@ -206,6 +206,8 @@ async def _with_working_relay(
         if ok:
             logger.info("this node relays bulk data for NATed peers (self-test %d)", attempt)
             return p2p
+        if attempt == RELAY_TRIES:
+            break
         logger.warning(
             "this node's relay cut a test transfer short (p2pd's default relay service, 128 KiB per "
             "circuit, won its start-up race); restarting p2pd (%d of %d)",

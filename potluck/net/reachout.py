@@ -29,10 +29,11 @@ async def dial_public(p2p: P2P, self_id: str, peers: Sequence[PeerRecord], timeo
     """Dial each public peer in ``peers`` we hold no direct connection to, at its direct (non-circuit)
     addresses, all at once within ``timeout_s``; return the peers now directly connected by this call."""
     todo: list[PeerRecord] = []
+    open_now = await connections(p2p)
     for rec in peers:
         if rec.peer_id == self_id or rec.behind_nat:
             continue
-        if any(CIRCUIT not in a for a in await connections(p2p, rec.peer_id)):
+        if any(CIRCUIT not in a for a in open_now.get(rec.peer_id, [])):
             continue  # a direct connection already
         if any(CIRCUIT not in m for m in rec.maddrs):
             todo.append(rec)
