@@ -25,3 +25,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
+# Build the native codec kernels now (~5 s once per machine and source): not inside the first peer, nor in
+# several test processes at once. Without a C compiler potluck runs the slower torch path instead.
+"$VENV/bin/python" -m potluck.compression.kernels >/dev/null \
+  || echo "==> no native codec kernels (is a C compiler installed?); using the torch path" >&2

@@ -6,8 +6,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
+from . import onepass
 from .errors import DecodeError, EncodeError, NonFiniteError
 from .feedback import ErrorFeedback
 from .hashing import KeyLike, key_to_u64
@@ -23,6 +25,7 @@ from .wire import (
     pack,
     unpack_header,
     unpack_sections,
+    write_version,
 )
 
 SpecResolver = Callable[[str], "Codec"]
@@ -70,9 +73,46 @@ class Codec:
         return f"Codec({self.spec!r})"
 
     # ---- encode -------------------------------------------------------------------------------
-    def encode(self, tensor: torch.Tensor, *, key: KeyLike = None, state: Any = None) -> bytes:
+    def encode(
+        self, tensor: torch.Tensor, *, key: KeyLike = None, state: Any = None, version: int | None = None
+    ) -> bytes:
         """One payload for ``tensor``. ``key`` names (round, tensor, part) for shared random streams;
-        ``state`` is an ``ErrorFeedback`` (or None) owned by the caller."""
+        ``state`` is an ``ErrorFeedback`` (or None) owned by the caller; ``version=1`` writes the
+        previous format (zlib CRC32 trailer) for peers that cannot read version 2 (default: the
+        newest, or ``POTLUCK_WIRE_VERSION``)."""
+        payload = self._encode(tensor, key, state, write_version() if version is None else version, None)
+        assert isinstance(payload, bytes)
+        return payload
+
+    def encode_into(
+        self,
+        tensor: torch.Tensor,
+        out: bytearray | memoryview | np.ndarray,
+        *,
+        key: KeyLike = None,
+        state: Any = None,
+        version: int | None = None,
+    ) -> memoryview:
+        """Encode into a caller's writable buffer, reused across steps (no allocation and no page faults
+        per call); returns the view of ``out`` that holds the payload. ``estimate_bytes`` sizes it
+        (exact for chains without top-k or zstd)."""
+        payload = self._encode(tensor, key, state, write_version() if version is None else version, out)
+        if isinstance(payload, memoryview):
+            return payload
+        view = np.frombuffer(out, dtype=np.uint8).data
+        if view.readonly or len(view) < len(payload):
+            raise EncodeError(f"the output buffer must be writable and hold {len(payload)} bytes")
+        view[: len(payload)] = payload
+        return view[: len(payload)]
+
+    def _encode(
+        self,
+        tensor: torch.Tensor,
+        key: KeyLike,
+        state: Any,
+        version: int,
+        out: bytearray | memoryview | np.ndarray | None,
+    ) -> bytes | memoryview:
         if not isinstance(tensor, torch.Tensor):
             raise EncodeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
         if tensor.dtype not in DTYPE_CODES:
@@ -93,6 +133,10 @@ class Codec:
         ctx = StageCtx(tensor.dtype, tuple(tensor.shape), key64, state)
         flat = tensor.detach().reshape(-1)
         dense = self.transform is None and self.select is None and isinstance(self.value, QuantStage)
+        header = Header(tensor.dtype, tuple(tensor.shape), self.spec, key64, 0)
+        if dense and self.lossless is None and onepass.applies(flat):
+            assert isinstance(self.value, QuantStage)
+            return self._encode_onepass(self.value, header, flat, ctx, ef, out, version)
         if dense:
             # one fused pass; finiteness comes from the block maxima it computes anyway
             assert isinstance(self.value, QuantStage)
@@ -110,7 +154,34 @@ class Codec:
             ef.store(residual)
         if self.lossless is not None:
             sections = self.lossless.compress(sections)
-        return pack(Header(tensor.dtype, tuple(tensor.shape), self.spec, key64, 0), sections)
+        return pack(header, sections, version)
+
+    def _encode_onepass(
+        self,
+        stage: QuantStage,
+        header: Header,
+        flat: torch.Tensor,
+        ctx: StageCtx,
+        ef: ErrorFeedback | None,
+        out: bytearray | memoryview | np.ndarray | None,
+        version: int,
+    ) -> bytes | memoryview:
+        res_in = ef.checked_residual(flat) if ef is not None else None
+        resid = ef.spare_buffer(flat) if ef is not None else None
+        if ef is not None and resid is None:
+            resid = torch.empty(flat.numel(), dtype=torch.float32)
+        seed = stage.rounding_seed(ctx)
+        done = onepass.encode(stage, header, flat, res_in, resid, seed, out, version)
+        if done is None:
+            flat = self._finite(flat)  # raises, or zeroes NaN/Inf and we run again
+            res_in = torch.nan_to_num(res_in, 0.0, 0.0, 0.0) if res_in is not None else None
+            done = onepass.encode(stage, header, flat, res_in, resid, seed, out, version)
+            if done is None:  # finite inputs whose sum with the residual overflows
+                raise NonFiniteError("tensor plus its error-feedback residual overflows fp32")
+        payload, residual = done
+        if ef is not None and residual is not None:
+            ef.store(residual)
+        return payload
 
     def _finite(self, flat: torch.Tensor) -> torch.Tensor:
         if all_finite(flat):

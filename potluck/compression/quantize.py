@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from .hashing import stream_seed, uniform
-from .kernels import cpu, dispatch
+from .kernels import cpu, dispatch, native_ops
 from .spec import Param
 from .stages import SectionReader, StageCtx, ValueStage, tensor_from
 from .wire import Section, as_bytes_array
@@ -188,6 +188,13 @@ class QuantStage(ValueStage):
         out_buf = resid_out
         if want_resid and out_buf is None:
             out_buf = torch.empty(n, dtype=torch.float32, device=flat.device)
+        if n and flat.device.type == "cpu" and native_ops.usable(out_buf):
+            # one native pass over every block, the short last one included
+            x = flat.to(torch.float32).contiguous()
+            e = residual.to(torch.float32).contiguous() if residual is not None else None
+            sbits, packed, finite = native_ops.quantize(x, e, out_buf, block, bits, seed)
+            sections = [Section(as_bytes_array(sbits), 2), Section(as_bytes_array(packed), 1)]
+            return sections, out_buf, finite
         if full:
             e = residual[:full] if residual is not None else None
             ob = out_buf[:full] if out_buf is not None else None
@@ -222,11 +229,20 @@ class QuantStage(ValueStage):
         sbits, packed = self._read(r, n)
         if n == 0:
             return torch.zeros(0)
+        if native_ops.usable():
+            out = torch.empty(n, dtype=torch.float32)
+            native_ops.dequantize_to(
+                packed.data_ptr(), sbits.data_ptr(), n, self.p["block"], self.bits, out, False
+            )
+            return out
         return dispatch.dequantize(packed, sbits, self.p["block"], self.bits)[:n]
 
     def decode_add(self, r: SectionReader, n: int, ctx: StageCtx, out: torch.Tensor) -> None:
         sbits, packed = self._read(r, n)
         block = self.p["block"]
+        if n and native_ops.usable(out):
+            native_ops.dequantize_to(packed.data_ptr(), sbits.data_ptr(), n, block, self.bits, out, True)
+            return
         full = (n // block) * block
         if full:
             nbf = full // per_byte(self.bits)

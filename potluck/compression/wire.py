@@ -1,10 +1,10 @@
 """The self-describing payload format (see docs/wire-format.md). All integers are little-endian.
 
-A payload is ``header | spec | payload | crc32``:
+A payload is ``header | spec | payload | checksum``:
 
     offset size  field
     0      4     magic b"PLKC"
-    4      1     format version (1)
+    4      1     format version (2; version 1 is still read)
     5      1     dtype code of the original tensor (DTYPE_CODES)
     6      1     ndim (0..16)
     7      1     flags: bit0 = a key was given
@@ -15,7 +15,8 @@ A payload is ``header | spec | payload | crc32``:
     24     8*nd  dims, u64 each
     ..     S     spec
     ..     P     payload: section table + sections
-    ..     4     CRC32 (zlib) of every byte before it
+    ..     4     checksum of every byte before it: CRC32C (Castagnoli) in version 2, zlib's CRC32 in
+                 version 1. The two versions differ only in this trailer (and the version byte).
 
 The payload is ``u8 count`` then, per section, ``u8 width, u8 flags, u32 raw_len, u32 stored_len``,
 then the sections' stored bytes in order. ``width`` is the element size used for byte shuffling;
@@ -25,18 +26,34 @@ flags bit0 = zstd-compressed (stored bytes are the zstd frame of the byte-shuffl
 from __future__ import annotations
 
 import math
+import os
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .checksum import crc32, crc32c
 from .errors import DecodeError, EncodeError
 
 MAGIC = b"PLKC"
-VERSION = 1
+VERSION = 2  # the newest format, written by default
+VERSIONS = (1, 2)  # what we read, and can write for older peers (pack(..., version=1))
+
+
+def write_version() -> int:
+    """The version encoders write when the caller names none: ``POTLUCK_WIRE_VERSION`` (1 or 2), else
+    the newest. A swarm upgrades in two steps: every peer first runs a build that reads both versions
+    while writing 1, then the variable is dropped (docs/wire-format.md)."""
+    raw = os.environ.get("POTLUCK_WIRE_VERSION", "").strip()
+    if not raw:
+        return VERSION
+    if raw not in {str(v) for v in VERSIONS}:
+        raise EncodeError(f"POTLUCK_WIRE_VERSION={raw!r}: must be one of {VERSIONS}")
+    return int(raw)
+
+
 _FIXED = struct.Struct("<4sBBBBHHIQ")
 FIXED_SIZE = _FIXED.size  # 24 bytes
 _SECTION = struct.Struct("<BBII")
@@ -110,23 +127,36 @@ def as_bytes_array(t: torch.Tensor | np.ndarray) -> np.ndarray:
     return arr.view(np.uint8)
 
 
-def pack(header: Header, sections: Sequence[Section]) -> bytes:
-    """Serialize a header and its sections; appends the CRC32 trailer."""
+def checksum(version: int, data: bytes | bytearray | memoryview | np.ndarray, crc: int = 0) -> int:
+    """The trailer's checksum function of a format version, continuing from ``crc``."""
+    if version == 1:
+        return crc32(data if not isinstance(data, np.ndarray) else data.data, crc)
+    return crc32c(data, crc)
+
+
+def prefix(
+    header: Header, sections: Sequence[tuple[int, bool, int, int]], version: int | None = None
+) -> bytes:
+    """Every byte before the sections' data: fixed header, dims, spec and section table. ``sections``
+    are (width, compressed, raw_len, stored_len) each, so a writer can lay out a payload before its
+    sections exist (the one-pass encoder writes them in place)."""
+    version = write_version() if version is None else version
+    if version not in VERSIONS:
+        raise EncodeError(f"cannot write payload format version {version}; known: {VERSIONS}")
     if len(header.shape) > MAX_NDIM:
         raise EncodeError(f"tensor has {len(header.shape)} dims; at most {MAX_NDIM} are supported")
     spec = header.spec.encode("ascii")
     table = [struct.pack("<B", len(sections))]
-    for s in sections:
-        stored = int(s.data.nbytes)
-        if stored > _U32_MAX or s.raw_len > _U32_MAX:
+    for width, compressed, raw_len, stored in sections:
+        if stored > _U32_MAX or raw_len > _U32_MAX:
             raise EncodeError("a payload section exceeds 4 GiB; split the tensor into parts (key part field)")
-        table.append(_SECTION.pack(s.width, 1 if s.compressed else 0, s.raw_len, stored))
-    payload_len = sum(len(b) for b in table) + sum(int(s.data.nbytes) for s in sections)
+        table.append(_SECTION.pack(width, 1 if compressed else 0, raw_len, stored))
+    payload_len = sum(len(b) for b in table) + sum(s[3] for s in sections)
     if payload_len > _U32_MAX:
         raise EncodeError("payload exceeds 4 GiB; split the tensor into parts (key part field)")
     fixed = _FIXED.pack(
         MAGIC,
-        VERSION,
+        version,
         DTYPE_CODES[header.dtype],
         len(header.shape),
         1 if header.key is not None else 0,
@@ -136,11 +166,26 @@ def pack(header: Header, sections: Sequence[Section]) -> bytes:
         header.key or 0,
     )
     dims = struct.pack(f"<{len(header.shape)}Q", *header.shape)
-    parts: list[bytes | memoryview] = [fixed, dims, spec, *table]
+    return b"".join([fixed, dims, spec, *table])
+
+
+def seal(buf: bytearray) -> bytes:
+    """Rewrite the trailer of an edited payload for the version its header names (v2's checksum when
+    that version is unknown): for tools and tests that forge payloads the checksum would stop."""
+    version = buf[4] if len(buf) > 4 and buf[4] in VERSIONS else VERSION
+    buf[-CRC_SIZE:] = struct.pack("<I", checksum(version, bytes(buf[:-CRC_SIZE])))
+    return bytes(buf)
+
+
+def pack(header: Header, sections: Sequence[Section], version: int | None = None) -> bytes:
+    """Serialize a header and its sections; appends the checksum trailer."""
+    version = write_version() if version is None else version
+    metas = [(s.width, s.compressed, s.raw_len, int(s.data.nbytes)) for s in sections]
+    parts: list[bytes | memoryview] = [prefix(header, metas, version)]
     parts.extend(s.data.data for s in sections)
     crc = 0
     for p in parts:
-        crc = zlib.crc32(p, crc)
+        crc = checksum(version, p, crc)
     parts.append(struct.pack("<I", crc))
     return b"".join(parts)
 
@@ -157,13 +202,13 @@ def unpack_header(
     magic, version, dcode, ndim, flags, spec_len, _res, payload_len, key = _FIXED.unpack_from(mv, 0)
     if magic != MAGIC:
         raise DecodeError(f"bad magic {bytes(magic)!r}; not a potluck compression payload")
-    if version != VERSION:
-        raise DecodeError(f"payload format version {version} is not supported (this build reads {VERSION})")
+    if version not in VERSIONS:
+        raise DecodeError(f"payload format version {version} is not supported (this build reads {VERSIONS})")
     expected = FIXED_SIZE + 8 * ndim + spec_len + payload_len + CRC_SIZE
     if len(mv) != expected:
         raise DecodeError(f"payload is {len(mv)} bytes but its header declares {expected} (truncated?)")
     (crc,) = struct.unpack_from("<I", mv, len(mv) - CRC_SIZE)
-    if zlib.crc32(mv[: len(mv) - CRC_SIZE]) != crc:
+    if checksum(version, mv[: len(mv) - CRC_SIZE]) != crc:
         raise DecodeError("checksum mismatch: the payload is corrupted")
     if dcode not in CODE_DTYPES:
         raise DecodeError(f"unknown dtype code {dcode}")

@@ -93,7 +93,7 @@ def dequant_core(
 
 def _backend(n: int) -> str:
     mode = os.environ.get("POTLUCK_CODEC_BACKEND", "auto")
-    if _broken or mode == "eager":
+    if _broken or mode in ("eager", "native"):  # native: the C kernels, and eager where they do not apply
         return "eager"
     if mode == "compile" or n >= COMPILE_MIN_ELEMENTS:
         return "compile"

@@ -14,7 +14,7 @@ from potluck.compression import (
     decode,
     get_codec,
 )
-from potluck.compression.wire import FIXED_SIZE
+from potluck.compression.wire import FIXED_SIZE, seal
 
 SPECS = [
     "none",
@@ -181,8 +181,7 @@ def test_corruption_and_truncation_raise_decode_error() -> None:
 
 
 def _reseal(buf: bytearray) -> bytes:
-    buf[-4:] = struct.pack("<I", zlib.crc32(bytes(buf[:-4])))
-    return bytes(buf)
+    return seal(buf)
 
 
 def test_absurd_shape_is_rejected_before_allocating() -> None:
@@ -210,7 +209,7 @@ def test_unknown_version_and_spec_are_decode_errors() -> None:
 
 def test_header_is_little_endian_and_carries_key_and_shape() -> None:
     data = get_codec("int8").encode(_x((3, 5)), key=0x0102030405060708)
-    assert data[:4] == b"PLKC" and data[4] == 1 and data[6] == 2
+    assert data[:4] == b"PLKC" and data[4] == 2 and data[6] == 2
     assert struct.unpack_from("<Q", data, 16)[0] == 0x0102030405060708
     assert struct.unpack_from("<QQ", data, 24) == (3, 5)
     assert data[40:44] == b"int8"
@@ -222,14 +221,31 @@ def test_decode_into_rejects_wrong_shape() -> None:
         get_codec("int8").decode_into(data, torch.zeros(11))
 
 
-def test_golden_int8_payload_built_from_the_spec_by_hand() -> None:
-    # docs/wire-format.md, rebuilt independently: header, spec, section table, scales, codes, CRC32
+def crc32c_bitwise(data: bytes) -> int:
+    """CRC32C one bit at a time, straight from the definition (reflected polynomial 0x82F63B78)."""
+    c = 0xFFFFFFFF
+    for byte in data:
+        c ^= byte
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+    return c ^ 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_golden_int8_payload_built_from_the_spec_by_hand(version: int) -> None:
+    # docs/wire-format.md, rebuilt independently: header, spec, section table, scales, codes, checksum
     s_bits = ((struct.unpack("<I", struct.pack("<f", 1.0 / 127))[0] + 0xFFFF) & 0xFFFF0000) >> 16
     s = struct.unpack("<f", struct.pack("<I", s_bits << 16))[0]
     codes = [round(1.0 / s) + 128, -round(0.5 / s) + 128] + [128] * 62  # s rounded up: 1.0 -> 126
     payload = struct.pack("<B", 2) + struct.pack("<BBII", 2, 0, 2, 2) + struct.pack("<BBII", 1, 0, 64, 64)
     payload += struct.pack("<H", s_bits) + bytes(codes)
-    body = struct.pack("<4sBBBBHHIQ", b"PLKC", 1, 1, 1, 1, 4, 0, len(payload), 7)
+    body = struct.pack("<4sBBBBHHIQ", b"PLKC", version, 1, 1, 1, 4, 0, len(payload), 7)
     body += struct.pack("<Q", 2) + b"int8" + payload
-    want = body + struct.pack("<I", zlib.crc32(body))
-    assert get_codec("int8").encode(torch.tensor([1.0, -0.5]), key=7) == want
+    crc = zlib.crc32(body) if version == 1 else crc32c_bitwise(body)
+    want = body + struct.pack("<I", crc)
+    assert crc32c_bitwise(b"123456789") == 0xE3069283  # the check value of the CRC-32C catalogue entry
+    x = torch.tensor([1.0, -0.5])
+    got = get_codec("int8").encode(x, key=7, version=version)
+    assert got == want
+    assert bytes(get_codec("int8").encode_into(x, bytearray(len(want) + 9), key=7, version=version)) == want
+    assert torch.equal(decode(want), decode(got))

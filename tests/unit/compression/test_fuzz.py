@@ -4,13 +4,13 @@ DecodeError, and a successful decode never yields more elements than the payload
 from __future__ import annotations
 
 import struct
-import zlib
 
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from potluck.compression import DecodeError, decode, get_codec
+from potluck.compression.wire import seal
 
 SPECS = [
     "int8",
@@ -28,8 +28,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 
 def _reseal(buf: bytearray) -> bytes:
-    buf[-4:] = struct.pack("<I", zlib.crc32(bytes(buf[:-4])))
-    return bytes(buf)
+    return seal(buf)
 
 
 def _decode_or_reject(data: bytes) -> None:

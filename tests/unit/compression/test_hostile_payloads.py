@@ -6,7 +6,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import zlib
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from potluck.compression import DecodeError, get_codec
-from potluck.compression.wire import Header, Section, pack
+from potluck.compression.wire import Header, Section, pack, seal
 
 SHAPE = (4, 8, 16)
 
@@ -110,7 +109,8 @@ def test_a_topk_payload_declaring_a_huge_tensor_is_refused_by_its_shape() -> Non
 
 
 def zlib_crc(data: bytes) -> bytes:
-    return zlib.crc32(data).to_bytes(4, "little")
+    """The trailer a forger computes for ``data`` (a payload without its last 4 bytes)."""
+    return seal(bytearray(data) + b"\0\0\0\0")[-4:]
 
 
 SPECS = ["int8", "int4:block=32|zstd", "topk:density=0.1|int2|zstd", "bf16|zstd", "powersgd:rank=1|int8"]
