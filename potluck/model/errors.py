@@ -11,3 +11,7 @@ class ModelError(PotluckError):
 
 class DataError(ModelError, ValueError):
     """The dataset is missing, empty, or malformed; the message names the file."""
+
+
+class DeviceError(ModelError, ValueError):
+    """A device or precision that cannot be used here (``--device cuda`` without a GPU, say)."""

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from potluck.model.device import autocast, autocast_dtype
 from potluck.model.optim import build_optimizer
+from potluck.model.staging import Staging
 from potluck.model.transformer import StageModel
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
 
@@ -38,6 +40,8 @@ class StageRunner:
     seed: int
     optimizer_spec: OptimizerSpec
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # "auto": bf16 autocast on CUDA, fp32 elsewhere; "bf16": autocast on any device; "fp32": never
+    precision: str = "auto"
 
     def __post_init__(self) -> None:
         self.model = StageModel(self.spec, self.first, self.last, self.seed).to(self.device)
@@ -53,8 +57,10 @@ class StageRunner:
         self._in_final = False
         for i, p in enumerate(self.params):
             p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_done(i))
-        # bf16 autocast on CUDA (the matmuls), fp32 everywhere else; master weights stay fp32.
-        self._autocast = self.device.type == "cuda"
+        # bf16 autocast of forward and backward (model/device.py); master weights and AdamW stay fp32
+        self.autocast = autocast_dtype(self.device, self.precision)
+        # pinned host buffers and a side stream for tensors crossing to and from the wire (CUDA only)
+        self.staging = Staging(self.device)
 
     @property
     def is_first(self) -> bool:
@@ -64,10 +70,12 @@ class StageRunner:
     def is_last(self) -> bool:
         return self.model.is_last
 
-    def _cast(self) -> contextlib.AbstractContextManager[object]:
-        if self._autocast:
-            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def _cast(self, device: torch.device | None = None) -> contextlib.AbstractContextManager[object]:
+        """Autocast for a model on ``device`` (the stage's): a replay on a CPU copy of a GPU stage's
+        weights runs in fp32 unless the stage asked for bf16 everywhere."""
+        device = self.device if device is None else device
+        dtype = self.autocast if device.type == self.device.type else autocast_dtype(device, self.precision)
+        return autocast(device, dtype)
 
     # ---- micro-batches -------------------------------------------------------------------------------
 
@@ -76,7 +84,7 @@ class StageRunner:
     ) -> torch.Tensor:
         """Run micro-batch ``m``. Returns the activations to send on, or (last stage) the unweighted
         mean loss as a 0-d tensor. Keeps what the backward needs until ``backward(m)``."""
-        x = inputs.to(self.device)
+        x = self.staging.to_device(inputs)
         if not self.is_first:
             x = x.detach().requires_grad_(True)
         with self._cast():
@@ -84,7 +92,7 @@ class StageRunner:
         if self.is_last:
             if targets is None:
                 raise ValueError("the last stage needs targets")
-            loss = StageModel.loss(out, targets.to(self.device))
+            loss = StageModel.loss(out, self.staging.to_device(targets))
             self._live[m] = _InFlight(None if self.is_first else x, loss * weight)
             return loss.detach()
         self._live[m] = _InFlight(None if self.is_first else x, out)
@@ -106,7 +114,7 @@ class StageRunner:
                 live.output.backward()
             else:
                 assert grad_output is not None
-                live.output.backward(grad_output.to(self.device, live.output.dtype))
+                live.output.backward(self.staging.to_device(grad_output, live.output.dtype))
         finally:
             self._in_final = False
         if live.inputs is None:
@@ -148,9 +156,8 @@ class StageRunner:
         x = inputs.to(device)
         if not self.is_first:
             x = x.detach().requires_grad_(backward)
-        cast = self._cast() if device.type == "cuda" else contextlib.nullcontext()
         with torch.set_grad_enabled(backward):
-            with cast:
+            with self._cast(device):
                 out = model(x)
             if self.is_last:
                 if targets is None:
@@ -177,9 +184,8 @@ class StageRunner:
             p.requires_grad_(True)
             p.grad = None
         device = params[0].device
-        cast = self._cast() if device.type == "cuda" else contextlib.nullcontext()
         for inputs, targets, weight in batches:
-            with cast:
+            with self._cast(device):
                 out = model(inputs.to(device))
             (StageModel.loss(out, targets.to(device)) * weight).backward()
         return [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -212,7 +218,10 @@ class StageRunner:
 
     def grad_sq_norm(self) -> float:
         """Squared L2 norm of this stage's gradients (the global norm is the root of the sum over stages)."""
-        return float(sum(float(p.grad.float().pow(2).sum()) for p in self.params if p.grad is not None))
+        sums = [p.grad.float().pow(2).sum() for p in self.params if p.grad is not None]
+        # one device sync for all of them (a float() each would stall a GPU stage once per parameter);
+        # the same fp32 sums added in the same order as doubles: a CPU stage's result is unchanged
+        return float(sum(torch.stack(sums).tolist())) if sums else 0.0
 
     def step(self, lr: float, clip_coef: float = 1.0) -> None:
         """Scale gradients by ``clip_coef``, take one AdamW step at ``lr``, clear gradients."""

@@ -24,6 +24,7 @@ RANK = {
     "compression": 1,
     "net": 2,
     "model": 2,
+    "classpar": 2,  # class-parallel sub-networks and erasure codes: torch, numpy, scipy and root helpers only
     "telemetry": 2,
     "transfer": 3,  # stage state over the swarm: used by peers and the coordinator alike
     "peer": 4,

@@ -22,6 +22,7 @@ import torch
 
 from potluck.compression import ErrorFeedback, decode, get_codec
 from potluck.model.stage import StageRunner
+from potluck.model.staging import Outgoing
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import BUCKET_PHASES, Round
 from potluck.peer.collectives.robust import Audit
@@ -103,20 +104,27 @@ class BucketSync:
 
     def _launch(self, b: int) -> None:
         flat = torch.cat([self._grad(i).reshape(-1).float() for i in self.buckets[b]])
+        # a GPU stage's bucket starts for the host (pinned buffer, side stream) from the thread that
+        # made it; on the CPU this is the tensor itself
+        staged = self.runner.staging.to_host(flat)
         assert self._loop is not None
-        self._futures[b] = asyncio.run_coroutine_threadsafe(self._reduce(b, flat), self._loop)
+        self._futures[b] = asyncio.run_coroutine_threadsafe(self._reduce(b, staged), self._loop)
 
     def _grad(self, i: int) -> torch.Tensor:
         p = self.runner.params[i]
         return p.grad if p.grad is not None else torch.zeros_like(p)
 
-    async def _reduce(self, b: int, flat: torch.Tensor) -> torch.Tensor:
-        round_no = self._round.bucket(b).pack()
-        ef = self.feedback[b]
-        if ef is not None:  # error feedback at the source: send what the codec keeps, carry the rest
-            flat = decode(self._codec.encode(flat, key=(round_no, 0, 0), state=ef))
-        cfg, audit, ledger = self._step_cfg, self.audit, self.ledger
-        return await tree_allreduce(self.box, self.schedule, flat, round_no, cfg, audit, ledger)
+    async def _reduce(self, b: int, staged: Outgoing) -> torch.Tensor:
+        try:
+            flat = await asyncio.to_thread(staged.wait) if staged.pending else staged.wait()
+            round_no = self._round.bucket(b).pack()
+            ef = self.feedback[b]
+            if ef is not None:  # error feedback at the source: send what the codec keeps, carry the rest
+                flat = decode(self._codec.encode(flat, key=(round_no, 0, 0), state=ef))
+            cfg, audit, ledger = self._step_cfg, self.audit, self.ledger
+            return await tree_allreduce(self.box, self.schedule, flat, round_no, cfg, audit, ledger)
+        finally:
+            staged.release()  # tree_allreduce works on its own copy
 
     async def finish(self) -> None:
         """After the pipeline: start buckets not started yet, wait for all, write the sums back."""
@@ -130,6 +138,12 @@ class BucketSync:
         finally:
             for f in futures:
                 f.cancel()
+        if self.runner.staging.cuda:  # host -> device copies: off the event loop
+            await asyncio.to_thread(self._write_back, results)
+        else:
+            self._write_back(results)
+
+    def _write_back(self, results: list[torch.Tensor]) -> None:
         for members, flat in zip(self.buckets, results, strict=True):
             offset = 0
             for i in members:

@@ -47,13 +47,13 @@ class DiLoCo:
         with torch.no_grad():
             pseudo = torch.cat(
                 [(s - p.detach()).reshape(-1) for s, p in zip(self.snapshot, self.params, strict=True)]
-            )
+            ).cpu()  # the all-reduce codes and sends host tensors (a no-op on a CPU stage)
         mean = await allreduce(pseudo)
         with torch.no_grad():
             offset = 0
             for s in self.snapshot:
                 n = s.numel()
-                s.grad = mean[offset : offset + n].view_as(s).to(s.dtype).clone()
+                s.grad = mean[offset : offset + n].view_as(s).to(s.device, s.dtype).clone()
                 offset += n
             self.outer.step()  # snapshot <- snapshot - outer_lr * nesterov(mean pseudo-gradient)
             self.outer.zero_grad(set_to_none=True)

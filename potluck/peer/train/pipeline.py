@@ -5,26 +5,33 @@ of stage j + 1; activation gradients travel the other way. Messages are tagged w
 and the micro-batch index (``net/tags.py``), so the order in which the network delivers them does not
 matter. Compute runs in a worker thread (``asyncio.to_thread``) so the event loop keeps serving the
 transport, heartbeats and the other stages' messages while this stage multiplies matrices; sends are
-started as tasks so the next micro-batch's compute overlaps the transfer of the previous one.
+started as tasks (encoding in a worker thread) so the next micro-batch's compute overlaps the encode
+and transfer of the previous one. On a GPU, tensors cross to the host through pinned buffers on a side
+stream (``model/staging.py``) and the step syncs with the device only where a value is needed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
 from potluck.compression import Codec, all_finite
 from potluck.compression.errors import CompressionError
 from potluck.model.stage import StageRunner
+from potluck.model.staging import Outgoing
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, Tag, make_tag
 from potluck.peer.errors import NeighbourError, PipelineError
 from potluck.peer.seal import Ledger
 from potluck.peer.train.schedule import one_f_one_b
 from potluck.protocol.errors import WireError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,26 +91,63 @@ async def pipeline_step(
     message is sealed (signed) and every received seal checked, for the spot checks (``peer/seal.py``).
     """
     sends: list[asyncio.Task[None]] = []
-    loss = 0.0
+    losses: list[tuple[torch.Tensor, float]] = []  # (last stage) each micro-batch's loss and share
+    staging = runner.staging
+    # A send fails (say, its tensor holds NaN and the codec refuses it) while the schedule waits on a
+    # receive that now never comes: the failure ends that wait, so the error is this peer's own and not
+    # a timeout blamed on its neighbour.
+    failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def send(peer: str, tag: Tag, tensor: torch.Tensor) -> None:
-        t0 = time.perf_counter()
-        payload = codec.encode(tensor.detach().cpu().contiguous(), key=(tag.round, tag.stream, tag.chunk))
-        timing.bytes_sent += len(payload)
-        timing.wire_raw += tensor.numel() * 4
-        timing.wire_coded += len(payload)
-        if ledger is not None:
-            payload = ledger.seal(peer, tag, payload)
-        sends.append(asyncio.create_task(box.send(peer, tag, payload)))
-        timing.send += time.perf_counter() - t0
+    def encode(tag: Tag, out: Outgoing) -> bytes:  # a worker thread: waits for the D2H copy, encodes
+        try:
+            return codec.encode(out.wait(), key=(tag.round, tag.stream, tag.chunk))
+        finally:
+            out.release()
+
+    async def send_one(peer: str, tag: Tag, out: Outgoing) -> None:
+        try:
+            t0 = time.perf_counter()
+            payload = await asyncio.to_thread(encode, tag, out)
+            timing.bytes_sent += len(payload)
+            timing.wire_raw += out.tensor.numel() * 4
+            timing.wire_coded += len(payload)
+            if ledger is not None:
+                payload = ledger.seal(peer, tag, payload)
+            timing.send += time.perf_counter() - t0
+            await box.send(peer, tag, payload)
+        except Exception as e:
+            if not failed.done():
+                failed.set_exception(e)
+            raise
+
+    def send(peer: str, tag: Tag, out: Outgoing) -> None:
+        """Encode and send in the background: the next micro-batch's compute overlaps both (and, on a
+        GPU, the device-to-host copy, which ``out`` started on the staging stream)."""
+        sends.append(asyncio.create_task(send_one(peer, tag, out)))
+
+    async def guarded(coro: Awaitable[T]) -> T:
+        """``coro``'s result, unless a send fails first (then its error)."""
+        task = asyncio.ensure_future(coro)
+        watched: set[asyncio.Future[Any]] = {task, failed}
+        try:
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+        if task not in done:
+            failed.result()  # raises the send's error
+        return task.result()
 
     async def recv(peer: str, tag: Tag, shape: tuple[int, int, int]) -> torch.Tensor:
         t0 = time.perf_counter()
-        data = await box.recv(peer, tag, timeout_s)
+        data = await guarded(box.recv(peer, tag, timeout_s))
         if ledger is not None:
             data = ledger.open(peer, tag, data)  # SealError names the sender
         try:
-            tensor = codec.decode(data, expect=shape)
+            if staging.pooled:  # straight into a pinned buffer that the compute thread copies to the GPU
+                tensor = codec.decode_into(data, staging.host_buffer(shape), accumulate=False)
+            else:
+                tensor = codec.decode(data, expect=shape)
         except CompressionError as e:
             raise NeighbourError(peer, f"undecodable {tag} from {peer}: {e}") from None
         # One NaN or Inf would poison every later stage's output and every replica's mean after it.
@@ -116,7 +160,17 @@ async def pipeline_step(
         t0 = time.perf_counter()
         result = await asyncio.to_thread(fn, *args)
         timing.compute += time.perf_counter() - t0
+        if failed.done():
+            failed.result()
         return result
+
+    def forward(m: int, x: torch.Tensor, mb: MicroBatch) -> torch.Tensor | Outgoing:
+        out = runner.forward(m, x, mb.targets, mb.weight)
+        return out if where.next is None else staging.to_host(out)  # the copy starts right here
+
+    def backward(m: int, grad: torch.Tensor | None) -> Outgoing | None:
+        grad_in = runner.backward(m, grad)
+        return None if grad_in is None or where.prev is None else staging.to_host(grad_in)
 
     try:
         for kind, m in one_f_one_b(where.stage, where.n_stages, len(micro), run_ahead):
@@ -128,18 +182,19 @@ async def pipeline_step(
                     x = mb.inputs
                 else:
                     x = await recv(where.prev, tag, mb.boundary)
-                out = await compute(runner.forward, m, x, mb.targets, mb.weight)
-                if where.next is not None:
-                    await send(where.next, tag, out)
+                out = await compute(forward, m, x, mb)
+                if isinstance(out, Outgoing):
+                    assert where.next is not None
+                    send(where.next, tag, out)
                 else:
-                    loss += float(out) * mb.share
+                    losses.append((out, mb.share))
             else:
                 tag = make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m)
                 grad = None if where.next is None else await recv(where.next, tag, mb.boundary)
-                grad_in = await compute(runner.backward, m, grad)
+                grad_in = await compute(backward, m, grad)
                 if where.prev is not None:
                     assert grad_in is not None
-                    await send(where.prev, tag, grad_in)
+                    send(where.prev, tag, grad_in)
         t0 = time.perf_counter()
         await asyncio.gather(*sends)
         timing.send += time.perf_counter() - t0
@@ -149,5 +204,17 @@ async def pipeline_step(
         raise PipelineError(f"pipeline step (round {rnd}) of stage {where.stage} failed: {e}") from None
     finally:
         for task in sends:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: ``failed`` carried it up
             task.cancel()
+        if failed.done():
+            failed.exception()  # retrieved: its error went up through the task that raised it
+        else:
+            failed.cancel()
+    loss = 0.0
+    if losses:  # one device sync at the end, the same float sum in the same order as ever
+        stacked = torch.stack([t.reshape(()) for t, _ in losses])
+        values = await asyncio.to_thread(stacked.tolist) if staging.cuda else stacked.tolist()
+        for value, (_, share) in zip(values, losses, strict=True):
+            loss += value * share
     return loss

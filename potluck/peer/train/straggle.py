@@ -110,6 +110,8 @@ class DeadlineSync:
         wait_s = deadline_s(self.samples, self.spec.deadline_factor, self.spec.min_deadline_s, cap_s)
         self.samples.append(compute_s)  # after: a run's first step waits for everyone (no samples yet)
         flat = self.runner.grad_vector()
+        if flat.device.type != "cpu":  # the relaxed all-reduce codes and sends host tensors
+            flat = await asyncio.to_thread(flat.cpu)
         round_no = rnd.bucket(0)
         if self.feedback is not None:  # send what the codec keeps, carry the rest (as BucketSync)
             flat = decode(self._codec.encode(flat, key=(round_no.pack(), 0, 0), state=self.feedback))

@@ -121,7 +121,10 @@ class Trainer:
             job.seed,
             job.optimizer,
             torch.device(cfg.device),
+            cfg.precision,
         )
+        precision = "bf16 autocast" if self.runner.autocast is not None else "fp32"
+        logger.info("stage %d runs on %s in %s", self.stage, self.runner.device, precision)
         self.checkpoint_root = checkpoint_root  # this peer's own disk, never the job's checkpoint.dir
         comp = job.compression
         self.act_codec = get_codec(comp.activations)
@@ -320,7 +323,10 @@ class Trainer:
                 await self.sync.finish()  # most buckets are already on their way (overlap)
         finally:
             timing.allreduce += time.perf_counter() - t0
-        return Ready(self.stage, self.replica, self.runner.grad_sq_norm(), loss, members=members)
+        # a GPU stage's norm waits for the device: off the event loop
+        sq = await asyncio.to_thread(self.runner.grad_sq_norm) if self.runner.staging.cuda else None
+        sq = self.runner.grad_sq_norm() if sq is None else sq
+        return Ready(self.stage, self.replica, sq, loss, members=members)
 
     async def train_step(self, timeout_s: float | None = None) -> StepReport:
         """One committed step; ``timeout_s`` bounds each of its waits (default: the config's)."""
