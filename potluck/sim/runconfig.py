@@ -1,0 +1,59 @@
+"""What a simulated run is told (``RunConfig``: policy, timings of detection, polls and restarts) and what
+it reports (``RunResult``: tokens against the static optimum, every decision, samples over time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from potluck.sim.churn import HOUR
+from potluck.sim.coordinator import POLICIES
+from potluck.sim.errors import SimError
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    policy: str = "repair"
+    churn_aware: bool = False
+    # Churn-blind, but its fresh decisions search the same per-tier pools as a churn-aware one (and
+    # pick by rate): separates liveput's objective from the extra search it does.
+    equal_search: bool = False
+    hours: float = 24.0
+    pool: int = 96  # peers the coordinator plans over (hierarchical planning)
+    ttl_s: float = 30.0  # heartbeat record lifetime; refreshed every refresh_s
+    refresh_s: float = 10.0
+    fast_detect_share: float = 0.3  # crashes a pipeline neighbour notices at once (stream ends)
+    fast_detect_s: float = 1.0
+    poll_s: float = 1.0  # the coordinator's poll period: decisions start on its next tick
+    restart_s: float = 2.0  # a new plan's start barrier and first step, beyond the hand-off
+    periodic_s: float = HOUR
+    scratch_every_s: float = 60.0  # "scratch" re-plans at most this often on joins
+    sample_s: float = 300.0
+    optimum_every_s: float = 900.0
+    liveput_horizon_s: float = HOUR
+    charge_decision_time: bool = True  # add the measured decision time to the stall (else poll_s)
+    # Pipelines whose new peers still fetch state train without them meanwhile (potluck today: no; its
+    # start barrier holds every peer until all hold their state).
+    background_handoff: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise SimError(f"unknown policy {self.policy!r}; known: {', '.join(POLICIES)}")
+
+
+@dataclass
+class RunResult:
+    policy: str
+    churn_aware: bool
+    hours: float
+    tokens: float = 0.0
+    optimum_tokens: float = 0.0
+    decisions: list[dict[str, float]] = field(default_factory=list)
+    samples: list[tuple[float, float, float]] = field(default_factory=list)  # (t h, rate, optimum rate)
+    optimum_s: list[float] = field(default_factory=list)
+    placed_departures: int = 0
+    joins: int = 0
+    leaves: int = 0
+
+    @property
+    def fraction(self) -> float:
+        return self.tokens / self.optimum_tokens if self.optimum_tokens > 0 else 0.0
