@@ -12,7 +12,7 @@ went wrong and what to try::
     ├── CompressionError         potluck.compression.errors: specs, encode, decode
     │   ├── SpecError, EncodeError (NonFiniteError), DecodeError
     ├── ModelError               potluck.model.errors: what is trained on one machine
-    │   └── DataError
+    │   └── DataError, DeviceError
     ├── CoordinatorError         potluck.coordinator.errors: scenarios, link models, planning, packing
     │   ├── ScenarioError, NetModelError, PlanningError, PackingError
     ├── PeerError                potluck.peer.errors: the networked step

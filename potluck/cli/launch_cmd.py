@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import secrets
@@ -21,6 +22,7 @@ from potluck.cli.common import (
     err_console,
     fail,
     network_config,
+    parse_invite,
     peers_table,
     write_private_text,
 )
@@ -32,11 +34,12 @@ from potluck.cli.telemetry_opts import (
     TelemetryOptions,
     TelemetryStack,
 )
-from potluck.coordinator.config import DEFAULT_HOME, AdmitConfig, CoordinatorConfig
+from potluck.coordinator.config import DEFAULT_HOME, AdmitConfig, AllocatorConfig, CoordinatorConfig
 from potluck.coordinator.memory import unfinished_swarm
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
 from potluck.protocol.errors import ProtocolError
+from potluck.protocol.invite import Invite
 from potluck.protocol.jobfile import load_job
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import check_swarm_id
@@ -61,12 +64,42 @@ def launch(
     new_swarm: bool = typer.Option(
         False, "--new-swarm", help="Start a new swarm even if this job's last run did not finish."
     ),
-    identity: Path = typer.Option(DEFAULT_HOME / "coordinator.pem", help="Coordinator's Ed25519 key file."),
+    identity: Path = typer.Option(
+        None,
+        help="Coordinator's Ed25519 key file (default ~/.potluck/coordinator.pem; with --join "
+        "~/.potluck/job-owner.pem).",
+    ),
+    join: str = typer.Option(
+        None,
+        "--join",
+        help="Add this job to the running swarm of this invite (or @FILE) instead of starting a swarm.",
+    ),
+    weight: float = typer.Option(
+        1.0, "--weight", min=0.001, max=1000.0, help="The job's priority weight on a swarm of several jobs."
+    ),
+    lease_seconds: float = typer.Option(
+        300.0, "--lease-seconds", min=1.0, help="Allocation round: a job's peers change only at its end."
+    ),
+    alloc_policy: str = typer.Option(
+        "max_min", "--alloc-policy", help="Allocation policy: max_min, las, makespan, max_throughput, fifo."
+    ),
+    alloc_classes: str = typer.Option(
+        "fine",
+        "--alloc-classes",
+        help="Peer classes: fine (device, TFLOP/s, memory, uplink tiers) or device (device model only).",
+    ),
     host_maddrs: list[str] = typer.Option(None, "--host-maddrs", help=HOST_MADDRS_HELP),
     announce_maddrs: list[str] = typer.Option(None, "--announce-maddrs", help=ANNOUNCE_HELP),
     reachability: str = typer.Option("auto", "--reachability", help=REACHABILITY_HELP),
     initial_peers: list[str] = typer.Option(None, "--initial-peers", help="Join an existing DHT instead."),
     poll_interval: float = typer.Option(2.0, min=0.2, help="Seconds between reads of the swarm state."),
+    join_margin: float = typer.Option(
+        1.5,
+        "--join-margin",
+        min=0.0,
+        help="Place a peer that joins mid-run once the predicted seconds saved beat this many times "
+        "the move's cost (restart + state download); lower places newcomers sooner.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="When the job ends, print a one-line JSON summary."),
     membership_only: bool = typer.Option(
         False, "--membership-only", help="Track peers but do not plan or train (a swarm to inspect)."
@@ -99,12 +132,29 @@ def launch(
         30.0, "--token-days", min=0.001, help="Days the invite's token is valid."
     ),
 ) -> None:
-    """Coordinate a job: sign it, print an invite, plan the peers that join, train to the last step."""
+    """Coordinate a job: sign it, print an invite, plan the peers that join, train to the last step.
+    With --join, add the job to a running swarm: the swarm's coordinator leases it peers."""
+    invite = parse_invite(join) if join is not None else None
+    identity = identity or DEFAULT_HOME / ("job-owner.pem" if invite is not None else "coordinator.pem")
+    if alloc_policy not in ("max_min", "las", "makespan", "max_throughput", "fifo"):
+        raise fail(f"unknown --alloc-policy {alloc_policy!r}")
+    if alloc_classes not in ("fine", "device"):
+        raise fail(f"unknown --alloc-classes {alloc_classes!r}: fine or device")
     try:
         job = load_job(job_file)
-        swarm = check_swarm_id(swarm_id or _swarm_id(job, identity, new_swarm))
+        if invite is not None:
+            swarm = invite.swarm_id
+        else:
+            swarm = check_swarm_id(swarm_id or _swarm_id(job, identity, new_swarm))
     except ProtocolError as e:
         raise fail(str(e)) from None
+    alloc = AllocatorConfig(
+        policy=alloc_policy,  # type: ignore[arg-type]  # checked above
+        round_s=lease_seconds,
+        classes=alloc_classes,  # type: ignore[arg-type]
+        weight=weight,
+        ttl_s=min(max(10.0, 2 * lease_seconds), 3600.0),  # a restart within it carries on
+    )
     cfg = CoordinatorConfig(
         swarm_id=swarm,
         identity_path=identity,
@@ -113,16 +163,21 @@ def launch(
         ),
         initial_peers=tuple(initial_peers or ()),
         poll_interval_s=poll_interval,
+        join_margin=join_margin,
         train=not membership_only,
         copy_checkpoints=checkpoint_copy,
         copy_rate_mb_s=copy_rate,
         admit=AdmitConfig(open=open_swarm),
         token_uses=token_uses,
         token_ttl_s=token_days * 86400.0,
+        alloc=alloc,
+        remember=invite is None,  # a joined job's coordinator rejoins through the invite
     )
+    if invite is not None:  # the swarm's broker carries the peers' telemetry; no dashboard of its own
+        telemetry = False
     stack = TelemetryStack(TelemetryOptions(telemetry, mqtt_url, mqtt_bind, dashboard_bind, mqtt_ca))
     try:
-        asyncio.run(_run(cfg, job, stack, invite_file, as_json))
+        asyncio.run(_run(cfg, job, stack, invite_file, as_json, invite))
     except ProtocolError as e:
         raise fail(str(e)) from None
     except TaskFailed as e:  # its traceback is in the log already
@@ -149,13 +204,20 @@ def _default_swarm_id(job: JobSpec) -> str:
 
 
 async def _run(
-    cfg: CoordinatorConfig, job: JobSpec, stack: TelemetryStack, invite_file: Path | None, as_json: bool
+    cfg: CoordinatorConfig,
+    job: JobSpec,
+    stack: TelemetryStack,
+    invite_file: Path | None,
+    as_json: bool,
+    join: Invite | None = None,
 ) -> None:
     """Report joins and leaves, and serve until the job ends or SIGINT / SIGTERM arrives."""
+    from potluck.coordinator.joined_service import JoinedJobService
     from potluck.coordinator.service import CoordinatorService
 
-    mqtt = await stack.open_broker()  # before the invite, which carries its URL
-    service = CoordinatorService(dataclasses.replace(cfg, mqtt_url=mqtt), job)
+    mqtt = await stack.open_broker() if join is None else join.mqtt  # before the invite: it carries it
+    cfg = dataclasses.replace(cfg, mqtt_url=mqtt)
+    service = CoordinatorService(cfg, job) if join is None else JoinedJobService(cfg, job, join)
 
     def on_change(state: SwarmState, joined: list[str], left: list[str]) -> None:
         for pid in joined:
@@ -192,13 +254,22 @@ async def _serve(
         text = invite.encode()
         if invite_file is not None:
             write_private_text(invite_file, text)
-        err_console.print(
-            f"coordinator of swarm [bold]{escape(cfg.swarm_id)}[/] "
-            f"for job [bold]{escape(job.name)}[/]; invite:",
-            markup=True,
-        )
-        print(text, flush=True)  # noqa: T201 - the invite goes to stdout so it can be piped
-        err_console.print("peers join with:  potluck peer --join <invite>    (Ctrl-C stops the coordinator)")
+        if service.join is not None:
+            err_console.print(
+                f"job [bold]{escape(job.name)}[/] offered to swarm [bold]{escape(cfg.swarm_id)}[/] "
+                f"(weight {cfg.alloc.weight:g}); its peers are leased by the swarm's coordinator",
+                markup=True,
+            )
+        else:
+            err_console.print(
+                f"coordinator of swarm [bold]{escape(cfg.swarm_id)}[/] "
+                f"for job [bold]{escape(job.name)}[/]; invite:",
+                markup=True,
+            )
+            print(text, flush=True)  # noqa: T201 - the invite goes to stdout so it can be piped
+            err_console.print(
+                "peers join with:  potluck peer --join <invite>    (Ctrl-C stops the coordinator)"
+            )
         with JobWatcher(job, cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()) as watcher:
             service.on_plan = watcher.on_plan
             service.on_progress = watcher.on_progress
@@ -211,6 +282,7 @@ async def _serve(
             interrupted.cancel()
         if service.finished.is_set():
             service.save_memory()  # a plain relaunch of this job now starts a new swarm
+            await _serve_other_jobs(service, stop)
     finally:
         await bounded(service.stop(), STOP_TIMEOUT_S, "stopping the coordinator")
     if service.error is not None:
@@ -219,6 +291,24 @@ async def _serve(
         err_console.print(f"job {job.name} done; final checkpoint: {watcher.checkpoint_path()}")
         if as_json:
             print(json.dumps(watcher.summary()), flush=True)  # noqa: T201 - machine-readable summary
+
+
+async def _serve_other_jobs(service: CoordinatorService, stop: asyncio.Event) -> None:
+    """The swarm's coordinator allocates its peers until the jobs added to it are done too; a joined
+    job's coordinator tells the allocator its job is done."""
+    if service.join is not None:
+        await bounded(service.end_offer(), STOP_TIMEOUT_S, "withdrawing the job offer")
+        return
+    said: list[str] = []
+    while service.allocator is not None and service.error is None and not stop.is_set():
+        others = service.allocator.others_unfinished()
+        if not others:
+            return
+        if others != said:
+            err_console.print(f"serving the swarm on for job(s) {', '.join(others)}", highlight=False)
+            said = others
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), service.cfg.poll_interval_s)
 
 
 def register(app: typer.Typer) -> None:

@@ -48,7 +48,12 @@ def peer(
     ),
     host_maddrs: list[str] = typer.Option(None, "--host-maddrs", help=HOST_MADDRS_HELP),
     announce_maddrs: list[str] = typer.Option(None, "--announce-maddrs", help=ANNOUNCE_HELP),
-    device: str = typer.Option("auto", help="auto, cpu, cuda, cuda:N, mps."),
+    device: str = typer.Option(
+        "auto", help="auto (a GPU when there is one), cpu, cuda, cuda:N, mps; a missing one is an error."
+    ),
+    precision: str = typer.Option(
+        "auto", help="auto (bf16 autocast on CUDA, fp32 elsewhere), bf16 or fp32 (weights stay fp32)."
+    ),
     ttl: float = typer.Option(30.0, min=3.0, help="Heartbeat lifetime in seconds (refreshed every third)."),
     bootstrap_timeout: float = typer.Option(
         30.0, min=1.0, help="Seconds to keep trying the bootstrap peers."
@@ -109,6 +114,7 @@ def peer(
     """Join a swarm with this machine: probe the hardware, announce it, keep a heartbeat."""
     from potluck.peer.daemon import PeerDaemon  # torch, hivemind: only once the command runs
 
+    _check_device(device, precision)
     invite = parse_invite(join)
     target = None
     if telemetry and (mqtt_url or invite.mqtt):
@@ -129,6 +135,7 @@ def peer(
             relay,
         ),
         device=device,
+        precision=precision,
         ttl_s=ttl,
         probe_budget_s=probe_seconds,
         links=LinkProbeConfig(
@@ -157,6 +164,20 @@ def peer(
         raise fail(str(e)) from None
     except TaskFailed as e:  # its traceback is in the log already
         raise fail(str(e), code=1) from None
+
+
+def _check_device(device: str, precision: str) -> None:
+    """Refuse a device that is not there (``--device cuda`` on a machine without a GPU) or a precision
+    that does not exist before anything starts; torch loads here, in the command body only."""
+    from potluck.model.device import PRECISIONS, resolve_device
+    from potluck.model.errors import DeviceError
+
+    if precision not in PRECISIONS:
+        raise fail(f"--precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    try:
+        resolve_device(device)
+    except DeviceError as e:
+        raise fail(str(e)) from None
 
 
 _UNITS = {

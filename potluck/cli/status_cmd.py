@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from potluck.cli.common import fail, network_config, parse_invite, peers_table
+from potluck.cli.jobs_view import job_row, jobs_table
 from potluck.cli.jobview import plan_table
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.membership import links_summary
@@ -20,16 +21,23 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     timeout: float = typer.Option(15.0, min=1.0, help="Seconds allowed for joining and reading."),
 ) -> None:
-    """Print the swarm's live peers (device, memory, TFLOP/s, heartbeat age), the plan and progress."""
+    """Print the swarm's live peers (device, memory, TFLOP/s, heartbeat age), the plan and progress, and
+    on a swarm of several jobs each job with its lease, allocation and received share."""
     from potluck.net.client import read_swarm  # hivemind: only once the command runs
 
     invite = parse_invite(join)
     net = network_config(None, None, "/ip4/127.0.0.1/tcp/0", bootstrap_timeout_s=timeout)
     try:
-        peers, links, plan, progress = asyncio.run(read_swarm(invite, net, timeout_s=timeout))
+        reading = asyncio.run(read_swarm(invite, net, timeout_s=timeout))
     except (ProtocolError, TimeoutError) as e:
         raise fail(f"could not read swarm {invite.swarm_id}: {e or 'timed out'}") from None
     now = time.time()  # hivemind's DHT time is the wall clock (hivemind.utils.get_dht_time is time.time)
+    peers, links, plan, progress = reading.peers, reading.links, reading.plan, reading.progress
+    alloc = reading.allocation
+    jobs = [job_row(plan.job, plan, progress, alloc)] if plan is not None else []
+    for offer in reading.offers:
+        other_plan, other_progress = reading.others.get(offer.job, (None, []))
+        jobs.append(job_row(offer.job, other_plan, other_progress, alloc, offer))
     if as_json:
         doc = {
             "swarm_id": invite.swarm_id,
@@ -37,6 +45,8 @@ def status(
             "links": links_summary(links),
             "plan": plan.model_dump(mode="json") if plan is not None else None,
             "progress": [r.model_dump(mode="json") for r in progress],
+            "jobs": jobs,
+            "allocation": alloc.model_dump(mode="json") if alloc is not None else None,
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
@@ -53,6 +63,8 @@ def status(
                     where = f"spare {r.peer_id[:12]}"
                 line = f"  {where}: {r.state} at step {r.step} {loss} {r.tokens_per_s:,.0f} tok/s {r.message}"
                 console.print(line, highlight=False)
+        if reading.offers or alloc is not None:
+            console.print(jobs_table(jobs, alloc))
 
 
 def register(app: typer.Typer) -> None:

@@ -77,12 +77,26 @@ class TelemetryStack:
         return self.target.url()
 
     async def start(self, service: CoordinatorService) -> None:
-        from potluck.coordinator.telemetry import CoordinatorTelemetry, Moment
+        from potluck.coordinator.telemetry import CoordinatorTelemetry, JobLoad, Moment
         from potluck.telemetry.errors import TelemetryError
 
         def look() -> Moment:
             s = service
-            return Moment(s.job, s.plan, s.progress, s.state, s.last_reason, s.finished.is_set(), s.error)
+            jobs = {
+                name: JobLoad(j.weight, j.step, j.spec.steps)
+                for name, j in (s.allocator.jobs.items() if s.allocator is not None else [])
+            }
+            return Moment(
+                s.job,
+                s.plan,
+                s.progress,
+                s.state,
+                s.last_reason,
+                s.finished.is_set(),
+                s.error,
+                s.allocation,
+                jobs,
+            )
 
         o = self.opts
         bind = parse_bind(o.dashboard_bind, "--dashboard-bind") if o.enabled and o.dashboard_bind else None

@@ -5,6 +5,10 @@ A peer opens a stream of ``potluck/<swarm>/admit/1`` and sends one CONTROL frame
 ``Admission`` (``protocol/admission.py``), or an ERROR frame saying why not. The peer is the stream's
 authenticated libp2p id, so an admission can only be asked for oneself.
 
+A job owner (``potluck launch --join``) adds ``"job": name`` to its request: the admission then also
+names the job (``owner_role``), which lets it sign that job's records. A job name belongs to the first
+admitted key that asks for it (``jobs``; the swarm's own job is never given away).
+
 ``AdmissionDesk.decide`` is the policy (pure but for the use counts it keeps): banned peers never; an
 open swarm admits anyone; otherwise the token must be signed by this coordinator, for this swarm, not
 expired, and within its ``max_uses`` (a peer renewing with the token it joined with uses nothing up).
@@ -32,6 +36,7 @@ from potluck.protocol.admission import (
     JoinToken,
     TokenUse,
     TokenUses,
+    owner_role,
 )
 from potluck.protocol.errors import AdmissionError
 from potluck.protocol.identity import Identity
@@ -48,11 +53,23 @@ class AdmissionDesk:
         self.version = 0  # counts changes to the uses, so the service knows when to publish them
         self.granted = 0
         self.refused = 0
+        self.jobs: dict[str, str] = {}  # job name -> the peer id that owns it (launch --join)
+        self.home_job: str | None = None  # the swarm's own job: never anyone else's
 
-    def decide(self, peer: str, token: object, now: float) -> Admission:
-        """The admission for ``peer`` presenting ``token`` at ``now``; ``AdmissionError`` says why not."""
+    def claim(self, job: str, peer: str) -> None:
+        """Give ``job`` to ``peer`` unless another owns it (or it is the swarm's own)."""
+        owner = self.jobs.get(job)
+        if job == self.home_job or (owner is not None and owner != peer):
+            raise AdmissionError(f"job name {job!r} is taken in this swarm")
+        self.jobs[job] = peer
+
+    def decide(self, peer: str, token: object, now: float, job: object = None) -> Admission:
+        """The admission for ``peer`` presenting ``token`` at ``now`` (owning ``job`` when given, a job
+        name); ``AdmissionError`` says why not."""
         if peer in self.banned:
             raise AdmissionError("this peer is banned from the swarm")
+        if job is not None and not isinstance(job, str):
+            raise AdmissionError("malformed job name")
         roles: tuple[str, ...] = ROLES
         if not self.cfg.open or token is not None:
             claims = JoinToken.verify(token, self.swarm_id, self.identity.public_key, now)
@@ -67,6 +84,10 @@ class AdmissionDesk:
                     self.expires[claims.token_id] = claims.expires
                     self.version += 1
             roles = claims.roles
+        if job is not None:
+            role = owner_role(job)
+            self.claim(job, peer)
+            roles = (*roles, role)
         return Admission.issue(self.identity, self.swarm_id, peer, now + self.cfg.ttl_s, roles)
 
     def record(self, now: float) -> TokenUses:
@@ -93,7 +114,7 @@ class AdmissionDesk:
                 ask = msgpack.unpackb(frame.payload, raw=False, max_str_len=1024, max_map_len=4)
                 if not isinstance(ask, dict):
                     raise AdmissionError("malformed admission request")
-                admission = self.decide(peer, ask.get("token"), now())
+                admission = self.decide(peer, ask.get("token"), now(), ask.get("job"))
             except AdmissionError as e:
                 self.refused += 1
                 logger.warning("refused to admit %s: %s", peer, e)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from potluck.net.config import NetworkConfig
+from potluck.protocol.allocation import PolicyLabel
 from potluck.protocol.identity import DEFAULT_HOME
 
 
@@ -16,6 +18,21 @@ class AdmitConfig:
     open: bool = False  # admit any peer that asks (banned ones excepted)
     ttl_s: float = 7200.0  # an admission's life (past every record's TTL); peers renew it at half that
     timeout_s: float = 10.0  # bound on one admission conversation
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """Several jobs on one swarm (``coordinator/allocator.py``, docs/multijob.md)."""
+
+    policy: PolicyLabel = "max_min"
+    round_s: float = 300.0  # lease length: a job's peers change only at round ends
+    handoff_s: float = 30.0  # what moving a peer between jobs costs, seconds of its work
+    ttl_s: float = 60.0  # the Allocation record's lifetime; re-published every third of it
+    # "fine": classes by device, TFLOP/s, memory and uplink tiers; "device": by device kind and model
+    # only (a swarm of like machines whose start-up probes differ, e.g. processes sharing one CPU)
+    classes: Literal["fine", "device"] = "fine"
+    weight: float = 1.0  # the priority weight of the swarm's own job
+    offer_ttl_s: float = 60.0  # a job owner's JobOffer lifetime; re-published every third of it
 
 
 @dataclass(frozen=True)
@@ -61,3 +78,4 @@ class CoordinatorConfig:
     token_uses: int = 0  # peers the printed invite's token admits (0: any number)
     token_ttl_s: float = 30 * 86400.0  # how long the printed invite's token can be traded
     bans_ttl_s: float = 600.0  # the signed ban list's lifetime; refreshed every third of it
+    alloc: AllocatorConfig = field(default_factory=AllocatorConfig)

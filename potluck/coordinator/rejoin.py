@@ -33,7 +33,7 @@ from potluck.net.node import SwarmNode
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import BootstrapError
 from potluck.protocol.identity import Identity
-from potluck.protocol.keys import PLAN, PROGRESS
+from potluck.protocol.keys import JobKeys
 from potluck.protocol.training import Progress, TrainPlan
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,12 @@ async def join(
 
 
 async def read_recovery(
-    node: SwarmNode, cfg: CoordinatorConfig, job: str, saved: TrainPlan | None, joined: bool
+    node: SwarmNode,
+    cfg: CoordinatorConfig,
+    job: str,
+    saved: TrainPlan | None,
+    joined: bool,
+    keys: JobKeys | None = None,
 ) -> Recovery:
     """What to carry on with, from the DHT's plan and progress records and the ``saved`` plan.
 
@@ -110,13 +115,14 @@ async def read_recovery(
     succeeds within ``recover_timeout_s``."""
     if not joined:
         return recover(job, [], [], saved)
+    keys = keys or JobKeys(job)
     deadline = time.monotonic() + cfg.recover_timeout_s
     empty, last_error = 0, ""
     rec: Recovery | None = None
     while True:
         try:
             plans, progress = await bounded(
-                asyncio.gather(node.fetch(PLAN.name), node.fetch(PROGRESS.name)),
+                asyncio.gather(node.fetch(keys.plan), node.fetch(keys.progress)),
                 cfg.read_timeout_s,
                 "reading the swarm's plan",
             )

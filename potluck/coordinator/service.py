@@ -18,8 +18,9 @@ from hivemind.utils import get_dht_time
 
 from potluck import logs
 from potluck.aio import bounded, supervise
-from potluck.coordinator import rejoin
+from potluck.coordinator import access, rejoin
 from potluck.coordinator.admit import AdmissionDesk
+from potluck.coordinator.allocator import Allocator
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.copies import OwnerCopy
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers
@@ -27,6 +28,7 @@ from potluck.coordinator.job.claims import overclaimed
 from potluck.coordinator.job.handoff import handoff_step, typical_step_s
 from potluck.coordinator.job.improve import ImproveConfig
 from potluck.coordinator.job.joins import JoinDesk
+from potluck.coordinator.job.lease import leased_state
 from potluck.coordinator.job.plan import calibrated_tflops, device_of, make_train_plan, usable_peers
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
 from potluck.coordinator.job.resume import checkpoint_step, live_step, resume_point
@@ -37,14 +39,15 @@ from potluck.net.admit import admitted
 from potluck.net.dial import reachable
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
-from potluck.protocol.admission import MAX_BANS, BanList, JoinToken, TokenUses
+from potluck.protocol.admission import JoinToken
+from potluck.protocol.allocation import Allocation
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
 from potluck.protocol.checks import gradients_rechecked
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.keys import BANS, JOB, LINKS, PEERS, PLAN, PROGRESS, TOKENS
+from potluck.protocol.keys import LINKS, PEERS, JobKeys
 from potluck.protocol.training import Progress, Spare, TrainPlan
 
 logger = logging.getLogger(__name__)
@@ -60,13 +63,28 @@ class CoordinatorService:
     first_epoch = 1  # the epoch of the first plan (higher after a restart: start() recovers it)
     _memory: rejoin.Memory | None = None  # what a restart needs, on disk (set by start())
 
-    def __init__(self, cfg: CoordinatorConfig, job: JobSpec, identity: Identity | None = None) -> None:
-        self.cfg, self.job = cfg, job
+    def __init__(
+        self,
+        cfg: CoordinatorConfig,
+        job: JobSpec,
+        identity: Identity | None = None,
+        join: Invite | None = None,
+    ) -> None:
+        """``join``: add ``job`` to the running swarm of this invite (``potluck launch --join``): this
+        process is the job's coordinator, signing its records as the job's owner; the swarm's own
+        coordinator admits the job and allocates peers to it (``allocator.py``)."""
+        self.cfg, self.job, self.join = cfg, job, join
         self.identity = identity or Identity.load_or_create(cfg.identity_path)
-        self.policy = TrustPolicy(cfg.swarm_id, self.identity.public_key, require_admission=True)
+        self.keys = JobKeys(job.name, home=join is None)
+        swarm_key = join.coordinator_key if join is not None else self.identity.public_key
+        self.policy = TrustPolicy(cfg.swarm_id, swarm_key, require_admission=True)
         self.desk = AdmissionDesk(self.identity, cfg.swarm_id, cfg.admit, self.policy.banned)
+        self.desk.home_job = job.name
         self.node: SwarmNode | None = None
-        self.state = SwarmState(cfg.swarm_id, 0.0)
+        self.swarm = SwarmState(cfg.swarm_id, 0.0)  # every live peer
+        self.state = SwarmState(cfg.swarm_id, 0.0)  # the peers this job may use (``job/lease.py``)
+        self.allocation: Allocation | None = None  # the leases in force (None: a one-job swarm)
+        self.allocator: Allocator | None = None  # the swarm's coordinator allocates; a joined one not
         self.on_change: Callable[[SwarmState, list[str], list[str]], None] | None = None
         self.on_plan: Callable[[TrainPlan, str], None] | None = None
         self.on_progress: Callable[[TrainPlan, JobProgress], None] | None = None
@@ -98,33 +116,67 @@ class CoordinatorService:
         saved = self._memory.loaded
         self.node, joined = await rejoin.join(self.identity, self.policy, self.cfg, saved)
         if self.cfg.train:  # before anything is published: carry on with the plan the swarm follows
+            self.allocator = Allocator(
+                self.node, self.job, self.cfg.alloc, self.desk, self.cfg.read_timeout_s
+            )
+            if joined:
+                await self.allocator.restore()
+                self.allocation = self.allocator.in_force(get_dht_time())
             await self._recover(saved.plan if saved is not None else None, joined)
-        if not await self.node.publish(JOB.name, self.job, self.cfg.job_ttl_s):
+        if not await self.node.publish(self.keys.job, self.job, self.cfg.job_ttl_s):
             logger.warning("job spec stored by no DHT node yet (a lone coordinator stores it locally)")
         bootstrap = tuple(await self.node.visible_maddrs()) + tuple(self.cfg.initial_peers)
-        copy_mb_s = self.cfg.copy_rate_mb_s if self.cfg.copy_checkpoints and self.cfg.train else None
-        streams, root = Streams(self.node.p2p), self.checkpoint_root
-        self.owner = OwnerCopy(
-            streams, self.cfg.swarm_id, self.identity, self.job, root, copy_mb_s, self._may_fetch
-        )
-        await self.owner.start()
-        await self._restore_token_uses()
+        streams = Streams(self.node.p2p)
+        await self._start_owner_copy(streams)
+        await access.restore_token_uses(self.node, self.desk, self.cfg.read_timeout_s)
         await self.desk.serve(streams, get_dht_time)
         tasks: dict[str, Coroutine[Any, Any, None]] = {
             "refresh-job": self._refresh_job(),
             "track-peers": self._track_peers(),
-            "bans": self._keep_access(),
+            "bans": access.keep_access(self.node, self.desk, self.policy, self.cfg, self.ban),
         }
         if self.cfg.remember:
             tasks["remember"] = self._remember()
         if self.cfg.train:
-            tasks |= {"run-job": self._run_job(), "refresh-plan": self._refresh_plan()}
-        if copy_mb_s is not None:
-            tasks["copy-checkpoints"] = self._copy_checkpoints()
-        self._running = asyncio.create_task(self._supervise(tasks), name="coordinator")
+            tasks["allocate"] = self._allocate()
+        self._run(tasks)
         return Invite(
             self.cfg.swarm_id, bootstrap, self.identity.public_key, self.mint_token(), self.cfg.mqtt_url
         )
+
+    async def end_offer(self) -> None:
+        """At the job's end: nothing to withdraw here (a joined job's offer: ``joined_service.py``)."""
+
+    async def _allocate(self) -> None:
+        """The swarm's coordinator allocates its peers to the jobs on it, each poll (``allocator.py``)."""
+        assert self.allocator is not None
+        while True:
+            try:
+                step = self.progress.step(self.plan) if self.plan is not None else 0
+                now = get_dht_time()
+                placed = self.plan.peers if self.plan is not None else frozenset()
+                await self.allocator.tick(self.swarm, step, self.finished.is_set(), now, placed)
+                self.allocation = self.allocator.in_force(now)
+            except Exception:  # the leases in force run on; the next poll tries again
+                logger.exception("allocation round failed")
+            await asyncio.sleep(self.cfg.poll_interval_s)
+
+    async def _start_owner_copy(self, streams: Streams) -> None:
+        """The job owner's copy of each complete checkpoint, pulled from the peers (``copies.py``)."""
+        copy_mb_s = self.cfg.copy_rate_mb_s if self.cfg.copy_checkpoints and self.cfg.train else None
+        root = self.checkpoint_root
+        self.owner = OwnerCopy(
+            streams, self.cfg.swarm_id, self.identity, self.job, root, copy_mb_s, self._may_fetch
+        )
+        await self.owner.start()
+
+    def _run(self, tasks: dict[str, Coroutine[Any, Any, None]]) -> None:
+        """Supervise ``tasks`` plus the training loops and the checkpoint copy, as configured."""
+        if self.cfg.train:
+            tasks |= {"run-job": self._run_job(), "refresh-plan": self._refresh_plan()}
+        if self.owner is not None and self.owner.copier is not None:
+            tasks["copy-checkpoints"] = self._copy_checkpoints()
+        self._running = asyncio.create_task(self._supervise(tasks), name="coordinator")
 
     def _may_fetch(self, peer: str, admission: bytes | None) -> bool:
         return admitted(self.policy, peer, admission, get_dht_time())
@@ -142,51 +194,12 @@ class CoordinatorService:
             self.policy.banned.add(peer)
             logger.warning("banned %s: %s", peer, why)
 
-    async def _restore_token_uses(self) -> None:
-        """Before admitting anyone: count on from the token uses an earlier run of ours published."""
-        assert self.node is not None
-        try:
-            found = await bounded(self.node.fetch(TOKENS.name), self.cfg.read_timeout_s, "reading token uses")
-        except Exception as e:  # a first start, or an unreadable DHT: count from here
-            logger.warning("token uses not read (%s); counting from zero", e)
-            return
-        for v in found:
-            if isinstance(v.record, TokenUses):
-                self.desk.restore(v.record, get_dht_time())
-
-    async def _keep_access(self) -> None:
-        """Merge the ban list in the DHT (``potluck ban`` may have added to it) with ours, and keep ours
-        published: peers refuse banned peers' records from their next read of it. Keep the join tokens'
-        uses published too, so a restarted coordinator counts on."""
-        assert self.node is not None
-        published: frozenset[str] = frozenset()
-        refreshed = tokens_at = 0.0
-        uses_published = 0  # the desk's version last published
-        while True:
-            try:
-                due = time.monotonic() - tokens_at > self.cfg.bans_ttl_s / 3
-                version = self.desk.version
-                if self.desk.expires and (version != uses_published or due):
-                    uses = self.desk.record(get_dht_time())
-                    if await self.node.publish(TOKENS.name, uses, self.cfg.bans_ttl_s):
-                        uses_published, tokens_at = version, time.monotonic()
-                for peer in await self.node.read_bans() - self.policy.banned:
-                    self.ban(peer, "on the swarm's ban list")
-                due = time.monotonic() - refreshed > self.cfg.bans_ttl_s / 3
-                if self.policy.banned and (published != self.policy.banned or due):
-                    bans = BanList(peers=sorted(self.policy.banned)[-MAX_BANS:], issued_at=get_dht_time())
-                    if await self.node.publish(BANS.name, bans, self.cfg.bans_ttl_s):
-                        published, refreshed = frozenset(self.policy.banned), time.monotonic()
-            except Exception:
-                logger.exception("keeping the ban list and token uses failed")
-            await asyncio.sleep(self.cfg.poll_interval_s)
-
     async def _recover(self, saved: TrainPlan | None, joined: bool) -> None:
         """Carry on with the plan the swarm follows and its progress (``job.recover`` decides), and wait
         (``recover_peers_s`` at most) for its placed peers' heartbeats, so that the first round does not
         take peers that are training for gone."""
         assert self.node is not None
-        rec = await rejoin.read_recovery(self.node, self.cfg, self.job.name, saved, joined)
+        rec = await rejoin.read_recovery(self.node, self.cfg, self.job.name, saved, joined, self.keys)
         self.first_epoch = rec.next_epoch
         if rec.next_epoch > 1:
             logger.info("recovered: %s; the next plan is epoch %d", rec.reason, rec.next_epoch)
@@ -243,14 +256,17 @@ class CoordinatorService:
         while True:
             await asyncio.sleep(self.cfg.job_ttl_s / 3)
             try:
-                await self.node.publish(JOB.name, self.job, self.cfg.job_ttl_s)
+                await self.node.publish(self.keys.job, self.job, self.cfg.job_ttl_s)
             except Exception:
                 logger.exception("job refresh failed")
 
     async def _track_peers(self) -> None:
         while True:
             try:
-                state = await self.read_state()
+                self.swarm = await self.read_state()
+                if self.join is not None and self.node is not None:
+                    self.allocation = await self.node.read_allocation()
+                state = leased_state(self.swarm, self.allocation, self.job.name, self.plan, self.keys.home)
             except TimeoutError as e:  # a slow read must not end the service
                 logger.warning("%s", e)
             except Exception:  # nor a failing one
@@ -275,7 +291,7 @@ class CoordinatorService:
     async def _publish_plan(self, plan: TrainPlan) -> None:
         assert self.node is not None
         self.plan = plan
-        if not await self.node.publish(PLAN.name, plan, self.cfg.plan_ttl_s):
+        if not await self.node.publish(self.keys.plan, plan, self.cfg.plan_ttl_s):
             logger.warning("plan epoch %d stored by no DHT node yet", plan.epoch)
 
     def _resume_step(self, live_peers: Collection[str]) -> int:
@@ -454,7 +470,7 @@ class CoordinatorService:
 
     async def _read_progress(self) -> None:
         assert self.node is not None
-        records = [v.record for v in await self.node.fetch(PROGRESS.name)]
+        records = [v.record for v in await self.node.fetch(self.keys.progress)]
         self.progress.update(self.plan, [r for r in records if isinstance(r, Progress)])
 
     async def _convict(self) -> bool:

@@ -20,6 +20,7 @@ from typing import Literal
 from potluck.coordinator.job.plan import network
 from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.state import SwarmState
+from potluck.protocol.allocation import Allocation
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.telemetry import (
@@ -27,6 +28,7 @@ from potluck.protocol.telemetry import (
     CoordinatorLinks,
     CoordinatorStatus,
     Event,
+    JobShareView,
     LinkView,
     MemberView,
     StageView,
@@ -47,6 +49,15 @@ LINKS_EVERY_S = 30.0  # the link matrix is sent when it changes, and at least th
 
 
 @dataclass(frozen=True)
+class JobLoad:
+    """A job as the allocator last saw it: its weight, step and last step."""
+
+    weight: float
+    step: int
+    steps: int
+
+
+@dataclass(frozen=True)
 class Moment:
     """What the coordinator knew at one look (the input of ``swarm_status`` and ``swarm_events``)."""
 
@@ -57,6 +68,8 @@ class Moment:
     reason: str
     finished: bool
     error: str | None
+    allocation: Allocation | None = None  # the leases in force (several jobs on one swarm)
+    jobs: dict[str, JobLoad] = field(default_factory=dict)  # the jobs the allocator knows, by name
 
 
 def swarm_status(m: Moment, peer: str, now: float) -> CoordinatorStatus:
@@ -104,7 +117,31 @@ def swarm_status(m: Moment, peer: str, now: float) -> CoordinatorStatus:
         spares={s.peer_id: s.reason[:500] for s in plan.spares} if plan is not None else {},
         members=members,
         reason=(m.error or m.reason)[:500],
+        jobs=job_shares(m),
+        lease_round=m.allocation.round if m.allocation is not None else None,
+        lease_end=m.allocation.lease_end if m.allocation is not None else None,
     )
+
+
+def job_shares(m: Moment) -> list[JobShareView]:
+    """Pure: every job on the swarm with its lease and shares (none while the swarm has one job)."""
+    a = m.allocation
+    if a is None:
+        return []
+    names = sorted(set(a.jobs) | set(m.jobs))
+    return [
+        JobShareView(
+            job=name,
+            own=name == m.job.name,
+            weight=m.jobs[name].weight if name in m.jobs else 1.0,
+            step=m.jobs[name].step if name in m.jobs else 0,
+            steps=m.jobs[name].steps if name in m.jobs else 0,
+            peers=a.peers_of(name),
+            allocation=sum(a.allocation_of(name).values()),
+            received=sum(a.received_share(name).values()),
+        )
+        for name in names[:256]
+    ]
 
 
 def swarm_links(state: SwarmState, peer: str, now: float) -> CoordinatorLinks:

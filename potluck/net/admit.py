@@ -30,13 +30,22 @@ def admit_protocol(swarm_id: str) -> str:
 
 
 async def ask_admission(
-    streams: Streams, coordinator: str, swarm_id: str, token: str | None, timeout_s: float
+    streams: Streams,
+    coordinator: str,
+    swarm_id: str,
+    token: str | None,
+    timeout_s: float,
+    job: str | None = None,
 ) -> Admission:
-    """Trade ``token`` for an admission at the coordinator. ``AdmissionError``: refused (the reason is
-    the coordinator's); ``WireError``: the coordinator could not be reached or did not answer in time."""
+    """Trade ``token`` for an admission at the coordinator (one that owns ``job``, when given).
+    ``AdmissionError``: refused (the reason is the coordinator's); ``WireError``: the coordinator could
+    not be reached or did not answer in time."""
     reader, writer = await streams.open(coordinator, admit_protocol(swarm_id), timeout_s)
+    ask: dict[str, str | None] = {"token": token}
+    if job is not None:
+        ask["job"] = job
     try:
-        await write_frame(writer, Frame(MsgType.CONTROL, msgpack.packb({"token": token})), timeout_s)
+        await write_frame(writer, Frame(MsgType.CONTROL, msgpack.packb(ask)), timeout_s)
         try:
             frame = await read_frame(reader, timeout_s, expect={MsgType.CONTROL})
         except WireError as e:

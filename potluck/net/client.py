@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from hivemind.utils import get_dht_time
 
 from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.node import SwarmNode
+from potluck.protocol.allocation import Allocation
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
-from potluck.protocol.keys import LINKS, PEERS, PLAN, PROGRESS
+from potluck.protocol.jobs import JobOffer
+from potluck.protocol.keys import JOBS, LINKS, PEERS, PLAN, PROGRESS, JobKeys
 from potluck.protocol.membership import PeerView, link_reports, live_peers
 from potluck.protocol.records import LinkReport
 from potluck.protocol.training import Progress, TrainPlan
+
+MAX_JOBS_SHOWN = 16  # added jobs whose plans a reading fetches
 
 
 class SwarmClient:
@@ -46,10 +50,16 @@ class SwarmClient:
         records = await bounded(self.node.fetch(LINKS.name), timeout_s, "reading the link reports")
         return link_reports(records, live_ids, get_dht_time())
 
-    async def job(self, timeout_s: float) -> tuple[TrainPlan | None, list[Progress]]:
-        """The newest verified plan and the progress records of its epoch (training state)."""
+    async def job(
+        self, timeout_s: float, keys: JobKeys | None = None
+    ) -> tuple[TrainPlan | None, list[Progress]]:
+        """The newest verified plan and the progress records of its epoch (training state) of the
+        swarm's own job, or of the job whose ``keys`` are given."""
+        plan_key, progress_key = (
+            (keys.plan, keys.progress) if keys is not None else (PLAN.name, PROGRESS.name)
+        )
         plans, progress = await bounded(
-            asyncio.gather(self.node.fetch(PLAN.name), self.node.fetch(PROGRESS.name)),
+            asyncio.gather(self.node.fetch(plan_key), self.node.fetch(progress_key)),
             timeout_s,
             "reading the plan and progress",
         )
@@ -61,6 +71,17 @@ class SwarmClient:
             # a "done" plan re-publishes the last training epoch's layout under epoch + 1
             recs = [r for r in recs if r.epoch in (plan.epoch, plan.epoch - 1) and r.job == plan.job]
         return plan, sorted(recs, key=lambda r: (r.stage, r.replica, r.peer_id))
+
+    async def jobs(self, timeout_s: float) -> tuple[Allocation | None, list[JobOffer]]:
+        """The allocation in force (None: a one-job swarm) and the jobs offered to the swarm."""
+        newest, offers = await bounded(
+            asyncio.gather(self.node.read_allocation(), self.node.fetch(JOBS.name)),
+            timeout_s,
+            "reading the allocation and the offered jobs",
+        )
+        return newest, sorted(
+            (v.record for v in offers if isinstance(v.record, JobOffer)), key=lambda o: o.job
+        )
 
     async def close(self) -> None:
         await self.node.shutdown()
@@ -74,15 +95,32 @@ async def read_live_peers(invite: Invite, net: NetworkConfig, timeout_s: float) 
         await client.close()
 
 
-async def read_swarm(
-    invite: Invite, net: NetworkConfig, timeout_s: float
-) -> tuple[list[PeerView], dict[str, LinkReport], TrainPlan | None, list[Progress]]:
-    """Live peers, their latest link reports, the plan and its progress, in one client session."""
+@dataclass(frozen=True)
+class SwarmReading:
+    """What ``potluck status`` shows: peers, links, the swarm's own job and the jobs added to it."""
+
+    peers: list[PeerView]
+    links: dict[str, LinkReport]
+    plan: TrainPlan | None
+    progress: list[Progress]
+    allocation: Allocation | None = None
+    offers: list[JobOffer] = field(default_factory=list)
+    # each added job's newest plan and progress (job -> (plan, progress))
+    others: dict[str, tuple[TrainPlan | None, list[Progress]]] = field(default_factory=dict)
+
+
+async def read_swarm(invite: Invite, net: NetworkConfig, timeout_s: float) -> SwarmReading:
+    """Live peers, their latest link reports, the plan and its progress, and the jobs on the swarm
+    with the allocation in force, in one client session."""
     client = await SwarmClient.connect(invite, net)
     try:
         peers = await client.live_peers(timeout_s)
         links = await client.links([p.peer_id for p in peers], timeout_s)
         plan, progress = await client.job(timeout_s)
-        return peers, links, plan, progress
+        allocation, offers = await client.jobs(timeout_s)
+        others = {
+            o.job: await client.job(timeout_s, JobKeys(o.job, home=False)) for o in offers[:MAX_JOBS_SHOWN]
+        }
+        return SwarmReading(peers, links, plan, progress, allocation, offers, others)
     finally:
         await client.close()

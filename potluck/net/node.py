@@ -32,9 +32,10 @@ from potluck.net.relaycheck import relay_serves_bulk
 from potluck.net.validator import PotluckValidator
 from potluck.protocol import envelope
 from potluck.protocol.admission import BanList
+from potluck.protocol.allocation import Allocation
 from potluck.protocol.errors import BootstrapError, RecordError
 from potluck.protocol.identity import Identity
-from potluck.protocol.keys import BANS, dht_key
+from potluck.protocol.keys import ALLOCATION, BANS, dht_key
 from potluck.protocol.records import Record
 
 logger = logging.getLogger(__name__)
@@ -174,6 +175,11 @@ class SwarmNode:
         return {
             p for v in await self.fetch(BANS.name) if isinstance(v.record, BanList) for p in v.record.peers
         }
+
+    async def read_allocation(self) -> Allocation | None:
+        """The newest allocation round in the DHT (None: a one-job swarm, or none readable yet)."""
+        found = [v.record for v in await self.fetch(ALLOCATION.name) if isinstance(v.record, Allocation)]
+        return max(found, key=lambda r: (r.round, r.issued_at), default=None)
 
     def kill(self) -> None:
         """Last resort when a bounded shutdown ran out: end our p2pd child by its PID."""

@@ -58,6 +58,9 @@ class TrainerConfig:
     """One stage's networked step (``peer.train.trainer``)."""
 
     device: str = "cpu"  # a torch device string, already resolved ("auto" is decided by the caller)
+    # "auto": bf16 autocast of forward/backward on CUDA, fp32 elsewhere; "bf16": on any device; "fp32":
+    # never. Master weights, gradients and AdamW state are fp32 whatever this says (model/device.py).
+    precision: str = "auto"
     step_timeout_s: float = 120.0  # bound on each pipeline receive and on the commit
     allreduce_timeout_s: float = 60.0  # bound on each all-reduce chunk (and never above the step's)
     # Once a run measured a few steps, each wait gets factor x its slowest recent step, at least the
@@ -83,6 +86,7 @@ class WorkerConfig:
     """The training side (``peer.worker``): how often it reads the plan and reports, how long it waits."""
 
     device: str = TrainerConfig.device  # resolved torch device string
+    precision: str = TrainerConfig.precision
     plan_poll_s: float = 1.0  # how often the plan key is read
     progress_interval_s: float = 1.0  # least time between two progress records (the last is always sent)
     progress_ttl_s: float = 120.0
@@ -96,14 +100,22 @@ class WorkerConfig:
     # None: the names the job gives, under <state_dir>/data/
     data_dir: Path | None = None
     tokenizer: Path | None = None
+    # Several jobs on one swarm: at most this long serving the job it leaves, until that job's next plan
+    # is under way (peer/lease.py), before it follows the job its new lease names anyway
+    move_timeout_s: float = 60.0
 
-    def checkpoints(self, job: str) -> Path:
-        """Where this peer writes and keeps the checkpoints of ``job``."""
-        return self.checkpoint_root or self.state_dir / "checkpoints" / job
+    def checkpoints(self, job: str, home: bool = True) -> Path:
+        """Where this peer writes and keeps the checkpoints of ``job``: ``checkpoint_root`` names the
+        swarm's own job's (``home``); another job's go beside it, in ``<checkpoint_root>.<job>``."""
+        if self.checkpoint_root is None:
+            return self.state_dir / "checkpoints" / job
+        if home:
+            return self.checkpoint_root
+        return self.checkpoint_root.with_name(f"{self.checkpoint_root.name}.{job}")
 
     def trainer(self) -> TrainerConfig:
         """The trainer's config for this worker's device and bounds."""
-        return TrainerConfig(self.device, self.step_timeout_s, self.allreduce_timeout_s)
+        return TrainerConfig(self.device, self.precision, self.step_timeout_s, self.allreduce_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -112,9 +124,11 @@ class PeerConfig:
     identity_path: Path = DEFAULT_HOME / "identity.pem"
     net: NetworkConfig = field(default_factory=NetworkConfig)
     links: LinkProbeConfig = field(default_factory=LinkProbeConfig)
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", ...
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:1", "mps" (model/device.py checks it exists)
+    precision: str = TrainerConfig.precision  # "auto" (bf16 autocast on CUDA), "bf16", "fp32"
     threads: int | None = None  # CPU threads torch may use (None: torch's default, all cores)
-    max_memory_bytes: int | None = None  # memory this peer offers the swarm (None: all that is free)
+    # memory this peer offers the swarm (None: all that is free); on CUDA it also caps the allocator
+    max_memory_bytes: int | None = None
     train: bool = True  # follow the coordinator's plan and train (False: membership and links only)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     ttl_s: float = 30.0  # heartbeat lifetime in the DHT; refreshed every third of it

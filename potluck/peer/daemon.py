@@ -39,10 +39,9 @@ from potluck.protocol.admission import Admission
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import AdmissionError, WireError
 from potluck.protocol.identity import Identity, peer_id_from_public_key
-from potluck.protocol.keys import LINKS, PEERS, PROGRESS
+from potluck.protocol.keys import LINKS, PEERS
 from potluck.protocol.membership import live_peers
 from potluck.protocol.records import AccessLink, Hardware, LinkReport, LinkSample, PeerRecord
-from potluck.protocol.training import Progress, TrainPlan
 from potluck.telemetry.http import serve_metrics
 
 logger = logging.getLogger(__name__)
@@ -111,7 +110,7 @@ class PeerDaemon:
                 key_dir=self.cfg.identity_path.parent,
             )
             await self._admit(self.cfg.net.bootstrap_timeout_s)  # before anything is published
-            self.hardware = apply_caps(await probe_task, self.cfg.threads, self.cfg.max_memory_bytes)
+            self.hardware = apply_caps(await probe_task, self.cfg.threads, self.cfg.max_memory_bytes, device)
         except BaseException:
             probe_task.cancel()
             with contextlib.suppress(BaseException):
@@ -140,7 +139,7 @@ class PeerDaemon:
         if self.cfg.swarm_gone_after_s is not None:
             tasks["swarm-watch"] = self._watch_swarm(self.cfg.swarm_gone_after_s)
         if self.cfg.train:
-            wcfg = dataclasses.replace(self.cfg.worker, device=str(device))
+            wcfg = dataclasses.replace(self.cfg.worker, device=str(device), precision=self.cfg.precision)
             self.worker = PlanWorker(
                 self.node,
                 self.peer_id,
@@ -399,21 +398,12 @@ class PeerDaemon:
         peers = live_peers(await self.node.fetch(PEERS.name), get_dht_time())
         placed = plan is not None and plan.position(self.peer_id) is not None
         running = worker is not None and worker.running()
-        under_way = plan is not None and not placed and not running and await self._under_way(plan)
+        under_way = False
+        if worker is not None and plan is not None and not placed and not running:
+            under_way = await worker.under_way(plan)
         done = plan is not None and plan.status == "done"
         others = sum(1 for p in peers if p.peer_id != self.peer_id)
         return LeaveView(since, placed_at_start, placed, running, under_way, done, others)
-
-    async def _under_way(self, plan: TrainPlan) -> bool:
-        """True once a placed peer of ``plan`` reported a step past its start: commits are all-or-nothing,
-        so every peer of the plan then holds its state."""
-        assert self.node is not None
-        placed = {p for st in plan.stages for p in st.peers}
-        records = [v.record for v in await self.node.fetch(PROGRESS.name)]
-        mine = [
-            r for r in records if isinstance(r, Progress) and r.epoch == plan.epoch and r.peer_id in placed
-        ]
-        return any(r.step > plan.start_step for r in mine)
 
     async def _leave(self) -> None:
         """Withdraw the heartbeat, then stop the node; bounded by ``shutdown_timeout_s`` in total."""

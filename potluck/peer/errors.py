@@ -52,3 +52,8 @@ class NeighbourError(PipelineError):
 
 class SealError(NeighbourError):
     """A pipeline message's seal (its sender's signature, ``peer/seal.py``) is missing or wrong."""
+
+
+class ColocationRefused(PeerError):
+    """A second wave on this device was refused: staggered or not, the two waves' combined activation
+    peak would not fit the memory budget (``peer/train/ticktock.py``)."""

@@ -13,20 +13,18 @@ import time
 
 import torch
 
+from potluck.model.device import cap_memory, resolve_device, use_device
 from potluck.protocol.records import DeviceKind, Hardware
 
 logger = logging.getLogger(__name__)
 
 
 def pick_device(requested: str = "auto") -> torch.device:
-    """``auto``: CUDA (or ROCm) when present, then Apple MPS, else CPU. Anything else is taken as given."""
-    if requested != "auto":
-        return torch.device(requested)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """``auto``: CUDA (or ROCm) when present, then Apple MPS, else CPU; a named device must exist
+    (``DeviceError`` otherwise). The chosen CUDA card becomes this process's current device."""
+    device = resolve_device(requested)
+    use_device(device)
+    return device
 
 
 def matmul_tflops(
@@ -81,14 +79,18 @@ def probe(device: torch.device, budget_s: float = 0.5) -> Hardware:
     return hw
 
 
-def apply_caps(hw: Hardware, threads: int | None, max_memory_bytes: int | None) -> Hardware:
-    """Apply --threads and --max-memory: the swarm plans with what this peer offers, not all it has."""
+def apply_caps(
+    hw: Hardware, threads: int | None, max_memory_bytes: int | None, device: torch.device | None = None
+) -> Hardware:
+    """Apply --threads and --max-memory: the swarm plans with what this peer offers, not all it has.
+    The record announces at most ``max_memory_bytes`` free (the planner fits stages into it), and on
+    CUDA the caching allocator of ``device`` is capped at that share of the card."""
     if threads is not None:
         torch.set_num_threads(threads)
     if max_memory_bytes is None:
         return hw
-    if hw.device_kind == "cuda" and hw.memory_total_bytes:
-        torch.cuda.set_per_process_memory_fraction(min(1.0, max_memory_bytes / hw.memory_total_bytes))
+    if hw.device_kind in ("cuda", "rocm") and hw.memory_total_bytes:
+        cap_memory(device or torch.device("cuda"), max_memory_bytes, hw.memory_total_bytes)
     return hw.model_copy(update={"memory_free_bytes": min(hw.memory_free_bytes, max_memory_bytes)})
 
 

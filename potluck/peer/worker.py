@@ -20,7 +20,6 @@ training run and the progress records in flight are tasks of one ``aio.Superviso
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Coroutine, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 from hivemind.utils import get_dht_time
 
 from potluck.aio import Supervisor
+from potluck.compression.kernels import native
 from potluck.model.data import TokenDataset, load_dataset
 from potluck.model.resume import kept
 from potluck.net.admit import admitted
@@ -43,15 +43,18 @@ from potluck.peer.activity import Activity
 from potluck.peer.config import WorkerConfig
 from potluck.peer.datapaths import local_data
 from potluck.peer.errors import PeerError
-from potluck.peer.leave import switch_deadline, switch_verdict
+from potluck.peer.follow import LeaseFollower
+from potluck.peer.lease import describe
+from potluck.peer.leave import LeaveView, leave_verdict, switch_deadline, switch_verdict
 from potluck.peer.state.copies import CopyDuty
-from potluck.peer.state.source import DiskSource, Holder, LocalSource, PeerSource, StateSource
+from potluck.peer.state.source import StateSource
+from potluck.peer.state.sources import start_sources
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.keys import JOB, PLAN, PROGRESS
+from potluck.protocol.keys import JobKeys
 from potluck.protocol.training import Holding, Progress, ProgressState, StepTiming, TrainPlan, Witness
 from potluck.transfer.errors import StateError
 from potluck.transfer.server import StateServer, TransferConfig
@@ -84,6 +87,7 @@ class PlanWorker:
     ) -> None:
         """``owner``: the coordinator's peer id; it keeps the job owner's checkpoint copy and serves it."""
         self.node, self.peer_id, self.cfg, self.swarm_id = node, peer_id, cfg, swarm_id
+        self.lease = LeaseFollower(node, peer_id)  # the job followed on a swarm of several jobs
         self.owner = owner
         self.identity = identity  # signs state manifests and (spot-checked jobs) pipeline messages
         self.box = Mailbox(
@@ -125,6 +129,8 @@ class PlanWorker:
 
     async def run(self) -> None:
         """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""
+        # the native codec kernels build once per machine (~5 s of cc): off the loop, before any step
+        await asyncio.to_thread(native.lib)
         await self.box.start()
         if self.state is not None:
             await self.state.start()
@@ -145,7 +151,14 @@ class PlanWorker:
                 await self.state.close()
 
     async def _poll(self) -> None:
-        plans = [v.record for v in await self.node.fetch(PLAN.name) if isinstance(v.record, TrainPlan)]
+        target = await self.lease.target()
+        if target == self.lease.keys:
+            self.lease.moving = None  # a lease that moved back: nothing to hand over
+        elif await self._may_move(target):
+            await self._move_to(target)
+        if (keys := self.lease.keys) is None:
+            return
+        plans = [v.record for v in await self.node.fetch(keys.plan) if isinstance(v.record, TrainPlan)]
         if not plans:
             return
         plan = max(plans, key=lambda p: p.epoch)
@@ -182,8 +195,11 @@ class PlanWorker:
             if time.monotonic() - self._vouched_at >= VOUCH_EVERY_S:
                 self._vouched_at = time.monotonic()
                 epoch = self.plan.epoch if self.plan is not None else -1
+                keys = self.lease.keys
                 found = [
-                    v.record for v in await self.node.fetch(PLAN.name) if isinstance(v.record, TrainPlan)
+                    v.record
+                    for v in (await self.node.fetch(keys.plan) if keys is not None else [])
+                    if isinstance(v.record, TrainPlan)
                 ]
                 self._vouched = frozenset().union(*(p.peers for p in found if p.epoch > epoch))
         return peer in self._vouched
@@ -193,51 +209,51 @@ class PlanWorker:
             await self._tasks.cancel(self._task)
         self._task = None
 
+    # ---- several jobs on one swarm: follow the lease (peer/follow.py, peer/lease.py) -----------------
+
+    async def _may_move(self, target: JobKeys | None) -> bool:
+        """Whether to follow ``target`` now: once the job followed no longer needs this peer (its next
+        plan is under way without it), as a leaving peer decides (``leave.leave_verdict``)."""
+        now = time.monotonic()
+        plan = self.newest_plan()
+        placed = plan is not None and plan.status == "training" and plan.position(self.peer_id) is not None
+        move = self.lease.asked(target, now, placed or self.running())
+        if self.lease.keys is None or plan is None:
+            return True
+        running = self.running()
+        under_way = not placed and not running and await self.under_way(plan)
+        done = plan.status == "done"
+        view = LeaveView(move.since, move.placed_at_start, placed, running, under_way, done, 1)
+        decision, why = leave_verdict(view, now, self.cfg.move_timeout_s)
+        if decision == "go":
+            logger.info("moving to %s: %s", describe(target), why)
+        return decision == "go"
+
+    async def _move_to(self, target: JobKeys | None) -> None:
+        """Follow ``target``'s plans from now on (its epochs are its own: start afresh)."""
+        await self._cancel()
+        self.lease.moved(target)
+        self._pending, self.plan, self._recent, self._last_report = None, None, [], None
+        await self.box.forget(before((1 << 27) - 1))  # every message of the job left
+        if target is None:
+            self.activity.spared("", 0, "no lease this round")
+
+    async def under_way(self, plan: TrainPlan) -> bool:
+        return await self.lease.under_way(plan)
+
     async def _job(self, plan: TrainPlan) -> JobSpec:
-        jobs = [v.record for v in await self.node.fetch(JOB.name) if isinstance(v.record, JobSpec)]
+        keys = self.lease.keys_of(plan.job)
+        jobs = [v.record for v in await self.node.fetch(keys.job) if isinstance(v.record, JobSpec)]
         if not jobs or jobs[0].name != plan.job:
             raise PeerError(f"the swarm's job spec for {plan.job!r} is not readable yet")
         return jobs[0]
 
     def _sources(self, plan: TrainPlan, recent: Sequence[TrainPlan], root: Path) -> list[StateSource]:
-        """Where a run gets its start state: this peer's copy, its disk, then live holders (the peers of
-        recent plans, by the layers they ran) and checkpoint copies (any peer of these plans, and the
-        job owner's copy on the coordinator); copies first when the plan resumes from a checkpoint.
-
-        A peer holds the layers of the last run it actually started, which is not always the previous
-        plan's (a plan can fail before anyone takes state), so every recent plan's assignment is a
-        candidate; a candidate that does not hold what it is asked for says so and the others serve."""
         if self.state is None:
             return []  # the trainer's own disk path, as before live state existed
-        sources: list[StateSource] = [LocalSource(held) for held in self.state.offered_all] or [
-            LocalSource(None)
-        ]
-        sources.append(DiskSource(root))
-        holders = sorted(
-            {
-                Holder(peer, a.first_layer, a.last_layer)
-                for old in recent
-                for a in old.stages
-                for peer in a.peers
-                if peer != self.peer_id
-            },
-            key=lambda h: (h.first, h.last, h.peer_id),
+        return start_sources(
+            plan, recent, root, self.state, self.streams, self.swarm_id, self.peer_id, self.owner
         )
-        remote: list[StateSource] = []
-        if holders:
-            live = PeerSource(self.streams, self.swarm_id, holders, self.transfer, local=self.state.offered)
-            remote.append(live)
-        # Checkpoint copies can be on any peer (a replica's own disk, a one-replica stage's copy holder)
-        # or the owner; asked once (no settling: a disk either has the step or does not).
-        keepers = {p for old in [*recent, plan] for a in old.stages for p in a.peers} | {self.owner}
-        keepers -= {self.peer_id, None}
-        if keepers:
-            everything = [Holder(p, 0, plan.n_layers) for p in sorted(k for k in keepers if k)]
-            once = dataclasses.replace(self.transfer, settle_s=0.0)
-            remote.append(PeerSource(self.streams, self.swarm_id, everything, once))
-        if plan.resume_from == "checkpoint":
-            remote.reverse()
-        return sources + remote
 
     async def _train(self, plan: TrainPlan, recent: Sequence[TrainPlan] = ()) -> None:
         pos = plan.position(self.peer_id)
@@ -264,7 +280,8 @@ class PlanWorker:
                     job.seed,
                 )
             dataset = self._datasets[job.name]
-            root = self.cfg.checkpoints(job.name)  # this peer's own disk; the job's dir is the owner's
+            # this peer's own disk; the job's dir is the owner's
+            root = self.cfg.checkpoints(job.name, self.lease.keys_of(job.name).home)
             if self.state is not None:
                 self.state.serve_disk(job.name, root)  # its checkpoints, for peers that lost theirs
             self._look_at_disk(root)  # a restarted peer's disk still counts
@@ -453,7 +470,8 @@ class PlanWorker:
 
     async def _put(self, record: Progress) -> None:
         try:
-            await self.node.publish(PROGRESS.name, record, self.cfg.progress_ttl_s, self.peer_id)
+            key = self.lease.keys_of(record.job).progress
+            await self.node.publish(key, record, self.cfg.progress_ttl_s, self.peer_id)
         except Exception:  # progress is best effort; training goes on
             logger.exception("progress record for step %d not published", record.step)
 

@@ -22,6 +22,7 @@ import base64
 import binascii
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +40,8 @@ TOKEN_DOMAIN = b"potluck/join-token/v1\x00"
 MAX_ADMISSION_BYTES = 512
 MAX_TOKEN_CHARS = 512
 ROLES = ("peer",)  # what an admitted peer may do: today, train (room for e.g. "observer")
+OWNER_ROLE_PREFIX = "job:"  # + a job name: the admitted key owns that job's records (keys.JobKeys)
+_JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_BANS = 4096
 MAX_TOKENS_KEPT = 256  # limited tokens whose uses are remembered (the newest to expire first)
 MAX_USERS_KEPT = 1024  # peers remembered per token; a token for more peers is counted from there on
@@ -203,7 +206,21 @@ def _finite(value: Any, what: str) -> float:
     return float(value)
 
 
+def owner_role(job: str) -> str:
+    """The role of an admission whose holder owns ``job`` (signs its spec and plans)."""
+    if not _JOB_NAME_RE.match(job):
+        raise AdmissionError(f"invalid job name {job!r}")
+    return OWNER_ROLE_PREFIX + job
+
+
+def _known_role(role: object) -> bool:
+    if not isinstance(role, str):
+        return False
+    job = role.removeprefix(OWNER_ROLE_PREFIX)
+    return role in ROLES or (job != role and bool(_JOB_NAME_RE.match(job)))
+
+
 def _roles(value: Any) -> tuple[str, ...]:
-    if not (isinstance(value, list) and all(isinstance(r, str) and r in ROLES for r in value)):
-        raise AdmissionError(f"unknown roles {value!r}; known: {ROLES}")
+    if not (isinstance(value, list) and len(value) <= 4 and all(_known_role(r) for r in value)):
+        raise AdmissionError(f"unknown roles {value!r}; known: {ROLES} and {OWNER_ROLE_PREFIX}<job>")
     return tuple(value)

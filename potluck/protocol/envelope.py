@@ -23,15 +23,28 @@ import msgpack
 from pydantic import ValidationError
 
 from potluck.protocol import identity as ident
-from potluck.protocol.admission import Admission, BanList, TokenUses
+from potluck.protocol.admission import Admission, BanList, TokenUses, owner_role
+from potluck.protocol.allocation import Allocation
 from potluck.protocol.errors import AdmissionError, RecordError
+from potluck.protocol.jobs import JobOffer
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.keys import KEY_SPECS, dht_key
+from potluck.protocol.keys import dht_key, split_name
 from potluck.protocol.records import LinkReport, PeerRecord, Record
 from potluck.protocol.training import Progress, TrainPlan
 
 RECORD_TYPES: dict[str, type[Record]] = {
-    cls.KIND: cls for cls in (PeerRecord, LinkReport, JobSpec, TrainPlan, Progress, BanList, TokenUses)
+    cls.KIND: cls
+    for cls in (
+        PeerRecord,
+        LinkReport,
+        JobSpec,
+        TrainPlan,
+        Progress,
+        BanList,
+        TokenUses,
+        Allocation,
+        JobOffer,
+    )
 }
 
 MAGIC = b"PLK1"
@@ -122,7 +135,7 @@ def seal(
 ) -> bytes:
     """Sign ``record`` for (swarm, name, subkey) until ``expiration``; returns the envelope bytes.
     ``admission``: the signer's encoded ``Admission`` (peer-signed records of an admission swarm)."""
-    spec = KEY_SPECS[name]
+    _, spec = split_name(name)
     if spec.kind != record.KIND:
         raise RecordError(f"key {name!r} holds {spec.kind}, not {record.KIND}")
     body = record.canonical_bytes()
@@ -169,8 +182,8 @@ def verify(
         raise RecordError("malformed: the admission must be a byte string")
     if swarm != policy.swarm_id:
         raise RecordError(f"wrong swarm: record of swarm {swarm!r}, this node serves {policy.swarm_id!r}")
-    spec = KEY_SPECS.get(name)
-    if spec is None or kind != spec.kind:
+    job, spec = split_name(name)
+    if kind != spec.kind:
         raise RecordError(f"unknown record name/kind {name!r}/{kind!r}")
     if key_id != key_id_bytes(swarm, name):
         raise RecordError(f"key mismatch: envelope names {name!r} but is stored under another key")
@@ -184,7 +197,10 @@ def verify(
         raise RecordError("bad signature: not signed by the key it carries, or altered since")
 
     subkey = _unpack(subkey_b, 256)
-    if spec.signer == "coordinator":
+    if spec.signer == "job" and public_key != policy.coordinator_key:
+        assert job is not None  # split_name: "job"-signed names are job-scoped
+        check_owner(policy, ident.peer_id_from_public_key(public_key), admission, job, now)
+    elif spec.signer in ("coordinator", "job"):
         if public_key != policy.coordinator_key:
             raise RecordError(f"{name} record not signed by the swarm's coordinator")
     else:
@@ -203,6 +219,8 @@ def verify(
         raise RecordError(f"schema: {kind}.{where}: {first['msg']}") from None
     if spec.signer == "subkey" and getattr(record, "peer_id", None) != subkey:
         raise RecordError(f"schema: {kind}.peer_id differs from its subkey")
+    if job is not None and getattr(record, "job", getattr(record, "name", None)) != job:
+        raise RecordError(f"schema: a {kind} of another job under {name!r}")
     return Verified(name, subkey, record, public_key, float(expiration))
 
 
@@ -217,6 +235,23 @@ def check_member(policy: TrustPolicy, peer_id: str, admission: Any, now: float) 
         Admission.decode(admission).check(
             policy.swarm_id, policy.coordinator_key, peer_id, now, policy.clock_skew_s
         )
+
+
+def check_owner(policy: TrustPolicy, peer_id: str, admission: Any, job: str, now: float) -> None:
+    """Raise ``RecordError`` unless ``peer_id`` shows the coordinator's admission as the owner of ``job``."""
+    try:
+        if peer_id in policy.banned:
+            raise AdmissionError(f"{peer_id} is banned from this swarm")
+        if admission is None:
+            raise AdmissionError("no admission")
+        adm = Admission.decode(admission)
+        adm.check(policy.swarm_id, policy.coordinator_key, peer_id, now, policy.clock_skew_s)
+        if owner_role(job) not in adm.roles:
+            raise AdmissionError(f"the admission does not name job {job!r}")
+    except AdmissionError as e:
+        raise RecordError(
+            f"records of job {job!r} must be signed by its owner or the coordinator: {e}"
+        ) from None
 
 
 def _unpack(data: bytes, limit: int) -> Any:

@@ -1,8 +1,12 @@
 """DHT keys and MQTT topics of a swarm, their lifetimes, and the protocol version.
 
 Every DHT key is ``potluck/<swarm>/<name>``; record kinds are fixed per name so a validator knows which
-schema and which signer a key requires. Lifetimes are upper bounds a validator enforces: a record whose
-expiration lies further ahead is refused, so a leaked or replayed record cannot outlive its purpose.
+schema and which signer a key requires. A swarm's first job (its coordinator's) keeps the swarm-level
+``job``, ``plan`` and ``progress`` names; each job added to the swarm (``potluck launch --join``) has
+its own under ``<job>/job``, ``<job>/plan``, ``<job>/progress`` (``JobKeys``), signed by the swarm's
+coordinator or by the job's owner, whose admission names the job (``admission.owner_role``).
+Lifetimes are upper bounds a validator enforces: a record whose expiration lies further ahead is
+refused, so a leaked or replayed record cannot outlive its purpose.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ class KeySpec:
 
     name: str
     kind: str  # record kind expected in the envelope
-    signer: str  # "subkey": signed by the peer named by the subkey; "coordinator": by the job's owner
+    # "subkey": signed by the peer named by the subkey; "coordinator": by the swarm's coordinator;
+    # "job": by the swarm's coordinator or by the owner of the job the key name starts with
+    signer: str
     max_ttl_s: float  # furthest allowed expiration, seconds after now
 
 
@@ -35,10 +41,63 @@ PLAN = KeySpec("plan", "TrainPlan", signer="coordinator", max_ttl_s=3600.0)
 PROGRESS = KeySpec("progress", "Progress", signer="subkey", max_ttl_s=600.0)
 BANS = KeySpec("bans", "BanList", signer="coordinator", max_ttl_s=3600.0)
 TOKENS = KeySpec("tokens", "TokenUses", signer="coordinator", max_ttl_s=3600.0)
+# Several jobs on one swarm (docs/multijob.md): the leases of the round, and the jobs offered to it
+ALLOCATION = KeySpec("allocation", "Allocation", signer="coordinator", max_ttl_s=3600.0)
+JOBS = KeySpec("jobs", "JobOffer", signer="subkey", max_ttl_s=600.0)
 
 KEY_SPECS: dict[str, KeySpec] = {
-    spec.name: spec for spec in (PEERS, LINKS, JOB, PLAN, PROGRESS, BANS, TOKENS)
+    spec.name: spec for spec in (PEERS, LINKS, JOB, PLAN, PROGRESS, BANS, TOKENS, ALLOCATION, JOBS)
 }
+# The names each added job has of its own, as "<job>/<name>"
+JOB_SCOPED: dict[str, KeySpec] = {
+    "job": KeySpec("job", "JobSpec", signer="job", max_ttl_s=3600.0),
+    "plan": KeySpec("plan", "TrainPlan", signer="job", max_ttl_s=3600.0),
+    "progress": PROGRESS,
+}
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # records.Name
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The key names of one job's records: the swarm-level ones for the swarm's first job (``home``)."""
+
+    job_name: str
+    home: bool = True
+
+    def _name(self, base: str) -> str:
+        return base if self.home else scoped(self.job_name, base)
+
+    @property
+    def job(self) -> str:
+        return self._name(JOB.name)
+
+    @property
+    def plan(self) -> str:
+        return self._name(PLAN.name)
+
+    @property
+    def progress(self) -> str:
+        return self._name(PROGRESS.name)
+
+
+def scoped(job: str, base: str) -> str:
+    """The key name of ``job``'s own ``base`` records (``base`` in ``JOB_SCOPED``)."""
+    if not JOB_NAME_RE.match(job) or base not in JOB_SCOPED:
+        raise RecordError(f"no job-scoped key {job!r}/{base!r}")
+    return f"{job}/{base}"
+
+
+def split_name(name: str) -> tuple[str | None, KeySpec]:
+    """(the job a job-scoped name belongs to, or None; the name's spec); ``RecordError`` if unknown."""
+    job, sep, base = name.partition("/")
+    if not sep:
+        spec = KEY_SPECS.get(name)
+        if spec is None:
+            raise RecordError(f"unknown record name {name!r}; known: {sorted(KEY_SPECS)}")
+        return None, spec
+    if not JOB_NAME_RE.match(job) or base not in JOB_SCOPED:
+        raise RecordError(f"unknown record name {name!r}")
+    return job, JOB_SCOPED[base]
 
 
 def check_swarm_id(swarm_id: str) -> str:
@@ -52,8 +111,7 @@ def check_swarm_id(swarm_id: str) -> str:
 def dht_key(swarm_id: str, name: str) -> str:
     """The DHT key under which records named ``name`` of swarm ``swarm_id`` live."""
     check_swarm_id(swarm_id)
-    if name not in KEY_SPECS:
-        raise RecordError(f"unknown record name {name!r}; known: {sorted(KEY_SPECS)}")
+    split_name(name)
     return f"potluck/{swarm_id}/{name}"
 
 

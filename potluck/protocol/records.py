@@ -10,7 +10,14 @@ from __future__ import annotations
 import json
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from potluck import __version__
 
@@ -58,6 +65,17 @@ class Hardware(BaseModel):
     # arithmetic (the planner caps them further: coordinator/job/claims.py)
     tflops_fp32: float = Field(ge=0.0, le=10_000.0, allow_inf_nan=False)
     tflops_bf16: float = Field(ge=0.0, le=10_000.0, allow_inf_nan=False)
+    # Work slots the peer offers on its device: 2 lets the planner place two replicas or two stages on
+    # it, run tick-tock (docs/ticktock.md). Written only when not 1, so a one-slot peer's record is
+    # byte for byte what releases without the field sign and accept.
+    slots: int = Field(default=1, ge=1, le=2)
+
+    @model_serializer(mode="wrap")
+    def _omit_default_slots(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        if out.get("slots") == 1:
+            del out["slots"]
+        return out
 
     @property
     def label(self) -> str:

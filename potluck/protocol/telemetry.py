@@ -150,6 +150,21 @@ class StageView(BaseModel):
     peers: list[PeerId] = Field(max_length=4096)
 
 
+class JobShareView(BaseModel):
+    """One job on a swarm of several (docs/multijob.md): its lease and shares of the allocation."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+    job: str = Field(max_length=64)
+    own: bool = False  # the swarm's own job (its coordinator's)
+    weight: Num = 1.0
+    step: int = Field(default=0, ge=0)
+    steps: int = Field(default=0, ge=0)
+    peers: list[PeerId] = Field(default_factory=list, max_length=4096)  # leased this round
+    allocation: Num = 0.0  # the policy's time fraction, summed over peer classes
+    received: Num = 0.0  # the share of its time it has held peers so far, summed over classes
+
+
 class MemberView(BaseModel):
     """A peer with a valid heartbeat in the DHT, as the coordinator verified it."""
 
@@ -176,6 +191,10 @@ class CoordinatorStatus(_Message):
     spares: dict[PeerId, Text] = Field(default_factory=dict, max_length=4096)
     members: dict[PeerId, MemberView] = Field(default_factory=dict, max_length=4096)
     reason: Text = ""
+    # Several jobs on one swarm: every job and its shares (empty on a one-job swarm), the lease round
+    jobs: list[JobShareView] = Field(default_factory=list, max_length=256)
+    lease_round: int | None = Field(default=None, ge=0)
+    lease_end: Num | None = None
 
 
 class LinkView(BaseModel):

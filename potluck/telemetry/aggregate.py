@@ -144,6 +144,10 @@ class SwarmView:
             "at": now,
             "job": None if c is None else self._job(c),
             "plan": None if c is None or c.epoch is None else self._plan(c, now),
+            "jobs": [] if c is None else [j.model_dump() for j in c.jobs],
+            "lease": None
+            if c is None or c.lease_round is None
+            else {"round": c.lease_round, "end": c.lease_end},
             "peers": peers,
             "counts": counts,
             "links": [] if self.links is None else [link.model_dump() for link in self.links.links],

@@ -148,6 +148,27 @@ class LocalSwarm:
         old.log.rename(log)
         self.procs[f"{name}-{n}"] = Proc(f"{name}-{n}", old.popen, log)
 
+    def start_job(self, name: str, job_file: Path, *extra: str) -> Proc:
+        """``potluck launch JOB_FILE --join`` as process ``name``: another job on this swarm, its owner's
+        key in ``<root>/<name>.pem`` (docs/multijob.md)."""
+        assert self.invite is not None, "start the coordinator first"
+        return self._spawn(
+            name,
+            [
+                "launch",
+                str(job_file),
+                "--join",
+                self.invite.encode(),
+                "--identity",
+                str(self.root / f"{name}.pem"),
+                "--host-maddrs",
+                self.placement(name)[1],
+                "--poll-interval",
+                "1",
+                *extra,
+            ],
+        )
+
     def start_peer(self, name: str, *extra: str) -> Proc:
         assert self.invite is not None, "start the coordinator first"
         return self._spawn(

@@ -114,7 +114,9 @@ def test_a_peer_joining_mid_run_is_a_spare_at_once_then_placed_with_its_layers_o
         job_file,
         swarm_id="join-test",
         peer_args=peer_args,
-        coordinator_args=("--json",),
+        # A low margin: whether placing pays at 1.5x depends on how fast this machine runs the steps
+        # left when the newcomer is ready (the verdict itself is unit-tested); this test is about placing.
+        coordinator_args=("--json", "--join-margin", "0.5"),
         verbose=1,
     ) as swarm:
         invite = swarm.start_coordinator()

@@ -25,10 +25,11 @@ from potluck.peer.config import WorkerConfig
 from potluck.peer.errors import StepAborted
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.peer.worker import PlanWorker, failure_reason
+from potluck.protocol.allocation import Allocation
 from potluck.protocol.envelope import Verified
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.keys import JOB, PLAN, PROGRESS
+from potluck.protocol.keys import ALLOCATION, JOB, PLAN, PROGRESS
 from potluck.protocol.records import Record
 from potluck.protocol.training import Progress, StageAssignment, TrainPlan
 
@@ -49,6 +50,10 @@ class FakeNode:
 
     async def fetch(self, name: str) -> list[Verified]:
         return [Verified(name, None, r, b"k" * 32, time.time() + 60) for r in self.records.get(name, [])]
+
+    async def read_allocation(self) -> Allocation | None:
+        found = [r for r in self.records.get(ALLOCATION.name, []) if isinstance(r, Allocation)]
+        return max(found, key=lambda r: (r.round, r.issued_at), default=None)
 
     async def publish(self, name: str, record: Record, ttl_s: float, subkey: Any = None) -> bool:
         assert name == PROGRESS.name and isinstance(record, Progress)

@@ -52,3 +52,43 @@ def test_links_carry_the_measured_pairs_and_the_planners_estimates():
     got = links[(P[0], P[1])]
     assert (got.mb_s, got.rtt_ms, got.measured) == (100.0, 2.0, True)
     assert sum(x.measured for x in links.values()) == 1
+
+
+def test_status_lists_every_job_with_its_lease_and_shares_on_a_swarm_of_several_jobs():
+    from potluck.coordinator.telemetry import JobLoad
+    from potluck.protocol.allocation import Allocation, ClassShare, ClassWorkers, Lease, RowShare
+    from potluck.telemetry.aggregate import SwarmView
+
+    rows = [
+        RowShare(
+            jobs=[job], present_s=100.0, shares=[ClassShare(peer_class="cpu", allocation=x, received_s=r)]
+        )
+        for job, x, r in ((JOB.name, 0.5, 40.0), ("other", 0.5, 60.0))
+    ]
+    alloc = Allocation(
+        round=3,
+        policy="max_min",
+        lease_start=1.0,
+        lease_end=61.0,
+        solved_at=1.0,
+        classes=[ClassWorkers(peer_class="cpu", workers=4)],
+        rows=rows,
+        leases=[
+            Lease(jobs=[JOB.name], peer_class="cpu", peers=P[:2]),
+            Lease(jobs=["other"], peer_class="cpu", peers=P[2:]),
+        ],
+        issued_at=1.0,
+    )
+    loads = {JOB.name: JobLoad(1.0, 12, JOB.steps), "other": JobLoad(2.0, 7, 50)}
+    m = moment()
+    st = swarm_status(Moment(m.job, m.plan, m.progress, m.state, "", False, None, alloc, loads), ME, 5.0)
+    shares = {j.job: j for j in st.jobs}
+    assert shares[JOB.name].own and shares[JOB.name].peers == P[:2] and shares[JOB.name].received == 0.4
+    other = shares["other"]
+    assert (other.own, other.weight, other.step, other.steps, other.peers) == (False, 2.0, 7, 50, P[2:])
+    assert (other.allocation, other.received, st.lease_round) == (0.5, 0.6, 3)
+    assert swarm_status(moment(), ME, 5.0).jobs == []  # a one-job swarm shows no allocation
+    view = SwarmView("s", b"k" * 32)
+    view.coordinator = st
+    snap = view.snapshot(5.0)
+    assert [j["job"] for j in snap["jobs"]] == sorted(shares) and snap["lease"] == {"round": 3, "end": 61.0}

@@ -171,10 +171,27 @@ function renderEvents(s) {
   $("telemetry").textContent = `${t.messages} telemetry messages, ${t.rejected} refused${t.why ? ` (last: ${t.why})` : ""}`;
 }
 
+function renderJobs(s) {
+  // Several jobs on one swarm: each job's leased peers, the policy's share and the share received.
+  const jobs = s.jobs || [];
+  $("jobs-card").hidden = jobs.length === 0;
+  if (!jobs.length) return;
+  $("lease").textContent = s.lease ? `round ${s.lease.round}` : "";
+  const head = el("tr", {}, ...["job", "step", "weight", "leased peers", "allocation", "received"].map((h) => el("th", {}, h)));
+  const body = el("tbody");
+  for (const j of jobs) {
+    const peers = el("td", { class: "mono" }, j.peers.length ? j.peers.map(short).join(", ") : "none");
+    body.append(el("tr", {}, el("td", {}, j.own ? `${j.job} (own)` : j.job), el("td", {}, `${j.step} / ${j.steps}`),
+      el("td", {}, j.weight), peers, el("td", {}, j.allocation.toFixed(2)), el("td", {}, j.received.toFixed(2))));
+  }
+  $("jobs").replaceChildren(el("table", { id: "jobs-table" }, el("thead", {}, head), body));
+}
+
 function render(s) {
   renderHeader(s);
   renderCounts(s);
   renderPlan(s);
+  renderJobs(s);
   renderCharts(s);
   renderContribution(s);
   renderLinks(s);

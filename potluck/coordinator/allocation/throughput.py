@@ -1,0 +1,159 @@
+"""Effective throughput: each job's rate (steps/s) on each peer class, as the policies see it.
+
+- **Prior** (``prior_rate``): until a job has run on a class, the cost model's arithmetic
+  (``placement.costmodel``: FLOPs and bytes of state of the job's ``ModelSpec``) over the class's
+  slowest member: the step's FLOPs split evenly over the job's workers, plus the activations of a step
+  crossing one stage boundary over the class's uplink when it runs on more than one peer. Zero where
+  the model's state does not fit in the workers' memory.
+- **Measured** (``observe``): an exponential moving average of steps/s from the job's progress records,
+  ``rate <- rate + alpha * (sample - rate)``, alpha = 0.3 (a sample per round; about 3 rounds to follow
+  a change). Measured rates replace the prior once a sample exists.
+- **Churn discount** (``churn_discount``): a class whose peers leave at ``lambda`` departures per
+  peer-second costs the job ``recovery_s`` seconds of a peer's work per departure (the state hand-off
+  and re-plan), so its useful share of time is ``1 / (1 + lambda * recovery_s)``. ``lambda`` counts
+  departures over observed peer-seconds plus a pseudo-observation of ``PRIOR_PEER_S`` peer-seconds
+  without a departure, so a class seen for minutes is not written off after one leaver.
+
+Co-located (space-shared) rates have no prior: a pair of jobs is offered a shared row only once its
+rates have been measured (Gavel estimates them by matrix completion; not done here).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from potluck.coordinator.allocation.classes import ClassProfile
+from potluck.coordinator.allocation.problem import Array
+from potluck.coordinator.placement.costmodel import (
+    BatchSpec,
+    ModelShape,
+    StepJob,
+    layer_memory,
+    micro_batch_flops,
+)
+from potluck.protocol.jobspec import JobSpec
+
+logger = logging.getLogger(__name__)
+
+EMA_ALPHA = 0.3
+PRIOR_PEER_S = 6 * 3600.0  # pseudo-observation: six peer-hours without a departure
+DEFAULT_UPLINK_GBPS = 0.02  # an undeclared home uplink: 20 Mbit/s
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class RateEstimate:
+    """A job's measured rate on a class: steps/s, and how many samples made it."""
+
+    rate: float
+    samples: int = 1
+
+
+@dataclass(frozen=True)
+class ChurnStats:
+    """How long a class's peers were watched (peer-seconds) and how many of them left meanwhile."""
+
+    peer_s: float = 0.0
+    departures: int = 0
+
+
+def observe(
+    prev: RateEstimate | None, steps: float, seconds: float, alpha: float = EMA_ALPHA
+) -> RateEstimate:
+    """Fold one progress sample (``steps`` done in ``seconds`` of lease time) into the estimate."""
+    if seconds <= 0 or steps < 0:
+        return prev if prev is not None else RateEstimate(0.0, 0)
+    sample = steps / seconds
+    if prev is None or prev.samples == 0:
+        return RateEstimate(sample, 1)
+    return RateEstimate(prev.rate + alpha * (sample - prev.rate), prev.samples + 1)
+
+
+def churn_discount(stats: ChurnStats | None, recovery_s: float) -> float:
+    """The share of a class's lease time that is useful work, in (0, 1] (see the module docstring)."""
+    if stats is None or recovery_s <= 0:
+        return 1.0
+    lam = stats.departures / (stats.peer_s + PRIOR_PEER_S)  # departures per peer-second
+    return 1.0 / (1.0 + lam * recovery_s)
+
+
+def prior_rate(spec: JobSpec, cls: ClassProfile, workers: int) -> float:
+    """Steps/s the cost model expects of ``spec`` on ``workers`` peers of class ``cls``."""
+    if workers < 1 or cls.tflops <= 0:
+        return 0.0
+    shape = ModelShape.from_spec(spec.model)
+    job = StepJob(shape, BatchSpec(spec.sequences_per_step, spec.batch.micro_batch_size), recompute=False)
+    state, _ = layer_memory(job)
+    total_bytes = state * shape.layers + 2.0 * shape.embed_params * job.bytes_per_param
+    if total_bytes / workers > cls.memory_gb * GB * job.memory_headroom:
+        return 0.0
+    work, head = micro_batch_flops(job)
+    n_micro = spec.sequences_per_step / spec.batch.micro_batch_size
+    compute_s = n_micro * (work * shape.layers + head) / (workers * cls.tflops * 1e12)
+    comm_s = 0.0
+    if workers > 1:
+        # fp16 activations forward and their gradients back, across one stage boundary, in bits
+        bits = 2 * 2.0 * spec.batch.tokens_per_step * shape.d_model * 8.0
+        comm_s = bits / ((cls.uplink_gbps or DEFAULT_UPLINK_GBPS) * GB)
+    return 1.0 / (compute_s + comm_s)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Effective rates as the allocator reads them; a (job, class) not listed runs at 0 steps/s."""
+
+    single: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (job, class) -> steps/s
+    # (job a, job b, class) -> (a's, b's) steps/s when the two share the class's workers; a < b
+    paired: Mapping[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+
+    def matrix(self, jobs: Sequence[str], classes: Sequence[str]) -> Array:
+        return np.array([[self.single.get((j, c), 0.0) for c in classes] for j in jobs], dtype=float)
+
+    def pair_rows(self, jobs: Sequence[str], classes: Sequence[str]) -> tuple[list[tuple[int, int]], Array]:
+        """Pairs of jobs (indices) with a measured co-located rate on some class, and those rates."""
+        index = {j: i for i, j in enumerate(jobs)}
+        found: dict[tuple[int, int], Array] = {}
+        for (a, b, c), (ra, rb) in sorted(self.paired.items()):
+            if a in index and b in index and c in classes:
+                ia, ib = sorted((index[a], index[b]))
+                if (ia, ib) not in found:
+                    found[(ia, ib)] = np.zeros((len(classes), 2))
+                first, second = (ra, rb) if index[a] < index[b] else (rb, ra)
+                found[(ia, ib)][list(classes).index(c)] = (first, second)
+        pairs = sorted(found)
+        rates = np.array([found[p] for p in pairs]).reshape(len(pairs), len(classes), 2)
+        return pairs, rates
+
+
+def estimate(
+    jobs: Mapping[str, tuple[JobSpec | None, int]],
+    classes: Mapping[str, ClassProfile],
+    measured: Mapping[tuple[str, str], RateEstimate],
+    churn: Mapping[str, ChurnStats] | None = None,
+    recovery_s: float = 60.0,
+    paired: Mapping[tuple[str, str, str], tuple[float, float]] | None = None,
+) -> Throughput:
+    """Rates for every (job, class): measured where sampled, else the prior of the job's spec and scale
+    (``jobs``: job -> (spec or None, workers)); both times the class's churn discount."""
+    churn = churn or {}
+    single: dict[tuple[str, str], float] = {}
+    for job, (spec, workers) in jobs.items():
+        for name, cls in classes.items():
+            est = measured.get((job, name))
+            if est is not None and est.samples > 0:
+                rate = est.rate
+            else:
+                rate = prior_rate(spec, cls, workers) if spec is not None else 0.0
+            single[(job, name)] = rate * churn_discount(churn.get(name), recovery_s)
+    pair_out = {
+        key: (
+            ra * churn_discount(churn.get(key[2]), recovery_s),
+            rb * churn_discount(churn.get(key[2]), recovery_s),
+        )
+        for key, (ra, rb) in (paired or {}).items()
+    }
+    return Throughput(single, pair_out)
