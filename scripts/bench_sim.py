@@ -14,6 +14,10 @@ Steps (each on the reference setup of ``potluck/sim/reference.py``, churn ``potl
 6. The loopback chaos run P (``scripts/bench_churn.py``) replayed: predicted steps/s against measured.
 
     .venv/bin/python scripts/bench_sim.py [--peers 10000] [--hours 24] [--json] [--csv-dir DIR]
+        [--plot-dir DIR]
+
+--plot-dir writes PNGs (matplotlib, ``pip install 'potluck[sim]'``): ``day.png`` (the headline trace
+under each variant), ``policies.png`` (step 5) and ``dht.png`` (step 1).
 
 With --json the last line is one JSON object (``peers``, ``sim_hours``, ``wall_s``,
 ``fraction_of_static_optimum``, ``decision_s_max``, ``liveput_gain``, and the rest).
@@ -33,10 +37,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from potluck.sim.dht import measure
+from potluck.sim.plot import dht_png, throughput_png
 from potluck.sim.reference import reference
 from potluck.sim.replay import load_run, replay
 from potluck.sim.report import summarize, write_csv
 from potluck.sim.run import RunConfig, simulate
+from potluck.sim.runconfig import RunResult
+
+RUNS: dict[str, RunResult] = {}  # every run by name, for the plots
 
 
 def one(peers: int, hours: float, seed: int, csv_dir: str, name: str, **kw: Any) -> dict[str, Any]:
@@ -47,6 +55,7 @@ def one(peers: int, hours: float, seed: int, csv_dir: str, name: str, **kw: Any)
         setup.pop, setup.trace, setup.job, cfg, setup.planner, np.random.default_rng(seed), setup.fresh
     )
     out = {"peers": peers, **summarize(res, time.perf_counter() - t0)}
+    RUNS[name] = res
     if csv_dir:
         out["csv"] = str(write_csv(res, Path(csv_dir) / f"{name}.csv"))
     print(
@@ -57,6 +66,23 @@ def one(peers: int, hours: float, seed: int, csv_dir: str, name: str, **kw: Any)
         flush=True,
     )
     return out
+
+
+def plots(out: Path, dht: list[dict[str, float]], headline: str) -> list[str]:
+    day = {
+        n: RUNS[n]
+        for n in ("repair", "repair-background", "repair-liveput", "repair-equal-search")
+        if n in RUNS
+    }
+    written = [throughput_png(day, out / "day.png", f"{headline}: repair and its variants")]
+    compare = {n.removeprefix("compare-"): r for n, r in RUNS.items() if n.startswith("compare-")}
+    if compare:
+        written.append(throughput_png(compare, out / "policies.png", "policies compared"))
+    if dht:
+        written.append(dht_png(dht, out / "dht.png"))
+    for path in written:
+        print(f"[plot] {path}", flush=True)
+    return [str(p) for p in written]
 
 
 def main() -> int:
@@ -73,6 +99,7 @@ def main() -> int:
     ap.add_argument("--liveput-peers", type=int, default=2000)
     ap.add_argument("--liveput-hours", type=float, default=12.0)
     ap.add_argument("--csv-dir", default="")
+    ap.add_argument("--plot-dir", default="", help="write day.png, policies.png and dht.png here")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     t_all = time.perf_counter()
@@ -179,6 +206,8 @@ def main() -> int:
             f"predicted, {r['measured_recovery_total_s']} s measured",
             flush=True,
         )
+    if args.plot_dir:
+        summary["plots"] = plots(Path(args.plot_dir), dht, f"{args.peers} peers, {args.hours:g} h")
     summary["bench_wall_s"] = round(time.perf_counter() - t_all, 1)
     print(
         f"headline: {args.peers} peers x {args.hours} h in {summary['wall_s']} s (target <= 600 s); kept "

@@ -27,6 +27,7 @@ COMMANDS: tuple[str, ...] = (
     "potluck.cli.plan_cmd",
     "potluck.cli.generate_cmd",
     "potluck.cli.testbed_cmd",
+    "potluck.cli.sim_cmd",
 )
 
 app = typer.Typer(

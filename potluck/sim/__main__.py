@@ -1,8 +1,8 @@
-"""``python -m potluck.sim``: run the simulator from a shell (``potluck sim`` is not wired yet).
+"""``potluck sim`` (or ``python -m potluck.sim``): run the swarm simulator from a shell.
 
-    python -m potluck.sim run --peers 1000 --hours 2 --policy repair [--churn-aware] [--csv out.csv]
-    python -m potluck.sim dht --peers 1000 3000 10000
-    python -m potluck.sim replay [--trace run.json]
+    potluck sim run --peers 1000 --hours 2 --policy repair [--churn-aware] [--csv out.csv] [--plot out.png]
+    potluck sim dht --peers 1000 3000 10000 [--plot dht.png]
+    potluck sim replay [--trace run.json]
 
 Each prints one JSON object (a summary) on its last line.
 """
@@ -20,6 +20,8 @@ import numpy as np
 
 from potluck.sim.coordinator import POLICIES
 from potluck.sim.dht import measure
+from potluck.sim.errors import SimError
+from potluck.sim.plot import dht_png, throughput_png
 from potluck.sim.reference import reference
 from potluck.sim.replay import REFERENCE_RUN, load_run, replay
 from potluck.sim.report import summarize, write_csv
@@ -45,11 +47,14 @@ def _run(args: argparse.Namespace) -> dict[str, object]:
     out = {"peers": args.peers, **summarize(res, time.perf_counter() - t0)}
     if args.csv:
         out["csv"] = str(write_csv(res, Path(args.csv)))
+    if args.plot:
+        title = f"{args.peers} peers, {args.hours:g} h, policy {args.policy}"
+        out["plot"] = str(throughput_png({args.policy: res}, Path(args.plot), title))
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m potluck.sim", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m potluck.sim") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description="The swarm simulator (docs/sim.md).")
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="one simulated run of the reference job and churn trace")
     r.add_argument("--peers", type=int, default=1000, help="live volunteers at any time (about)")
@@ -61,9 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--pool", type=int, default=96, help="peers the coordinator plans over")
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--csv", default="", help="write tokens/s over time here")
+    r.add_argument("--plot", default="", help="write a PNG of tokens/s and the fraction kept here")
     d = sub.add_parser("dht", help="Kademlia traffic per peer at each size")
     d.add_argument("--peers", type=int, nargs="+", default=[1000, 3000, 10000])
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--plot", default="", help="write a PNG of the load against N here")
     p = sub.add_parser("replay", help="replay a bench_churn.py --json run and compare its throughput")
     p.add_argument("--trace", default=str(REFERENCE_RUN))
     p.add_argument("--fast-detect-share", type=float, default=0.3)
@@ -72,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         out: object = _run(args)
     elif args.cmd == "dht":
-        out = [measure(n, np.random.default_rng(args.seed)) for n in args.peers]
+        rows = [measure(n, np.random.default_rng(args.seed)) for n in args.peers]
+        if args.plot:
+            dht_png(rows, Path(args.plot))
+        out = rows
     else:
         out = replay(load_run(Path(args.trace)), fast_detect_share=args.fast_detect_share)
     sys.stdout.write(json.dumps(out) + "\n")
@@ -80,4 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except SimError as e:  # a message the user can act on, not a traceback
+        sys.stderr.write(f"error: {e}\n")
+        raise SystemExit(2) from None

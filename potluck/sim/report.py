@@ -1,7 +1,5 @@
-"""Summaries of simulated runs: one JSON-ready dict per run, and CSV time series.
-
-Plots: matplotlib is not a dependency of potluck (and not installed here), so the simulator writes CSV
-(one row per sample: hour, tokens/s, static optimum's tokens/s) that any plotting tool reads.
+"""Summaries of simulated runs: one JSON-ready dict per run, and CSV time series (one row per sample:
+hour, tokens/s, static optimum's tokens/s) that any tool reads; PNG plots are ``plot.py``'s.
 """
 
 from __future__ import annotations
@@ -66,8 +64,8 @@ def write_csv(res: RunResult, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["hour", "tokens_per_s", "optimum_tokens_per_s"])
-        for t, rate, opt in res.samples:
-            w.writerow([f"{t:.4f}", f"{rate:.1f}", f"{opt:.1f}"])
+        w.writerow(["hour", "tokens_per_s", "optimum_tokens_per_s", "tokens", "optimum_tokens"])
+        for (t, rate, opt), (_, done, best) in zip(res.samples, res.totals, strict=True):
+            w.writerow([f"{t:.4f}", f"{rate:.1f}", f"{opt:.1f}", f"{done:.0f}", f"{best:.0f}"])
     logger.info("wrote %s", path)
     return path

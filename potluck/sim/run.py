@@ -217,6 +217,7 @@ class _Run:
             self.res.optimum_s.append(d.decision_s)
         elif kind == "sample":
             self.res.samples.append((now / HOUR, self.rate, self.opt_rate))
+            self.res.totals.append((now / HOUR, self.res.tokens, self.res.optimum_tokens))
         return kind != "end"
 
     def periodic(self) -> None:

@@ -49,6 +49,9 @@ class RunResult:
     optimum_tokens: float = 0.0
     decisions: list[dict[str, float]] = field(default_factory=list)
     samples: list[tuple[float, float, float]] = field(default_factory=list)  # (t h, rate, optimum rate)
+    # (t h, tokens trained so far, the optimum's tokens so far), at each sample: the rates are snapshots
+    # and miss the stalls between samples; these totals do not
+    totals: list[tuple[float, float, float]] = field(default_factory=list)
     optimum_s: list[float] = field(default_factory=list)
     placed_departures: int = 0
     joins: int = 0
