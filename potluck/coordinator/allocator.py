@@ -21,13 +21,16 @@ from potluck.coordinator.admit import AdmissionDesk
 from potluck.coordinator.allocation import (
     AllocationError,
     AllocConfig,
+    ChurnStats,
     JobDemand,
     PeerInfo,
     RateEstimate,
     allocate,
+    classify,
     estimate,
     group,
     observe,
+    watch_churn,
 )
 from potluck.coordinator.config import AllocatorConfig
 from potluck.coordinator.job.lease import job_scale
@@ -68,6 +71,10 @@ class Allocator:
         self._published_at = -1e9  # monotonic
         self._lapsing: tuple[Allocation, float] | None = None  # the last record, until it expires (DHT time)
         self._refused: set[tuple[str, str]] = set()  # (job, owner) offers refused, logged once
+        # Churn per class (``allocation.watch_churn``): the live peers' classes at the last poll (and its
+        # DHT time); the rates of classes whose peers leave are discounted
+        self.churn: dict[str, ChurnStats] = {}
+        self._seen: tuple[dict[str, str], float] | None = None
 
     async def restore(self) -> None:
         """Carry on from the newest allocation in the DHT (a restarted coordinator)."""
@@ -112,6 +119,7 @@ class Allocator:
             return
         peers = [self._peer_info(swarm, p) for p in sorted(swarm.peers) if p not in swarm.leaving]
         self._observe(now)
+        self._watch(peers, now)
         demands = [
             JobDemand(
                 job=name,
@@ -123,7 +131,8 @@ class Allocator:
             for name, st in sorted(jobs.items())
         ]
         classes = group(peers)
-        tp = estimate({d.job: (jobs[d.job].spec, d.scale) for d in demands}, classes, self._measured)
+        scaled = {d.job: (jobs[d.job].spec, d.scale) for d in demands}
+        tp = estimate(scaled, classes, self._measured, self.churn, self.cfg.handoff_s)
         policy = AllocConfig(policy=self.cfg.policy, round_s=self.cfg.round_s, handoff_s=self.cfg.handoff_s)
         prev = self.record if self.record is not None and set(self.record.jobs) else None
         try:
@@ -190,6 +199,14 @@ class Allocator:
         records = await bounded(self.node.fetch(keys.progress), self.timeout_s, f"reading {job} progress")
         steps = [v.record.step for v in records if isinstance(v.record, Progress)]
         return self._specs[job], max(steps, default=0)
+
+    def _watch(self, peers: list[PeerInfo], now: float) -> None:
+        """Count this poll's departures and watched peer-seconds per class (``watch_churn``)."""
+        classes = {p.peer_id: classify(p) for p in peers}
+        if self._seen is not None:
+            before, at = self._seen
+            self.churn = watch_churn(self.churn, before, classes, now - at)
+        self._seen = (classes, now)
 
     def _observe(self, now: float) -> None:
         """Fold each leased job's steps since the last poll into its measured rate on its lease's class."""

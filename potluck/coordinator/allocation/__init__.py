@@ -19,6 +19,7 @@ from potluck.coordinator.allocation.throughput import (
     estimate,
     observe,
     prior_rate,
+    watch_churn,
 )
 
 __all__ = [
@@ -46,4 +47,5 @@ __all__ = [
     "observe",
     "prior_rate",
     "solve",
+    "watch_churn",
 ]

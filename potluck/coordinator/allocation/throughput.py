@@ -73,6 +73,28 @@ def observe(
     return RateEstimate(prev.rate + alpha * (sample - prev.rate), prev.samples + 1)
 
 
+MAX_WATCH_GAP_S = 120.0  # a longer gap between polls (a stalled coordinator) is not counted as watching
+
+
+def watch_churn(
+    stats: Mapping[str, ChurnStats],
+    before: Mapping[str, str],
+    after: Mapping[str, str],
+    seconds: float,
+) -> dict[str, ChurnStats]:
+    """Fold one poll into each class's churn: ``before`` and ``after`` map the live peers to their class
+    at the last poll and now. Every peer of ``before`` was watched ``seconds`` (capped at
+    ``MAX_WATCH_GAP_S``) in its class then; one absent from ``after`` departed from that class (a graceful
+    leave counts: it costs a hand-off too). A peer that changed class did not depart."""
+    out = dict(stats)
+    watched = min(max(seconds, 0.0), MAX_WATCH_GAP_S)
+    for peer, name in before.items():
+        old = out.get(name, ChurnStats())
+        gone = 0 if peer in after else 1
+        out[name] = ChurnStats(old.peer_s + watched, old.departures + gone)
+    return out
+
+
 def churn_discount(stats: ChurnStats | None, recovery_s: float) -> float:
     """The share of a class's lease time that is useful work, in (0, 1] (see the module docstring)."""
     if stats is None or recovery_s <= 0:

@@ -13,8 +13,10 @@ from potluck.coordinator.allocation import (
     group,
     observe,
     prior_rate,
+    watch_churn,
 )
 from potluck.coordinator.allocation.classes import ClassProfile
+from potluck.coordinator.allocation.throughput import MAX_WATCH_GAP_S
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.records import Hardware
 
@@ -83,3 +85,29 @@ def test_churn_discount_is_bounded_and_grows_with_departures():
     assert calm == 1.0 and 0.0 < flaky < 0.9
     one = churn_discount(ChurnStats(peer_s=60, departures=1), 60.0)
     assert one > 0.99  # one leaver in a minute of watching is not yet a pattern
+
+
+def test_watch_churn_counts_leavers_and_watched_time_per_class():
+    before = {"a": "fast", "b": "fast", "c": "slow"}
+    stats = watch_churn({}, before, {"a": "fast", "c": "slow", "d": "slow"}, 10.0)
+    assert stats == {"fast": ChurnStats(20.0, 1), "slow": ChurnStats(10.0, 0)}  # b left; d is new
+    stats = watch_churn(stats, {"a": "fast", "c": "slow"}, {"a": "slow", "c": "slow"}, 10.0)
+    assert stats["fast"] == ChurnStats(30.0, 1)  # a changed class: not a departure
+    stalled = watch_churn({}, {"a": "fast"}, {"a": "fast"}, 3600.0)
+    assert stalled["fast"].peer_s == MAX_WATCH_GAP_S  # a stalled coordinator did not watch for an hour
+    assert watch_churn({}, {"a": "fast"}, {}, -5.0)["fast"] == ChurnStats(0.0, 1)  # a clock step back
+
+
+def test_a_churning_class_is_discounted_in_the_estimate():
+    classes = group([PeerInfo("p1", hw(tflops=30.0)), PeerInfo("p2", hw(name="RTX 4090", tflops=80.0))])
+    names = sorted(classes)
+    calm = estimate({"j": (job(), 1)}, classes, {})
+    churn = {names[0]: ChurnStats(peer_s=36_000.0, departures=1_200)}  # ten peers, one leaver in 30 s
+    flaky = estimate({"j": (job(), 1)}, classes, {}, churn, recovery_s=30.0)
+    lam = 1_200 / (36_000.0 + 6 * 3600.0)  # departures per peer-second, with six calm peer-hours as prior
+    expected = calm.single[("j", names[0])] / (1.0 + lam * 30.0)
+    assert (
+        flaky.single[("j", names[0])] == pytest.approx(expected)
+        and expected < 0.7 * calm.single[("j", names[0])]
+    )
+    assert flaky.single[("j", names[1])] == calm.single[("j", names[1])]
