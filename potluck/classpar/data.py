@@ -27,7 +27,7 @@ from potluck.classpar.errors import ImageFolderError
 try:  # Pillow is optional: without it only .npy and netpbm files are read
     from PIL import Image as _PILImage
 except ImportError:  # pragma: no cover - depends on the environment
-    _PILImage = None
+    _PILImage = None  # type: ignore[assignment, unused-ignore]
 
 logger = logging.getLogger(__name__)
 

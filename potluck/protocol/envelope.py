@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from potluck.protocol import identity as ident
 from potluck.protocol.admission import Admission, BanList, TokenUses, owner_role
 from potluck.protocol.allocation import Allocation
+from potluck.protocol.classpar import ClassParPlan, ClassParSubnet, ClassParTeacher
 from potluck.protocol.errors import AdmissionError, RecordError
 from potluck.protocol.jobs import JobOffer
 from potluck.protocol.jobspec import JobSpec
@@ -44,6 +45,9 @@ RECORD_TYPES: dict[str, type[Record]] = {
         TokenUses,
         Allocation,
         JobOffer,
+        ClassParPlan,
+        ClassParTeacher,
+        ClassParSubnet,
     )
 }
 

@@ -11,8 +11,17 @@ from __future__ import annotations
 import math
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from potluck.protocol.classpar import NUM_GENERATED_CLASSES, ClassParSpec
 from potluck.protocol.records import Name, Record
 
 CodecSpec = str  # a potluck.compression spec string; validated by ``get_codec`` where it is used
@@ -175,12 +184,25 @@ class LimitsSpec(_Section):
     replicas: int | None = Field(default=None, ge=1, le=100_000)  # force a data-parallel width
 
 
+JobKind = Literal["pipeline", "class_parallel"]
+# A class-parallel job trains no transformer: its [model] and [batch] may be left out, and stand for
+# this smallest valid one (nothing reads them; the planner's code paths stay typed as they are).
+_UNUSED_MODEL = {"n_layers": 1, "d_model": 8, "n_heads": 1, "vocab_size": 2, "seq_len": 2}
+_UNUSED_BATCH = {"tokens_per_step": 2, "micro_batch_size": 1}
+
+
 class JobSpec(Record):
-    """What the coordinator is asked to train. Signed by the coordinator, stored under the job key."""
+    """What the coordinator is asked to train. Signed by the coordinator, stored under the job key.
+
+    ``kind``: "pipeline" (a transformer over pipeline stages and replicas) or "class_parallel" (the
+    ``[class_parallel]`` section: sub-networks per class group, docs/class-parallel.md). A pipeline
+    job's record is written without the two fields, byte for byte what releases without them sign."""
 
     KIND: ClassVar[str] = "JobSpec"
 
     name: Name
+    kind: JobKind = "pipeline"
+    class_parallel: ClassParSpec | None = None
     seed: int = Field(default=0, ge=0, lt=2**63)
     steps: int = Field(default=100, ge=1, le=10**9)
     min_peers: int = Field(default=1, ge=1, le=100_000)
@@ -193,6 +215,39 @@ class JobSpec(Record):
     sync: SyncSpec = Field(default_factory=SyncSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     trust: TrustSpec = Field(default_factory=TrustSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _class_parallel_needs_no_model(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("kind") == "class_parallel":
+            data = dict(data)
+            data.setdefault("model", _UNUSED_MODEL)
+            data.setdefault("batch", _UNUSED_BATCH)
+            data.setdefault("class_parallel", {})
+        return data
+
+    @model_serializer(mode="wrap")
+    def _omit_pipeline_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        if out.get("kind") == "pipeline":
+            del out["kind"]
+        if out.get("class_parallel", 0) is None:
+            del out["class_parallel"]
+        return out
+
+    @model_validator(mode="after")
+    def _class_parallel_section(self) -> JobSpec:
+        if self.kind == "pipeline" and self.class_parallel is not None:
+            raise ValueError("a [class_parallel] section needs kind = 'class_parallel'")
+        if self.kind == "class_parallel":
+            assert self.class_parallel is not None  # filled in before validation
+            if self.data.source != "generated":
+                raise ValueError(
+                    "kind = 'class_parallel' reads the procedural image set only (data.source = "
+                    "'generated'); image folders are not served over the swarm yet"
+                )
+            self.class_parallel.check_classes(NUM_GENERATED_CLASSES)
+        return self
 
     @model_validator(mode="after")
     def _batch_holds_sequences(self) -> JobSpec:

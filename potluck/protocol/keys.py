@@ -2,9 +2,10 @@
 
 Every DHT key is ``potluck/<swarm>/<name>``; record kinds are fixed per name so a validator knows which
 schema and which signer a key requires. A swarm's first job (its coordinator's) keeps the swarm-level
-``job``, ``plan`` and ``progress`` names; each job added to the swarm (``potluck launch --join``) has
-its own under ``<job>/job``, ``<job>/plan``, ``<job>/progress`` (``JobKeys``), signed by the swarm's
-coordinator or by the job's owner, whose admission names the job (``admission.owner_role``).
+``job``, ``plan`` and ``progress`` names (a class-parallel job also ``classpar``, ``classpar-teacher``
+and ``classpar-subnets``); each job added to the swarm (``potluck launch --join``) has its own under
+``<job>/job``, ``<job>/plan``, ``<job>/progress`` (``JobKeys``), signed by the swarm's coordinator or
+by the job's owner, whose admission names the job (``admission.owner_role``).
 Lifetimes are upper bounds a validator enforces: a record whose expiration lies further ahead is
 refused, so a leaked or replayed record cannot outlive its purpose.
 """
@@ -44,15 +45,36 @@ TOKENS = KeySpec("tokens", "TokenUses", signer="coordinator", max_ttl_s=3600.0)
 # Several jobs on one swarm (docs/multijob.md): the leases of the round, and the jobs offered to it
 ALLOCATION = KeySpec("allocation", "Allocation", signer="coordinator", max_ttl_s=3600.0)
 JOBS = KeySpec("jobs", "JobOffer", signer="subkey", max_ttl_s=600.0)
+# Class-parallel jobs (docs/class-parallel.md): the plan, the teacher, the sub-networks peers hold
+CLASSPAR = KeySpec("classpar", "ClassParPlan", signer="coordinator", max_ttl_s=3600.0)
+CLASSPAR_TEACHER = KeySpec("classpar-teacher", "ClassParTeacher", signer="subkey", max_ttl_s=3600.0)
+CLASSPAR_SUBNETS = KeySpec("classpar-subnets", "ClassParSubnet", signer="subkey", max_ttl_s=600.0)
 
 KEY_SPECS: dict[str, KeySpec] = {
-    spec.name: spec for spec in (PEERS, LINKS, JOB, PLAN, PROGRESS, BANS, TOKENS, ALLOCATION, JOBS)
+    spec.name: spec
+    for spec in (
+        PEERS,
+        LINKS,
+        JOB,
+        PLAN,
+        PROGRESS,
+        BANS,
+        TOKENS,
+        ALLOCATION,
+        JOBS,
+        CLASSPAR,
+        CLASSPAR_TEACHER,
+        CLASSPAR_SUBNETS,
+    )
 }
 # The names each added job has of its own, as "<job>/<name>"
 JOB_SCOPED: dict[str, KeySpec] = {
     "job": KeySpec("job", "JobSpec", signer="job", max_ttl_s=3600.0),
     "plan": KeySpec("plan", "TrainPlan", signer="job", max_ttl_s=3600.0),
     "progress": PROGRESS,
+    "classpar": KeySpec("classpar", "ClassParPlan", signer="job", max_ttl_s=3600.0),
+    "classpar-teacher": CLASSPAR_TEACHER,
+    "classpar-subnets": CLASSPAR_SUBNETS,
 }
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # records.Name
 
@@ -78,6 +100,18 @@ class JobKeys:
     @property
     def progress(self) -> str:
         return self._name(PROGRESS.name)
+
+    @property
+    def classpar(self) -> str:
+        return self._name(CLASSPAR.name)
+
+    @property
+    def classpar_teacher(self) -> str:
+        return self._name(CLASSPAR_TEACHER.name)
+
+    @property
+    def classpar_subnets(self) -> str:
+        return self._name(CLASSPAR_SUBNETS.name)
 
 
 def scoped(job: str, base: str) -> str:
