@@ -83,6 +83,10 @@ class JobWatcher:
         if not same:
             console.print(plan_table(plan, reason))
             return
+        if plan.stop_at is not None:
+            console.print(
+                f"plan epoch {plan.epoch} pauses after step {plan.stop_at}: {reason}", highlight=False
+            )
         for spare in plan.spares:
             console.print(
                 f"spare in plan epoch {plan.epoch}: {spare.peer_id[:12]}: {spare.reason}", highlight=False

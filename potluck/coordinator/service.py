@@ -24,19 +24,19 @@ from potluck.coordinator.allocator import Allocator
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.copies import OwnerCopy
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers
-from potluck.coordinator.job.claims import overclaimed
 from potluck.coordinator.job.handoff import handoff_step, typical_step_s
 from potluck.coordinator.job.improve import ImproveConfig
 from potluck.coordinator.job.joins import JoinDesk
-from potluck.coordinator.job.lease import leased_state
-from potluck.coordinator.job.plan import calibrated_tflops, device_of, make_train_plan, usable_peers
+from potluck.coordinator.job.lease import leased_state, pause_reason, pause_step, paused_action
+from potluck.coordinator.job.plan import device_of, make_train_plan, usable_peers
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
 from potluck.coordinator.job.resume import checkpoint_step, live_step, resume_point
+from potluck.coordinator.job.speeds import MeasuredSpeeds
 from potluck.coordinator.placement import PlacementPlan
+from potluck.coordinator.probes import probe_suspects
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
 from potluck.net.admit import admitted
-from potluck.net.dial import reachable
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
 from potluck.protocol.admission import JoinToken
@@ -97,8 +97,7 @@ class CoordinatorService:
         self.finished = asyncio.Event()  # set when the job reached its last step everywhere
         self.last_reason = ""
         self.accuse = AccuseConfig()
-        self.measured: dict[str, float] = {}  # peer -> TFLOP/s measured on this job (its latest plan)
-        self.distrusted: set[str] = set()  # peers measured far below their claims (job/claims.py)
+        self.speeds = MeasuredSpeeds()  # TFLOP/s measured on this job, and the peers that overclaim
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
         self._probed: dict[str, float] = {}  # suspect -> the suspicion (DHT time) it was probed for
         self.error: str | None = None  # set when the job was given up (finished is set too)
@@ -303,7 +302,7 @@ class CoordinatorService:
         on_disk = latest_complete(root)
         meta = read_manifest(manifest_path(on_disk.path, 0), on_disk.step, 0).meta if on_disk else None
         live = None
-        if self.plan is not None:
+        if self.plan is not None and self.plan.stop_at is None:  # after a pause: its checkpoint
             progress = self.progress
             live = live_step(
                 self.plan, progress.latest, live_peers, progress.holdings, progress.also_holdings
@@ -323,27 +322,6 @@ class CoordinatorService:
         self.resume_from = "checkpoint" if point.from_checkpoint else "live"
         return point.step
 
-    async def _probe_suspects(self) -> None:
-        """Dial each pending suspect once per suspicion: a crashed peer refuses at once, so the re-plan
-        need not wait out its heartbeat interval. A peer that answers stays pending (its heartbeat
-        decides); the probes run concurrently, each bounded by ``suspect_probe_s``."""
-        assert self.node is not None
-        pending, _ = self.progress.verdicts(self.state, get_dht_time(), self.retry)
-        todo = [p for p in pending if self._probed.get(p) != self.progress.suspects[p]]
-        if not todo:
-            return
-        probes = [
-            reachable(self.node.p2p, p, self.state.peers[p].record.maddrs, self.cfg.suspect_probe_s)
-            for p in todo
-        ]
-        answers = await asyncio.gather(*probes)
-        now = get_dht_time()
-        for peer, ok in zip(todo, answers, strict=True):
-            self._probed[peer] = self.progress.suspects[peer]
-            if not ok:
-                logger.info("suspect %s does not answer a direct probe: confirmed", peer[:12])
-                self.progress.probe_failed(peer, now)
-
     async def _run_job(self) -> None:
         """Plan when enough peers are live; re-plan on churn or failure; finish at the last step."""
         assert self.node is not None
@@ -357,7 +335,10 @@ class CoordinatorService:
                         continue
                 if self.plan is not None and self.on_progress is not None:
                     self.on_progress(self.plan, self.progress)
-                await self._probe_suspects()
+                probe_s = self.cfg.suspect_probe_s
+                await probe_suspects(
+                    self.node.p2p, self.state, self.progress, self.retry, self._probed, probe_s
+                )
                 action, reason = next_action(
                     self.state,
                     self.job,
@@ -367,6 +348,7 @@ class CoordinatorService:
                     usable=usable_peers(self.state, self.job)[0],
                     retry=self.retry,
                 )
+                action, reason = await self._lease_action(action, reason)
                 if action == "hold" and self.last_action != "hold":
                     logger.info("%s", reason)  # once per broken plan; the next action says what follows
                 self.last_action = action
@@ -374,6 +356,8 @@ class CoordinatorService:
                     await self._replan(reason, failed=action == "replan", handoff=action == "leave")
                 elif action == "wait":
                     await self._tend_joiners()
+                elif action == "paused":
+                    self.last_reason = reason
                 elif action == "fail":
                     self.error = f"job {self.job.name} failed: {reason}; last error: {self.last_reason}"
                     logger.error("%s", self.error)
@@ -396,6 +380,30 @@ class CoordinatorService:
                     self.finished.set()
             except Exception:  # one bad round must not end the service
                 logger.exception("job round failed")
+
+    async def _lease_action(self, action: str, reason: str) -> tuple[str, str]:
+        """Several jobs on one swarm (``job/lease.py``): pause when the lease leaves too few peers to plan
+        with, and resume ("plan") from the pause's checkpoint once it gives enough back."""
+        plan = self.plan
+        if plan is not None and plan.stop_at is not None and plan.status == "training":
+            reached = {p: r.step for p, r in self.progress.latest.items()}
+            act, told = paused_action(self.state, plan, self.job.min_peers, reached)
+            return ("plan" if act == "plan" else "paused"), told
+        leased, moving = self.allocation is not None, action in ("leave", "replan")
+        why = pause_reason(self.state, plan, self.job.min_peers, leased) if moving else None
+        if plan is None or why is None:
+            return action, reason
+        lead_s = self.cfg.handoff_lead_s + 2 * self.cfg.poll_interval_s
+        step_s, h = typical_step_s(self.progress.latest.values()), self.job.compression.sync_every
+        at = pause_step(self.progress.step(plan), step_s, lead_s, self.job.steps, h)
+        if at is None:
+            return action, reason  # too close to the end: finish instead (the leavers wait for it)
+        await self._publish_plan(plan.model_copy(update={"stop_at": at, "issued_at": get_dht_time()}))
+        self.last_reason = f"{why}: pausing after step {at}"
+        logger.info("plan epoch %d pauses: %s", plan.epoch, self.last_reason)
+        if self.on_plan is not None:
+            self.on_plan(self.plan or plan, self.last_reason)
+        return "paused", self.last_reason
 
     def _links_pending(self) -> bool:
         """Before the first plan: give the peers' first link reports up to ``link_wait_s`` to arrive."""
@@ -452,21 +460,8 @@ class CoordinatorService:
             await self._replan(reason, handoff=True, candidate=(ev.plan, ev.placement))
 
     def _speeds(self) -> dict[str, float]:
-        """Every peer's TFLOP/s measured on this job, from the plan it last ran in; notes the peers whose
-        measurement fell far below their claim (their later claims are not believed)."""
-        if self.plan is not None:
-            self.measured.update(calibrated_tflops(self.plan, self.job, self.progress.compute_s))
         claims = {p: device_of(v.record).tflops for p, v in self.state.peers.items()}
-        for peer in overclaimed(claims, self.measured):
-            if peer not in self.distrusted:
-                self.distrusted.add(peer)
-                logger.warning(
-                    "peer %s claims %.3g TFLOP/s but measured %.3g on this job: its claims are not believed",
-                    peer,
-                    claims[peer],
-                    self.measured[peer],
-                )
-        return dict(self.measured)
+        return self.speeds.update(self.plan, self.job, self.progress.compute_s, claims)
 
     async def _read_progress(self) -> None:
         assert self.node is not None
@@ -562,7 +557,7 @@ class CoordinatorService:
                 self.placement,
                 None,
                 speeds,
-                frozenset(self.distrusted),
+                frozenset(self.speeds.distrusted),
             )
         if plan is None:
             if reason != self.last_reason:

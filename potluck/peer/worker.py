@@ -164,6 +164,7 @@ class PlanWorker:
         plan = max(plans, key=lambda p: p.epoch)
         if self.plan is not None and plan.epoch <= self.plan.epoch:
             if plan.epoch == self.plan.epoch:
+                self._note_stop(plan)
                 await self._note_spare(plan)
             return
         at = self._last_report.step + 1 if self._last_report is not None else None  # before the switch
@@ -222,7 +223,7 @@ class PlanWorker:
             return True
         running = self.running()
         under_way = not placed and not running and await self.under_way(plan)
-        done = plan.status == "done"
+        done = plan.status == "done" or (plan.stop_at is not None and not running)  # ended, or paused
         view = LeaveView(move.since, move.placed_at_start, placed, running, under_way, done, 1)
         decision, why = leave_verdict(view, now, self.cfg.move_timeout_s)
         if decision == "go":
@@ -304,6 +305,14 @@ class PlanWorker:
                 on_ready=lambda: self._took_state(plan, stage, replica),
             )
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
+            if trainer.step < job.steps:  # a pause (TrainPlan.stop_at): the job goes on later
+                why = f"paused at step {trainer.step}: the job waits for its lease (checkpoint kept)"
+                await self._publish(
+                    plan, stage, replica, trainer.step, state="waiting", message=why, force=True
+                )
+                self.activity.spared(plan.job, plan.epoch, why)
+                logger.info("%s", why)
+                return
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
             self.activity.finished(trainer.step)
             logger.info("finished the job at step %d", trainer.step)
@@ -532,6 +541,17 @@ class PlanWorker:
         logger.warning("plan epoch %d: %s; reporting it", plan.epoch, why)
         await self._publish(plan, pos[0], pos[1], held.meta.step, state="failed", message=why, force=True)
         return True
+
+    def _note_stop(self, plan: TrainPlan) -> None:
+        """The followed epoch re-published with a pause (``TrainPlan.stop_at``): the run stops after that
+        step, with a checkpoint of it (docs/multijob.md, "Pauses")."""
+        old = self.plan
+        if old is None or plan.issued_at <= old.issued_at or plan.stop_at == old.stop_at:
+            return
+        self.plan = plan if old.position(self.peer_id) is not None else old  # spares: _note_spare's
+        if self._running is not None and plan.stop_at is not None:
+            logger.info("plan epoch %d pauses after step %d", plan.epoch, plan.stop_at)
+            self._running.stop_step = plan.stop_at
 
     def _spare_reason(self, plan: TrainPlan) -> str:
         return next((s.reason for s in plan.spares if s.peer_id == self.peer_id), "not placed by the plan")

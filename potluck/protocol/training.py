@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from potluck.protocol.jobspec import AggregationRule
-from potluck.protocol.records import Name, NonNegFloat, PeerId, Record, ShortText
+from potluck.protocol.records import Name, NonNegFloat, PeerId, Record, ShortText, canonical_json
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
 
@@ -75,6 +75,11 @@ class TrainPlan(Record):
     # Where start_step's state is: in live peers' memory ("live": replicas of every stage survived) or in
     # checkpoints only ("checkpoint": some stage lost every replica). Peers ask the likelier holders first.
     resume_from: Literal["live", "checkpoint"] = "live"
+    # A pause (several jobs on one swarm, docs/multijob.md): the placed peers stop after this step, each
+    # with a checkpoint of it, and the job waits for its lease to give it enough peers again. Set by
+    # re-publishing the running epoch; None (the default, left out of the signed bytes so that peers of
+    # an older version still read every plan that does not pause): train to the job's last step.
+    stop_at: int | None = Field(default=None, ge=1, le=10**9)
     issued_at: NonNegFloat
 
     @model_validator(mode="after")
@@ -91,7 +96,15 @@ class TrainPlan(Record):
             if seen & set(st.peers) or len(set(st.peers)) != len(st.peers):
                 raise ValueError(f"stage {j} repeats a peer: a peer runs at most one stage")
             seen |= set(st.peers)
+        if self.stop_at is not None and self.stop_at < self.start_step:
+            raise ValueError(f"stop_at {self.stop_at} is before the plan's start step {self.start_step}")
         return self
+
+    def canonical_bytes(self) -> bytes:
+        body = self.model_dump(mode="json")
+        if body.get("stop_at") is None:
+            body.pop("stop_at", None)  # as older versions sign and read it
+        return canonical_json(body)
 
     @property
     def n_layers(self) -> int:

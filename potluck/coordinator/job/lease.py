@@ -3,13 +3,16 @@
 A job plans only over the peers its lease names. Peers its running plan places but the lease no longer
 names are treated like peers leaving gracefully (``next_action`` -> "leave"): they still hold the
 job's state and train on to the hand-off step of the job's next plan, so moving to another job loses
-no committed step of this one.
+no committed step of this one. When the peers left to it are too few to plan with, the job pauses
+(``pause_reason``, ``paused_action``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
+from potluck.coordinator.job.handoff import handoff_step
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.allocation import Allocation
 from potluck.protocol.training import TrainPlan
@@ -41,3 +44,48 @@ def job_scale(min_peers: int, stages: int | None, replicas: int | None) -> int:
     if stages is None and replicas is None:
         return min_peers
     return max(min_peers, (stages or 1) * (replicas or 1))
+
+
+def pause_reason(state: SwarmState, plan: TrainPlan | None, min_peers: int, leased: bool) -> str | None:
+    """Why to pause the job now, or None. Under an allocation (``leased``), a training plan whose lease
+    moved placed peers away (they are listed leaving) while fewer than ``min_peers`` others remain cannot
+    be re-planned without them: it pauses instead (``TrainPlan.stop_at``), so its peers stop together at
+    a step, each with a checkpoint of it, and go; the job resumes from that checkpoint when its lease
+    gives it enough peers again. No committed step is lost."""
+    if not leased or plan is None or plan.status != "training" or plan.stop_at is not None:
+        return None
+    moving = [p for p in plan.peers if p in state.leaving]
+    staying = [p for p in state.peers if p not in state.leaving]
+    if not moving or len(staying) >= min_peers:
+        return None
+    return (
+        f"the lease moves {len(moving)} placed peer(s) away and {len(staying)} of the {min_peers} "
+        "the job needs remain"
+    )
+
+
+def paused_action(
+    state: SwarmState, plan: TrainPlan, min_peers: int, reached: Mapping[str, int]
+) -> tuple[str, str]:
+    """What a paused job (``plan.stop_at`` set) does: ("plan", why) once its lease gives it ``min_peers``
+    usable peers and every placed peer still live reached the stop step (``reached``: peer ->
+    newest step it reported), else ("wait", why)."""
+    assert plan.stop_at is not None
+    usable = [p for p in state.peers if p not in state.leaving]
+    if len(usable) < min_peers:
+        return "wait", f"paused after step {plan.stop_at}: {len(usable)} of {min_peers} peers leased"
+    # the leavers too: they stop at the pause, with their checkpoint, before they go (peer/worker.py)
+    live = set(state.peers) | set(state.leaving)
+    behind = [p for p in plan.peers if p in live and reached.get(p, -1) < plan.stop_at]
+    if behind:
+        return "wait", f"pausing after step {plan.stop_at}: {len(behind)} placed peer(s) not there yet"
+    return "plan", f"resuming from the pause at step {plan.stop_at}: {len(usable)} peers leased"
+
+
+def pause_step(reported: int, step_s: float, lead_s: float, steps: int, sync_every: int) -> int | None:
+    """The step a pause stops after: the hand-off step (``handoff.handoff_step``: far enough ahead for the
+    re-published plan to reach every peer), rounded up to a DiLoCo sync (replicas agree at syncs only).
+    None when that is the job's last steps: it finishes instead."""
+    at, _ = handoff_step(reported, step_s, lead_s, steps)
+    at = -(-at // sync_every) * sync_every
+    return at if at < steps - 1 else None

@@ -212,6 +212,9 @@ class Trainer:
                 cfg.evidence_timeout_s,
             )
         self.step = plan.start_step  # the next step to run
+        # A paused job (TrainPlan.stop_at): the run ends after this step, with a checkpoint of it. The
+        # worker may set it while the run is under way (the plan re-published with a pause).
+        self.stop_step: int | None = plan.stop_at
         self.sources = list(sources)
         self.took: tuple[str, float, int] | None = None  # (source, seconds, bytes) of the state it fetched
         self.n_params = sum(p.numel() for p in self.runner.params)
@@ -432,9 +435,10 @@ class Trainer:
 
     async def _maybe_checkpoint(self) -> Path | None:
         done, ck = self.step, self.job.checkpoint
-        if done % ck.interval and done != self.job.steps:
+        last = done in (self.job.steps, self.stop_step)  # the job's end, or a pause (docs/multijob.md)
+        if done % ck.interval and not last:
             return None
-        if self.diloco is not None and done % self.job.compression.sync_every and done != self.job.steps:
+        if self.diloco is not None and done % self.job.compression.sync_every and not last:
             return None  # between syncs the replicas differ: only synced states are checkpointed
         meta = self.stage_meta()  # its step is ``done``
         tensors = self.runner.state_tensors()
@@ -467,7 +471,7 @@ class Trainer:
         end = self.job.steps if until is None else min(until, self.job.steps)
         drain = True
         try:
-            while self.step < end:
+            while self.step < end and (self.stop_step is None or self.step < self.stop_step):
                 report = await self.train_step(self.budget.timeout_s())
                 self.budget.observe(report.seconds)
                 if on_step is not None:

@@ -166,3 +166,52 @@ def test_failure_reason_is_type_and_message_cut_to_a_record():
     assert failure_reason(KeyError("x")) == "KeyError: 'x'"
     assert failure_reason(RuntimeError()) == "RuntimeError"
     assert len(failure_reason(ValueError("y" * 1000))) == 128
+
+
+def _slow_trainer(delay_s: float) -> type[Trainer]:
+    class SlowTrainer(Trainer):
+        async def train_step(self, timeout_s: float | None = None) -> StepReport:
+            await asyncio.sleep(delay_s)  # time for the test to re-publish the plan mid-run
+            return await super().train_step()
+
+    return SlowTrainer
+
+
+async def _pause_mid_run(node: FakeNode, cfg: WorkerConfig, peer_id: str, stop_at: int) -> list[Progress]:
+    """Run the worker; once it reported a step, re-publish its plan's epoch with ``stop_at``; return what
+    it published once it said it waits (or after 30 s)."""
+    worker = PlanWorker(node, peer_id, "swarm-w", cfg)  # type: ignore[arg-type]
+    task = asyncio.create_task(worker.run())
+    try:
+        for _ in range(600):
+            if any(p.state == "training" and p.step >= 1 for p in node.published):
+                break
+            await asyncio.sleep(0.05)
+        [plan] = node.records[PLAN.name]
+        assert isinstance(plan, TrainPlan)
+        paused = plan.model_copy(update={"stop_at": stop_at, "issued_at": plan.issued_at + 1.0})
+        node.records[PLAN.name] = [paused]
+        for _ in range(600):
+            if any(p.state in ("waiting", "done", "failed") for p in node.published) or task.done():
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        task.cancel()
+        await asyncio.wait({task})
+    return node.published
+
+
+def test_a_plan_re_published_with_a_pause_stops_the_run_there_with_a_checkpoint(tmp_path, monkeypatch):
+    peer = Identity.generate().peer_id
+    job = _job(tmp_path)  # 6 steps, checkpoints every 100: only the pause writes one
+    node = _one_peer_swarm(peer, job, epoch=1)
+    monkeypatch.setattr(worker_mod, "Trainer", _slow_trainer(0.3))
+    cfg = WorkerConfig(plan_poll_s=0.05, progress_interval_s=0.0, checkpoint_root=tmp_path / "ckpt")
+
+    published = asyncio.run(_pause_mid_run(node, cfg, peer, stop_at=4))
+
+    assert not [p for p in published if p.state in ("done", "failed")], published
+    [waiting] = [p for p in published if p.state == "waiting"]
+    assert waiting.step == 4 and waiting.message.startswith("paused at step 4"), waiting
+    assert max(p.step for p in published) == 4  # no step past the pause
+    assert [h.step for h in waiting.stored] == [4]  # the pause's checkpoint, on this peer's disk

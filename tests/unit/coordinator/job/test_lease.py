@@ -1,6 +1,9 @@
 """A job's view of the swarm under an allocation, and which job a peer serves (several jobs, one swarm)."""
 
-from potluck.coordinator.job.lease import job_scale, leased_state
+import pytest
+from pydantic import ValidationError
+
+from potluck.coordinator.job.lease import job_scale, leased_state, pause_reason, pause_step, paused_action
 from potluck.coordinator.job.progress import JobProgress, next_action
 from potluck.coordinator.state import SwarmState
 from potluck.peer.lease import HOME, keys_of, leased_job
@@ -85,3 +88,47 @@ def test_the_first_round_leaves_a_running_jobs_placed_peers_with_it():
     for placed in ([P[3], P[1]], [P[2], P[0]]):
         record, _ = allocate(NOW, jobs, peers, rates, AllocConfig(), None, {p: "a" for p in placed})
         assert set(record.peers_of("a")) == set(placed) and set(record.peers_of("b")) == set(P) - set(placed)
+
+
+def test_a_job_left_with_too_few_peers_pauses_then_resumes_once_its_peers_stopped_and_enough_are_back():
+    running = plan([[P[0], P[2]], [P[1], P[3]]])  # 2 x 2, min_peers 3
+    # the lease moves two placed peers to b: two remain, fewer than three
+    view = leased_state(swarm(), allocation({"a": P[:2], "b": P[2:]}), "a", running)
+    why = pause_reason(view, running, 3, leased=True)
+    assert why is not None and "2 of the 3" in why
+    assert pause_reason(view, running, 2, leased=True) is None  # enough remain: an ordinary hand-off
+    assert pause_reason(view, running, 3, leased=False) is None  # no allocation: no pauses
+    paused = running.model_copy(update={"stop_at": 40})
+    assert pause_reason(view, paused, 3, leased=True) is None  # paused already
+
+    # paused: wait while too few are leased, and while placed peers (leavers too) have not stopped
+    act, told = paused_action(view, paused, 3, {p: 40 for p in P})
+    assert act == "wait" and "2 of 3 peers leased" in told
+    back = leased_state(swarm(), allocation({"a": P[:3], "b": P[3:]}), "a", paused)
+    act, told = paused_action(back, paused, 3, {P[0]: 40, P[1]: 40, P[2]: 40, P[3]: 38})
+    assert act == "wait" and "1 placed peer(s) not there yet" in told  # P[3] still trains toward 40
+    act, told = paused_action(back, paused, 3, {P[0]: 40, P[1]: 40, P[2]: 40, P[3]: 40})
+    assert act == "plan" and "resuming from the pause at step 40" in told
+    gone = leased_state(swarm().without([P[3]]), allocation({"a": P[:3]}), "a", paused)
+    assert (
+        paused_action(gone, paused, 3, {p: 40 for p in P[:3]})[0] == "plan"
+    )  # a crashed leaver: not waited for
+
+
+def test_the_pause_step_leads_the_swarm_rounds_up_to_a_sync_and_is_skipped_near_the_end():
+    at = pause_step(100, step_s=0.5, lead_s=4.0, steps=1000, sync_every=1)
+    assert at is not None and 100 < at <= 120  # ahead of the reported step by the plan's travel time
+    synced = pause_step(100, step_s=0.5, lead_s=4.0, steps=1000, sync_every=8)
+    assert synced is not None and synced % 8 == 0 and synced >= at
+    assert pause_step(995, step_s=0.5, lead_s=4.0, steps=1000, sync_every=1) is None
+
+
+def test_a_plan_without_a_pause_signs_the_bytes_older_versions_sign():
+    running = plan([[P[0]], [P[1]]])
+    assert b"stop_at" not in running.canonical_bytes()
+    paused = running.model_copy(update={"stop_at": 7})
+    assert b'"stop_at":7' in paused.canonical_bytes()
+    assert TrainPlan.model_validate_json(paused.canonical_bytes()).stop_at == 7
+    assert TrainPlan.model_validate_json(running.canonical_bytes()).stop_at is None
+    with pytest.raises(ValidationError, match="before the plan's start step"):
+        TrainPlan.model_validate({**running.model_dump(), "start_step": 10, "stop_at": 5})
