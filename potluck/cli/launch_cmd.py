@@ -217,7 +217,11 @@ async def _run(
 
     mqtt = await stack.open_broker() if join is None else join.mqtt  # before the invite: it carries it
     cfg = dataclasses.replace(cfg, mqtt_url=mqtt)
-    service = CoordinatorService(cfg, job) if join is None else JoinedJobService(cfg, job, join)
+    service: CoordinatorService
+    if job.kind == "class_parallel":  # docs/class-parallel.md
+        service = _classpar_service(cfg, job, join)
+    else:
+        service = CoordinatorService(cfg, job) if join is None else JoinedJobService(cfg, job, join)
 
     def on_change(state: SwarmState, joined: list[str], left: list[str]) -> None:
         for pid in joined:
@@ -233,6 +237,17 @@ async def _run(
             await _serve(service, stack, stop, invite_file, as_json)
     finally:
         await stack.stop()
+
+
+def _classpar_service(cfg: CoordinatorConfig, job: JobSpec, join: Invite | None) -> CoordinatorService:
+    """A class-parallel job's coordinator (docs/class-parallel.md), printing each plan it publishes."""
+    from potluck.coordinator.classpar_service import ClassParService
+
+    service = ClassParService(cfg, job, join=join)
+    service.on_classpar = lambda plan, reason: err_console.print(
+        f"class-parallel plan epoch {plan.epoch} ({plan.status}): {reason}", highlight=False
+    )
+    return service
 
 
 async def _serve(

@@ -30,6 +30,7 @@ from potluck.net.links import LinkProber, choose_targets
 from potluck.net.node import SwarmNode
 from potluck.net.reachout import dial_public
 from potluck.net.streams import Streams
+from potluck.peer.classpar import ClassParWorker
 from potluck.peer.config import PeerConfig
 from potluck.peer.leave import LeaveView, leave_verdict
 from potluck.peer.probe import apply_caps, pick_device, probe
@@ -150,6 +151,8 @@ class PeerDaemon:
             )
             self.worker.activity.on_event = self.telemetry.event
             tasks["train"] = self.worker.run()
+            # a class-parallel job's part (peer/classpar.py): idle unless the swarm's job is one
+            tasks["classpar"] = ClassParWorker(self.node, self.cfg.invite.swarm_id, self.policy).run()
         hw = self.hardware
         self.telemetry.event("joined", f"{hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32", {})
         try:

@@ -1,0 +1,162 @@
+"""The client half of class-parallel serving (``potluck serve``): join, read the plan, fan queries out.
+
+``ServeClient.connect`` joins the swarm as a DHT client with a throwaway key, trades the invite's token
+for an admission (holders serve admitted peers only), finds the job's keys and waits for its
+``ClassParPlan`` to say "serving". ``query`` asks every coded worker's holder at once and decodes from
+the first replies that determine every group (``classpar.fanout.first_decodable``); without parity it
+needs every group's reply. A dead holder's stream fails and a hung one is cancelled: every wait is
+bounded by the query's timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from potluck.aio import bounded
+from potluck.classpar import merge
+from potluck.classpar.errors import CodeError
+from potluck.classpar.fanout import first_decodable
+from potluck.classpar.recipe import make_code
+from potluck.net.admit import ask_admission
+from potluck.net.classpar import ScoresRequest, ask_scores
+from potluck.net.config import NetworkConfig
+from potluck.net.dial import dht_addresses, reachable
+from potluck.net.node import SwarmNode
+from potluck.net.streams import Streams
+from potluck.protocol.classpar import ClassParPlan
+from potluck.protocol.envelope import TrustPolicy
+from potluck.protocol.errors import RecordError
+from potluck.protocol.identity import Identity, peer_id_from_public_key
+from potluck.protocol.invite import Invite
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.keys import JOB, PEERS, JobKeys
+from potluck.protocol.records import PeerRecord
+
+logger = logging.getLogger(__name__)
+
+PLAN_POLL_S = 1.0
+# One coded worker's reply: a holder's (N, |g|) array, from (worker, images)
+Ask = Callable[[int, np.ndarray], Awaitable[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    scores: np.ndarray  # (N, K) float32, class order
+    workers: list[int]  # the coded workers whose replies were decoded, in arrival order
+    latency_s: float
+
+
+def merge_groups(plan: ClassParPlan, blocks: Sequence[np.ndarray]) -> np.ndarray:
+    """(N, K) float32 scores in class order from each group's (N, |g|) block (decoded: float64)."""
+    tensors = [torch.from_numpy(np.asarray(b, dtype=np.float32)) for b in blocks]
+    return merge.merge_scores(tensors, plan.groups).numpy()
+
+
+async def answer(plan: ClassParPlan, ask: Ask, x: np.ndarray, timeout_s: float) -> Answer:
+    """Ask every coded worker of ``plan`` for ``x`` and decode (the network is in ``ask``)."""
+    started = time.monotonic()
+    code = make_code(plan.code, len(plan.groups), plan.parity)
+    if plan.parity == 0:  # uncoded: every group's reply, whatever their sizes
+        tasks = [asyncio.ensure_future(ask(w, x)) for w in range(code.n)]
+        try:
+            blocks = await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
+        except Exception as e:
+            raise CodeError(f"an uncoded group did not answer within {timeout_s} s: {e}") from None
+        finally:
+            for t in tasks:
+                t.cancel()
+        return Answer(merge_groups(plan, blocks), list(range(code.n)), time.monotonic() - started)
+    decoded, used = await first_decodable(code, [ask(w, x) for w in range(code.n)], timeout_s=timeout_s)
+    return Answer(merge_groups(plan, list(decoded)), used, time.monotonic() - started)
+
+
+class ServeClient:
+    def __init__(
+        self, node: SwarmNode, swarm_id: str, keys: JobKeys, plan: ClassParPlan, timeout_s: float
+    ) -> None:
+        self.node, self.swarm_id, self.keys, self.plan = node, swarm_id, keys, plan
+        self.timeout_s = timeout_s
+        self.streams = Streams(node.p2p)
+        self.streams.credentials = lambda: node.admission
+        self._addresses = dht_addresses(node)
+        self._qids = itertools.count(1)
+
+    @classmethod
+    async def connect(
+        cls, invite: Invite, net: NetworkConfig, job: str, timeout_s: float, wait_s: float
+    ) -> ServeClient:
+        """Join, get admitted, and wait up to ``wait_s`` for ``job``'s plan to be serving."""
+        net = dataclasses.replace(net, host_maddrs=("/ip4/127.0.0.1/tcp/0",), announce_maddrs=())
+        policy = TrustPolicy(invite.swarm_id, invite.coordinator_key, require_admission=True)
+        node = await SwarmNode.start(Identity.generate(), policy, net, invite.bootstrap, client_mode=True)
+        try:
+            coordinator = peer_id_from_public_key(invite.coordinator_key)
+            adm = await ask_admission(
+                Streams(node.p2p), coordinator, invite.swarm_id, invite.token, timeout_s
+            )
+            node.admission = adm.encode()
+            keys = await bounded(_job_keys(node, job), timeout_s, "reading the job")
+            plan = await _serving_plan(node, keys, job, wait_s, timeout_s)
+            client = cls(node, invite.swarm_id, keys, plan, timeout_s)
+            await client.meet_holders()
+        except BaseException:
+            await node.shutdown()
+            raise
+        return client
+
+    async def meet_holders(self) -> None:
+        """Connect to every holder at its announced addresses, so the first query does not pay the dials."""
+        found = await bounded(self.node.fetch(PEERS.name), self.timeout_s, "reading the peers")
+        maddrs = {v.record.peer_id: v.record.maddrs for v in found if isinstance(v.record, PeerRecord)}
+        holders = sorted(self.plan.holders)
+        await asyncio.gather(
+            *(reachable(self.node.p2p, p, maddrs.get(p, []), self.timeout_s) for p in holders)
+        )
+
+    async def _ask(self, worker: int, x: np.ndarray, qid: int) -> np.ndarray:
+        req = ScoresRequest(self.plan.job, worker, qid, x)
+        peer = self.plan.workers[worker]
+        return await ask_scores(self.streams, peer, self.swarm_id, req, self.timeout_s, self._addresses)
+
+    async def query(self, x: np.ndarray) -> Answer:
+        """The merged (N, K) scores of images ``x`` (N, 1, H, W)."""
+        qid = next(self._qids)
+        return await answer(self.plan, lambda w, xs: self._ask(w, xs, qid), x, self.timeout_s)
+
+    async def close(self) -> None:
+        await self.node.shutdown()
+
+
+async def _job_keys(node: SwarmNode, job: str) -> JobKeys:
+    """The swarm's own job's keys when it is ``job``, else ``job``'s job-scoped ones."""
+    home = [v.record for v in await node.fetch(JOB.name) if isinstance(v.record, JobSpec)]
+    if any(j.name == job for j in home):
+        return JobKeys(job, home=True)
+    return JobKeys(job, home=False)
+
+
+async def _serving_plan(
+    node: SwarmNode, keys: JobKeys, job: str, wait_s: float, timeout_s: float
+) -> ClassParPlan:
+    deadline = time.monotonic() + wait_s
+    seen = "no class-parallel plan"
+    while True:
+        found = await bounded(node.fetch(keys.classpar), timeout_s, "reading the plan")
+        plans = [v.record for v in found if isinstance(v.record, ClassParPlan) and v.record.job == job]
+        plan = max(plans, key=lambda p: (p.epoch, p.status == "serving"), default=None)
+        if plan is not None and plan.status == "serving":
+            return plan
+        if plan is not None:
+            seen = f"plan epoch {plan.epoch} is {plan.status}"
+        if time.monotonic() >= deadline:
+            raise RecordError(f"job {job!r} is not serving within {wait_s:.0f} s: {seen}")
+        await asyncio.sleep(PLAN_POLL_S)
