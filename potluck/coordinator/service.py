@@ -307,8 +307,10 @@ class CoordinatorService:
             live = live_step(
                 self.plan, progress.latest, live_peers, progress.holdings, progress.also_holdings
             )
-        # Peers' own disks, as their reports suggest; once that failed too, the owner's copy if there is one.
-        reported = checkpoint_step(self.progress.stored, live_peers, self.job.model.n_layers)
+        # Peers' own disks, as their reports suggest (any live peer's: one leased to another job still
+        # serves them); once that failed too, the owner's copy if there is one.
+        disks = set(live_peers) | set(self.swarm.peers)
+        reported = checkpoint_step(self.progress.stored, disks, self.job.model.n_layers)
         if self.progress.failures > LIVE_RESUME_TRIES and meta is not None:
             reported = 0
         if self.progress.failures >= LIVE_RESUME_TRIES and (meta is not None or reported > 0):

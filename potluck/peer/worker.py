@@ -298,6 +298,8 @@ class PlanWorker:
                 identity=self.identity,
             )
             trainer.audit.excluded = self.node.policy.banned  # live: the ban list as the daemon reads it
+            if self.plan is not None and self.plan.epoch == plan.epoch:  # a pause may have come meanwhile
+                trainer.stop_step = self.plan.stop_at
             run = self._running = trainer
             self.activity.gradient_ratio = trainer.gradient_ratio()
             await trainer.run(
