@@ -26,5 +26,5 @@ start=$(date +%s)
 echo "==> ruff";  ruff check potluck tests scripts && ruff format --check potluck tests scripts
 echo "==> mypy";  mypy
 echo "==> pytest"
-pytest -q -p no:cacheprovider "$@"
+pytest -q -p no:cacheprovider --durations=25 "$@"
 echo "==> suite took $(( $(date +%s) - start )) s"
