@@ -25,7 +25,7 @@ from potluck.errors import PotluckError
 from potluck.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
-    from potluck.net.classpar_client import ServeClient
+    from potluck.cli.serve_client import ServeClient
 
 MAX_LINE_BYTES = 1 << 20
 SIDE = 16
@@ -83,7 +83,7 @@ async def _serve_lines(client: ServeClient) -> int:
 
 
 async def _run(join: str, job: str, timeout: float, wait: float) -> int:
-    from potluck.net.classpar_client import ServeClient  # hivemind and torch: only once the command runs
+    from potluck.cli.serve_client import ServeClient  # hivemind and torch: only once the command runs
 
     invite = parse_invite(join)
     net = network_config(None, None, "/ip4/127.0.0.1/tcp/0", bootstrap_timeout_s=timeout)
@@ -95,6 +95,9 @@ async def _run(join: str, job: str, timeout: float, wait: float) -> int:
             f"{len(plan.holders)} holders (plan epoch {plan.epoch})",
             err=True,
         )
+        for w, peer in enumerate(plan.workers):
+            role = f"group {plan.groups[w]}" if w < len(plan.groups) else "parity"
+            typer.echo(f"  worker {w}: {peer} ({role})", err=True)
         return await _serve_lines(client)
     finally:
         await client.close()

@@ -185,29 +185,39 @@ class ClassParWorker:
                 logger.info("holding coded worker %d (units %s)", worker, code.support(worker))
 
     async def _load_unit(self, plan: ClassParPlan, unit: int, build: bool) -> None:
+        """Fetch ``unit`` from a peer that holds it; when none does and ``build`` (this peer is its
+        builder), build it from the teacher. A builder dealt a lost group fetches the copy the parity
+        holders keep rather than building another (which would not match their parities bit for bit)."""
         assert self.job is not None and self.job.class_parallel is not None
-        if build:
-            teacher = await self._get_teacher(plan)
-            if teacher is None:
-                return
-            spec, seed, groups = self.job.class_parallel, self.job.seed, plan.groups
-            built = await asyncio.to_thread(recipe.build_unit, teacher, spec, seed, groups, unit)
-            self._keep(unit, built)
+        if await self._fetch_unit(plan, unit) or not build:
             return
+        teacher = await self._get_teacher(plan)
+        if teacher is None:
+            return
+        spec, seed, groups = self.job.class_parallel, self.job.seed, plan.groups
+        built = await asyncio.to_thread(recipe.build_unit, teacher, spec, seed, groups, unit)
+        self._keep(unit, built)
+
+    async def _fetch_unit(self, plan: ClassParPlan, unit: int) -> bool:
+        """True when ``unit`` was fetched (False also when no peer offers it)."""
+        # Its builder first; then any peer the plan names that holds it (a parity holder fetched it too),
+        # each with the hash its own signed record names: the fetched bytes must match it.
         builder = plan.workers[unit]
-        subnets = [
-            v.record
-            for v in await self.node.fetch(self.keys.classpar_subnets)
-            if isinstance(v.record, ClassParSubnet)
+        found = [v.record for v in await self.node.fetch(self.keys.classpar_subnets)]
+        sources = [
+            (rec.peer_id, rec.unit_hashes()[unit])
+            for rec in found
+            if isinstance(rec, ClassParSubnet)
+            and rec.peer_id in plan.holders
+            and rec.peer_id != self.peer_id
+            and rec.matches(plan)
+            and unit in rec.unit_hashes()
         ]
-        for rec in subnets:
-            if rec.peer_id != builder or not rec.matches(plan) or unit not in rec.unit_hashes():
-                continue
-            sha = rec.unit_hashes()[unit]
+        for peer, sha in sorted(sources, key=lambda s: s[0] != builder):
             try:
                 blob = await fetch_blob(
                     self.streams,
-                    builder,
+                    peer,
                     self.swarm_id,
                     plan.job,
                     sha,
@@ -216,8 +226,10 @@ class ClassParWorker:
                     self._addresses,
                 )
                 self._keep(unit, recipe.load_unit(blob, sha, plan.groups[unit]))
+                return True
             except (WireError, ClassParallelError) as e:
-                logger.info("unit %d not fetched from %s: %s", unit, builder[:12], e)
+                logger.info("unit %d not fetched from %s: %s", unit, peer[:12], e)
+        return False
 
     def _keep(self, unit: int, loaded: recipe.Unit) -> None:
         self.units[unit] = loaded

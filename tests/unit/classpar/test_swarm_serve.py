@@ -1,5 +1,5 @@
 """The swarm side of class-parallel serving without the network: what a holder replies
-(``recipe.worker_reply``), what ``potluck serve`` decodes and merges (``classpar_client.answer``), the
+(``recipe.worker_reply``), what ``potluck serve`` decodes and merges (``cli.serve_client.answer``), the
 model blobs peers exchange (``recipe.to_bytes``/``load_unit``) and the bounds on queries."""
 
 import asyncio
@@ -10,9 +10,9 @@ import torch
 
 from potluck.classpar import model, recipe, subnet
 from potluck.classpar.errors import ClassParallelError, CodeError
+from potluck.cli.serve_client import answer
 from potluck.cli.serve_cmd import parse_query
 from potluck.net.classpar import _images
-from potluck.net.classpar_client import answer
 from potluck.protocol.classpar import ClassParPlan
 from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity
