@@ -1,8 +1,12 @@
 """Error feedback as caller-owned state: the part of the signal a codec dropped is added back next time.
 
-    x_t      = g_t + e_{t-1}
+    x_t      = g_t + decay * e_{t-1}
     payload  = encode(x_t)
     e_t      = x_t - decode(payload)
+
+``decay`` (default 1: nothing forgotten) below 1 makes the residual a leaky accumulator of everything
+not sent yet; on DiLoCo pseudo-gradients it then plays the part of the outer optimizer's momentum
+(``peer.collectives.diloco.OuterCodec``).
 
 The state is never global: the caller keeps one ``ErrorFeedback`` per (tensor, destination) and passes
 it as ``state=``. It also holds per-codec extras (e.g. PowerSGD's warm-start factor).
@@ -20,10 +24,13 @@ from .errors import EncodeError
 class ErrorFeedback:
     """Residual of previous encodes (fp32 by default; bf16 halves its memory at some precision cost)."""
 
-    def __init__(self, dtype: torch.dtype = torch.float32, enabled: bool = True) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float32, enabled: bool = True, decay: float = 1.0) -> None:
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise EncodeError(f"error-feedback residual dtype must be fp32/bf16/fp16, not {dtype}")
+        if not 0.0 <= decay <= 1.0:
+            raise EncodeError(f"error-feedback decay must be in [0, 1], not {decay}")
         self.dtype = dtype
+        self.decay = float(decay)
         self.enabled = enabled
         self.residual: torch.Tensor | None = None
         self._spare: torch.Tensor | None = None  # the previous residual's buffer, reused next time
@@ -37,7 +44,8 @@ class ErrorFeedback:
         self.steps = 0
 
     def checked_residual(self, flat: torch.Tensor) -> torch.Tensor | None:
-        """The residual to add to ``flat`` (None on the first call); refuses a mismatched one."""
+        """The residual to add to ``flat`` (None on the first call), already multiplied by ``decay`` (in
+        place: call it once per encode); refuses a mismatched one."""
         if not self.enabled or self.residual is None:
             return None
         if self.residual.numel() != flat.numel() or self.residual.device != flat.device:
@@ -45,6 +53,8 @@ class ErrorFeedback:
                 f"error-feedback state holds {self.residual.numel()} elements on {self.residual.device}, "
                 f"tensor has {flat.numel()} on {flat.device}: use one state per tensor (or reset() it)"
             )
+        if self.decay != 1.0:
+            self.residual.mul_(self.decay)
         return self.residual
 
     def apply(self, flat: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from .errors import DecodeError, SpecError
 from .lossless import ZstdStage
 from .lowrank import PowerSGDStage
 from .quantize import QuantStage
+from .signmag import SignMagStage
 from .sparsify import RandKStage, TopKStage
 from .spec import parse
 from .stages import LosslessStage, SelectStage, Stage, TransformStage, ValueStage
@@ -25,6 +26,7 @@ STAGES: dict[str, type[Stage]] = {
     "int8": QuantStage,
     "int4": QuantStage,
     "int2": QuantStage,
+    "signmag": SignMagStage,
     "topk": TopKStage,
     "randk": RandKStage,
     "powersgd": PowerSGDStage,
@@ -44,7 +46,7 @@ def build_stages(spec: str) -> list[Stage]:
     if ranks != sorted(ranks) or len(set(ranks)) != len(ranks):
         raise SpecError(
             f"bad stage order in {spec!r}: "
-            "use [powersgd] [topk|randk] [none|fp32|fp16|bf16|int8|int4|int2] [zstd]"
+            "use [powersgd] [topk|randk] [none|fp32|fp16|bf16|int8|int4|int2|signmag] [zstd]"
         )
     if not any(isinstance(s, ValueStage) for s in stages):
         stages.insert(sum(r < 2 for r in ranks), RawStage("none", {}))

@@ -9,23 +9,57 @@ notes found to be where aggressive codecs hurt least.
 
 The all-reduce is injected (``allreduce(flat_tensor) -> mean``), so this runs on the tree executor, a
 relaxed round, or an in-process reference with the same code.
+
+Sparse outer sync (``OuterCodec``, issue 22): each replica adds its pseudo-gradient to a decaying
+error-feedback buffer, sends only a coded top-k of that buffer (e.g. ``topk:density=0.03,method=chunk|
+int2|zstd``) and keeps the rest for later syncs. The sparse payloads of different replicas do not sum
+into a sparse payload, so they are exchanged whole: an injected ``allgather(own payloads) -> every
+contributor's payloads`` (each replica uploads one payload per part), and every replica decodes and
+averages the same bytes in the same order, so all replicas apply bit-identical outer steps. With a
+decay below 1 the buffer plays the part of the outer momentum: run it with ``outer_momentum = 0``.
+Without an all-gather the locally decoded sparse pseudo-gradient goes through ``allreduce`` (same
+update, but the bytes are then those of the all-reduce's own codec).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from potluck.compression import Codec, DecodeError, ErrorFeedback, get_codec
 from potluck.peer.config import DiLoCoConfig
 
+logger = logging.getLogger(__name__)
+
 AllReduce = Callable[[torch.Tensor], Awaitable[torch.Tensor]]
+AllGather = Callable[[list[bytes]], Awaitable[Sequence[Sequence[bytes]]]]
+
+
+@dataclass(frozen=True)
+class OuterCodec:
+    """How a replica codes its pseudo-gradient before the exchange (SparseLoCo-style)."""
+
+    spec: str  # any potluck.compression chain, e.g. "topk:density=0.03,method=chunk|int2|zstd"
+    ef_decay: float = 1.0  # residual kept per sync; < 1 makes the residual the outer momentum
+    part_elements: int = 1 << 20  # one payload per this many elements (keys name (sync, part))
+
+    def __post_init__(self) -> None:
+        get_codec(self.spec)  # raises SpecError on a bad chain
+        if not 0.0 <= self.ef_decay <= 1.0:
+            raise ValueError(f"ef_decay must be in [0, 1], not {self.ef_decay}")
+        if self.part_elements < 1:
+            raise ValueError(f"part_elements must be positive, not {self.part_elements}")
 
 
 class DiLoCo:
     """Wraps a model's parameters; call ``after_inner_step`` after every inner optimizer step."""
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], cfg: DiLoCoConfig) -> None:
+    def __init__(
+        self, params: Iterable[torch.nn.Parameter], cfg: DiLoCoConfig, outer_codec: OuterCodec | None = None
+    ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.cfg = cfg
         self.snapshot = [p.detach().clone() for p in self.params]  # parameters at the last sync
@@ -34,21 +68,86 @@ class DiLoCo:
         )
         self.inner_done = 0
         self.syncs = 0
+        self.outer_codec = outer_codec
+        self.codec: Codec | None = get_codec(outer_codec.spec) if outer_codec is not None else None
+        self.numel = sum(s.numel() for s in self.snapshot)
+        part = outer_codec.part_elements if outer_codec is not None else max(1, self.numel)
+        self.parts = [(o, min(part, self.numel - o)) for o in range(0, self.numel, part)]
+        decay = outer_codec.ef_decay if outer_codec is not None else 1.0
+        self.feedback = [ErrorFeedback(decay=decay) for _ in self.parts]
+        self.last_sent: list[bytes] = []  # this replica's payloads of the current sync
 
-    async def after_inner_step(self, allreduce: AllReduce) -> bool:
+    async def after_inner_step(self, allreduce: AllReduce, allgather: AllGather | None = None) -> bool:
         """Count an inner step; every ``inner_steps`` of them, sync. Returns whether it synced."""
         self.inner_done += 1
         if self.inner_done % self.cfg.inner_steps:
             return False
-        await self.sync(allreduce)
+        await self.sync(allreduce, allgather)
         return True
 
-    async def sync(self, allreduce: AllReduce) -> None:
+    def pseudo_gradient(self) -> torch.Tensor:
+        """snapshot - current parameters, flat, on the host (the exchange codes host tensors)."""
         with torch.no_grad():
-            pseudo = torch.cat(
+            return torch.cat(
                 [(s - p.detach()).reshape(-1) for s, p in zip(self.snapshot, self.params, strict=True)]
-            ).cpu()  # the all-reduce codes and sends host tensors (a no-op on a CPU stage)
-        mean = await allreduce(pseudo)
+            ).cpu()
+
+    async def sync(self, allreduce: AllReduce, allgather: AllGather | None = None) -> None:
+        if self.codec is None:
+            mean = await allreduce(self.pseudo_gradient())
+        elif allgather is not None:
+            mean = self.decode_outer(await allgather(self.encode_outer()))
+        else:
+            mean = await allreduce(self.decode_outer([self.encode_outer()]))
+        self.apply_outer(mean)
+
+    def encode_outer(self) -> list[bytes]:
+        """This replica's payloads for the sync: the pseudo-gradient plus the decayed residual, coded per
+        part; what the codec dropped stays in the residual for the next sync."""
+        if self.codec is None:
+            raise ValueError("encode_outer needs an OuterCodec")
+        flat = self.pseudo_gradient()
+        self.last_sent = [
+            self.codec.encode(flat[o : o + n], key=(self.syncs, i), state=ef)
+            for i, ((o, n), ef) in enumerate(zip(self.parts, self.feedback, strict=True))
+        ]
+        return list(self.last_sent)
+
+    def decode_outer(self, contributions: Sequence[Sequence[bytes]]) -> torch.Tensor:
+        """The mean of the contributors' decoded pseudo-gradients (in the given order, so every replica
+        sums alike). Payloads are checked against this job's codec and part sizes before decoding;
+        anything else raises ``DecodeError`` naming the contributor."""
+        if self.codec is None:
+            raise ValueError("decode_outer needs an OuterCodec")
+        if not contributions:
+            raise DecodeError("no contribution to the outer step")
+        acc = torch.zeros(self.numel, dtype=torch.float32)
+        for who, payloads in enumerate(contributions):
+            if len(payloads) != len(self.parts):
+                raise DecodeError(
+                    f"contribution {who} has {len(payloads)} payloads; the pseudo-gradient has "
+                    f"{len(self.parts)} parts"
+                )
+            for (o, n), data in zip(self.parts, payloads, strict=True):
+                try:
+                    self.codec.decode_into(data, acc[o : o + n], accumulate=True)
+                except DecodeError as exc:
+                    raise DecodeError(f"contribution {who}, part at {o}: {exc}") from exc
+        return acc.div_(len(contributions))
+
+    def left_out(self) -> None:
+        """This replica's payloads did not make it into the outer step (a relaxed round dropped them):
+        put what they carried back into the residuals, so nothing is lost, only delayed."""
+        if self.codec is None:
+            return
+        for (_o, n), ef, data in zip(self.parts, self.feedback, self.last_sent, strict=True):
+            if ef.residual is None:
+                ef.residual = torch.zeros(n, dtype=ef.dtype)
+            self.codec.decode_into(data, ef.residual, accumulate=True)
+        self.last_sent = []
+
+    def apply_outer(self, mean: torch.Tensor) -> None:
+        """One outer step with the mean pseudo-gradient; every replica restarts from the result."""
         with torch.no_grad():
             offset = 0
             for s in self.snapshot:
