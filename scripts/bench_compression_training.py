@@ -4,14 +4,15 @@
 Gradient side: 4 data-parallel replicas train the tiny LM of ``bench_codecs.py`` (2 layers, d=64,
 vocab 64, sequences of 32) on the same tokens either as fp32 data parallelism (every step, AdamW on
 the mean gradient: the baseline) or with DiLoCo local steps (``peer.collectives.diloco.DiLoCo``, the
-class a real job runs) whose outer sync sends a SparseLoCo-style coded pseudo-gradient
-(``OuterCodec``: top-k with a decaying error-feedback buffer, 2-bit values, chunked indices, zstd).
+class a real job runs) whose outer sync sends a coded pseudo-gradient with error feedback
+(``OuterCodec``): the headline dense 2-bit scheme (``int2:block=512|zstd``, H=16, outer Nesterov) and,
+for comparison, a SparseLoCo-style one (chunked top-k, 2-bit ``signmag`` values, zstd).
 Bytes are the payloads each replica uploads (``len(codec.encode(...))``: headers, index and scale
 sections and checksums included), against 4 bytes per parameter per replica per step for fp32 data
 parallelism. The gap is (loss - baseline loss) / baseline loss on held-out data, per seed.
 
     python scripts/bench_compression_training.py --json          # reported seeds 0 1 2
-    python scripts/bench_compression_training.py --seeds 5 --scheme H32-topk3     # tuning seed
+    python scripts/bench_compression_training.py --seeds 5 --scheme H16-int2     # tuning seed
 
 The activation side (a learned low-rank bottleneck at a stage boundary) is not measured here yet:
 ``act_ratio`` and ``act_gap_worst`` are null in the JSON line.
@@ -41,23 +42,26 @@ from bench_codecs import TinyLM, lm_loss, make_data  # noqa: E402
 from potluck.peer.collectives.diloco import DiLoCo, OuterCodec  # noqa: E402
 from potluck.peer.config import DiLoCoConfig  # noqa: E402
 
-WORKERS, BATCH, D, LAYERS, SEQ, VOCAB = 4, 8, 64, 2, 32, 64
-SPARSE = "topk:density={d},method=chunk,chunk={c}|int2|zstd"
-
-# name -> H, outer (lr, Nesterov momentum), codec spec or None (uncompressed DiLoCo), EF decay.
-# Chosen on seed 5 (never a reported seed); see docs/benchmarks.md "Compression at the frontier".
+WORKERS, BATCH, SEQ, VOCAB = 4, 8, 32, 64
+MODELS = {"tiny": (64, 2), "d128x4": (128, 4)}  # (width, layers); "tiny" is bench_codecs' model
+# name -> H, outer SGD (lr, Nesterov momentum), codec spec (None: uncompressed DiLoCo), EF decay.
+# Chosen on seeds 5 and 6 (never reported seeds); the sweep is in docs/benchmarks.md, issue 22 section.
 SCHEMES: dict[str, dict[str, Any]] = {
-    "H16-none": {"H": 16, "outer": (1.0, 0.5), "spec": None},
-    "H16-topk3": {"H": 16, "outer": (1.0, 0.0), "spec": SPARSE.format(d=0.03, c=256), "decay": 0.9},
-    "H32-topk3": {"H": 32, "outer": (1.0, 0.0), "spec": SPARSE.format(d=0.03, c=256), "decay": 0.9},
+    # the same local steps without a codec: what the local steps alone cost
+    "H16-fp32": {"H": 16, "outer": (0.8, 0.9), "spec": None},
+    # the headline: dense 2-bit codes (one bf16 scale per 512 values), zstd, error feedback on the
+    # pseudo-gradient before the outer Nesterov step
+    "H16-int2": {"H": 16, "outer": (0.8, 0.9), "spec": "int2:block=512|zstd"},
+    # SparseLoCo-style: chunked top-5% with 2-bit sign/magnitude values and error feedback
+    "H8-topk5": {"H": 8, "outer": (1.0, 0.5), "spec": "topk:density=0.05,method=chunk|signmag|zstd"},
 }
-DEFAULT_SCHEME = "H16-topk3"
+DEFAULT_SCHEME = "H16-int2"
 
 
-def data_parallel(seed: int, steps: int, lr: float) -> dict[str, Any]:
+def data_parallel(seed: int, steps: int, lr: float, model_name: str = "tiny") -> dict[str, Any]:
     """The baseline: every step, AdamW on the mean of the replicas' fp32 gradients."""
     torch.manual_seed(seed)
-    model = TinyLM(VOCAB, D, LAYERS, 4, SEQ)
+    model = TinyLM(VOCAB, *MODELS[model_name], 4, SEQ)
     data, evald = make_data(4096, SEQ, VOCAB, 100 + seed), make_data(256, SEQ, VOCAB, 999)
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=lr)
@@ -79,12 +83,14 @@ def data_parallel(seed: int, steps: int, lr: float) -> dict[str, Any]:
     return {"loss": loss, "bytes": 4 * nparams * WORKERS * steps, "params": nparams}
 
 
-def local_sgd(seed: int, steps: int, lr: float, scheme: dict[str, Any]) -> dict[str, Any]:
+def local_sgd(
+    seed: int, steps: int, lr: float, scheme: dict[str, Any], model_name: str = "tiny"
+) -> dict[str, Any]:
     """DiLoCo replicas on the same tokens as ``data_parallel`` (replica w, step t reads the same batch)."""
     import copy
 
     torch.manual_seed(seed)
-    model = TinyLM(VOCAB, D, LAYERS, 4, SEQ)
+    model = TinyLM(VOCAB, *MODELS[model_name], 4, SEQ)
     data, evald = make_data(4096, SEQ, VOCAB, 100 + seed), make_data(256, SEQ, VOCAB, 999)
     h = scheme["H"]
     reps = [copy.deepcopy(model) for _ in range(WORKERS)]
@@ -92,13 +98,15 @@ def local_sgd(seed: int, steps: int, lr: float, scheme: dict[str, Any]) -> dict[
     cfg = DiLoCoConfig(inner_steps=h, outer_lr=scheme["outer"][0], outer_momentum=scheme["outer"][1])
     oc = OuterCodec(scheme["spec"], scheme.get("decay", 1.0)) if scheme["spec"] else None
     dilocos = [DiLoCo(r.parameters(), cfg, oc) for r in reps]
-    sent, encode_s, syncs = 0, 0.0, 0
+    sent, encode_s, compute_s, syncs = 0, 0.0, 0.0, 0
     for step in range(steps):
+        t0 = time.perf_counter()
         for w, (rep, opt) in enumerate(zip(reps, opts, strict=True)):
             i = ((step * WORKERS + w) * BATCH) % len(data)
             opt.zero_grad()
             lm_loss(rep, data[i : i + BATCH]).backward()
             opt.step()
+        compute_s += time.perf_counter() - t0
         if (step + 1) % h and step + 1 != steps:
             continue
         syncs += 1
@@ -118,16 +126,21 @@ def local_sgd(seed: int, steps: int, lr: float, scheme: dict[str, Any]) -> dict[
     fp32 = 4 * nparams * WORKERS * steps
     out = {"loss": loss, "bytes": sent if oc else 4 * nparams * WORKERS * syncs, "syncs": syncs}
     out["ratio"] = fp32 / max(out["bytes"], 1)
+    # an all-gather: each replica downloads the other replicas' payloads; fp32 data parallelism on a
+    # ring all-reduce moves 2 (N - 1) / N x 4 bytes per parameter each way per step
+    ring = 2 * (WORKERS - 1) / WORKERS * 4 * nparams * steps
+    out["download_ratio_vs_ring"] = ring / max(out["bytes"] * (WORKERS - 1) / WORKERS, 1)
     out["encode_s_per_sync"] = encode_s / max(syncs, 1) / WORKERS
+    out["encode_share_of_compute"] = encode_s / max(compute_s, 1e-9)  # both summed over the replicas
     return out
 
 
-def run(seeds: list[int], steps: int, lr: float, schemes: list[str]) -> dict[str, Any]:
-    base = {s: data_parallel(s, steps, lr) for s in seeds}
+def run(seeds: list[int], steps: int, lr: float, schemes: list[str], model: str) -> dict[str, Any]:
+    base = {s: data_parallel(s, steps, lr, model) for s in seeds}
     print(f"fp32 data parallel: losses {[round(b['loss'], 4) for b in base.values()]}", flush=True)
     out: dict[str, Any] = {"baseline": base, "schemes": {}}
     for name in schemes:
-        runs = {s: local_sgd(s, steps, lr, SCHEMES[name]) for s in seeds}
+        runs = {s: local_sgd(s, steps, lr, SCHEMES[name], model) for s in seeds}
         gaps = [(runs[s]["loss"] - base[s]["loss"]) / base[s]["loss"] for s in seeds]
         res = {
             "runs": runs,
@@ -140,7 +153,8 @@ def run(seeds: list[int], steps: int, lr: float, schemes: list[str]) -> dict[str
         out["schemes"][name] = res
         print(
             f"  {name:12s} ratio {res['ratio']:7.1f}x  gaps {[f'{100 * g:+.2f}%' for g in gaps]}  "
-            f"mean {100 * res['gap_mean']:+.2f}%  worst {100 * res['gap_worst']:+.2f}%",
+            f"mean {100 * res['gap_mean']:+.2f}%  worst {100 * res['gap_worst']:+.2f}%  encode "
+            f"{100 * max(r['encode_share_of_compute'] for r in runs.values()):.2f}% of compute",
             flush=True,
         )
     return out
@@ -153,13 +167,14 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3, help="AdamW lr (baseline and inner optimizer)")
     ap.add_argument("--scheme", nargs="+", default=list(SCHEMES), choices=list(SCHEMES))
     ap.add_argument("--headline", default=DEFAULT_SCHEME, help="scheme reported as grad_ratio/grad_gap_*")
+    ap.add_argument("--model", default="tiny", choices=list(MODELS), help="tiny: d=64 x 2 layers")
     ap.add_argument("--out", default="bench-out/bench_compression_training.json")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the headline figures")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)  # tiny models: one thread is faster than two on shared cores
     t0 = time.time()
-    result = run(args.seeds, args.steps, args.lr, args.scheme)
+    result = run(args.seeds, args.steps, args.lr, args.scheme, args.model)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     result["meta"] = {
         "command": " ".join(["python", *sys.argv]),
@@ -170,6 +185,8 @@ def main() -> None:
         "torch": torch.__version__,
         "steps": args.steps,
         "seeds": args.seeds,
+        "model": args.model,
+        "params": next(iter(result["baseline"].values()))["params"],
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -185,6 +202,10 @@ def main() -> None:
             "grad_ratio": round(head["ratio"], 1) if head else None,
             "grad_gap_mean": round(head["gap_mean"], 4) if head else None,
             "grad_gap_worst": round(head["gap_worst"], 4) if head else None,
+            "grad_encode_share": round(max(r["encode_share_of_compute"] for r in head["runs"].values()), 4)
+            if head
+            else None,
+            "model": args.model,
             "seeds": args.seeds,
             "steps": args.steps,
         }
