@@ -72,6 +72,12 @@ async def serve_classpar(
     """Answer scores and blob requests of admitted peers (``allow``) on ``streams``."""
 
     async def handle(peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await answer(peer, reader, writer)
+        except WireError as e:  # an asker that went away: a client drops the replies it no longer needs
+            logger.debug("classpar request from %s ended: %s", peer, e)
+
+    async def answer(peer: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frame = await read_frame(reader, timeout_s, expect={MsgType.CONTROL})
         try:
             ask = msgpack.unpackb(frame.payload, raw=False, max_map_len=16, max_array_len=8)
