@@ -47,6 +47,7 @@ def status(
             "progress": [r.model_dump(mode="json") for r in progress],
             "jobs": jobs,
             "allocation": alloc.model_dump(mode="json") if alloc is not None else None,
+            "classpar": reading.classpar.model_dump(mode="json") if reading.classpar is not None else None,
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
@@ -63,6 +64,14 @@ def status(
                     where = f"spare {r.peer_id[:12]}"
                 line = f"  {where}: {r.state} at step {r.step} {loss} {r.tokens_per_s:,.0f} tok/s {r.message}"
                 console.print(line, highlight=False)
+        if reading.classpar is not None:
+            cp = reading.classpar
+            console.print(
+                f"class-parallel job {cp.job}: {cp.status} (plan epoch {cp.epoch})", highlight=False
+            )
+            for w, peer in enumerate(cp.workers):
+                role = f"group {cp.groups[w]}" if w < len(cp.groups) else "parity"
+                console.print(f"  worker {w}: {peer} ({role})", highlight=False)
         if reading.offers or alloc is not None:
             console.print(jobs_table(jobs, alloc))
 

@@ -13,11 +13,12 @@ from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.node import SwarmNode
 from potluck.protocol.allocation import Allocation
+from potluck.protocol.classpar import ClassParPlan
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 from potluck.protocol.jobs import JobOffer
-from potluck.protocol.keys import JOBS, LINKS, PEERS, PLAN, PROGRESS, JobKeys
+from potluck.protocol.keys import CLASSPAR, JOBS, LINKS, PEERS, PLAN, PROGRESS, JobKeys
 from potluck.protocol.membership import PeerView, link_reports, live_peers
 from potluck.protocol.records import LinkReport
 from potluck.protocol.training import Progress, TrainPlan
@@ -72,6 +73,12 @@ class SwarmClient:
             recs = [r for r in recs if r.epoch in (plan.epoch, plan.epoch - 1) and r.job == plan.job]
         return plan, sorted(recs, key=lambda r: (r.stage, r.replica, r.peer_id))
 
+    async def classpar(self, timeout_s: float) -> ClassParPlan | None:
+        """The swarm's class-parallel plan (None: its job is a pipeline job, or none is readable)."""
+        found = await bounded(self.node.fetch(CLASSPAR.name), timeout_s, "reading the class-parallel plan")
+        plans = [v.record for v in found if isinstance(v.record, ClassParPlan)]
+        return max(plans, key=lambda p: p.epoch, default=None)
+
     async def jobs(self, timeout_s: float) -> tuple[Allocation | None, list[JobOffer]]:
         """The allocation in force (None: a one-job swarm) and the jobs offered to the swarm."""
         newest, offers = await bounded(
@@ -107,6 +114,7 @@ class SwarmReading:
     offers: list[JobOffer] = field(default_factory=list)
     # each added job's newest plan and progress (job -> (plan, progress))
     others: dict[str, tuple[TrainPlan | None, list[Progress]]] = field(default_factory=dict)
+    classpar: ClassParPlan | None = None  # the swarm's own job's plan when it is a class-parallel job
 
 
 async def read_swarm(invite: Invite, net: NetworkConfig, timeout_s: float) -> SwarmReading:
@@ -121,6 +129,7 @@ async def read_swarm(invite: Invite, net: NetworkConfig, timeout_s: float) -> Sw
         others = {
             o.job: await client.job(timeout_s, JobKeys(o.job, home=False)) for o in offers[:MAX_JOBS_SHOWN]
         }
-        return SwarmReading(peers, links, plan, progress, allocation, offers, others)
+        classpar = await client.classpar(timeout_s)
+        return SwarmReading(peers, links, plan, progress, allocation, offers, others, classpar)
     finally:
         await client.close()

@@ -5,7 +5,9 @@ The coordinator has one peer train a tiny teacher, groups its classes in two, de
 two parity holders (a (4, 2) systematic Cauchy code) and says "serving" once each holds its worker.
 ``potluck serve`` answers the same queries with every holder alive, then again after the holder of
 group 0 was killed (SIGKILL to the process group we started): the parities stand in for it, and
-every score equals the all-alive one exactly (decoded in float64, returned as the float32 values)."""
+every score equals the all-alive one exactly (decoded in float64, returned as the float32 values).
+Then the holder of group 1 leaves gracefully: the coordinator deals its worker to a parity holder in a
+new epoch, and the answers are still the same."""
 
 import json
 import re
@@ -18,6 +20,7 @@ import pytest
 from potluck.classpar import data
 from potluck.protocol.identity import Identity
 from potluck.testbed.localswarm import LocalSwarm
+from tests.helpers.logs import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -87,3 +90,18 @@ def test_serve_answers_exactly_with_a_holder_killed(tmp_path):
             assert after["scores"] == before["scores"], after["id"]
             assert after["argmax"] == before["argmax"]
             assert 0 not in after["workers"] and workers["0"] not in after["holders"]
+
+        # The holder of group 1 leaves gracefully: its heartbeat says so at once, the coordinator deals
+        # worker 1 to a parity holder (it has group 1's sub-network loaded already), and the answers
+        # with two of four peers gone are still the all-alive ones.
+        leaver = by_peer[workers["1"]]
+        swarm.stop(leaver)
+        wait_for(tmp_path / "run" / "coordinator.log", r"plan epoch 3 \(serving\)", 60.0)
+        redealt, err = serve(invite_file, wait_s=0.0)
+        now = dict(re.findall(r"worker (\d+): (\w+)", err))
+        assert now["1"] in (workers["2"], workers["3"]) and {now[w] for w in "023"} == {
+            workers[w] for w in "023"
+        }
+        for before, after in zip(alive, redealt, strict=True):
+            assert after["scores"] == before["scores"], after["id"]
+            assert 0 not in after["workers"]
