@@ -23,6 +23,7 @@ import torch
 
 from potluck.aio import bounded
 from potluck.classpar import merge
+from potluck.classpar.code import ErasureCode
 from potluck.classpar.errors import CodeError
 from potluck.classpar.fanout import first_decodable
 from potluck.classpar.recipe import make_code
@@ -44,6 +45,7 @@ from potluck.protocol.records import PeerRecord
 logger = logging.getLogger(__name__)
 
 PLAN_POLL_S = 1.0
+CHECK_RTOL, CHECK_ATOL = 1e-6, 1e-9  # two float64 decodings of honest replies differ by ~1e-13
 # One coded worker's reply: a holder's (N, |g|) array, from (worker, images)
 Ask = Callable[[int, np.ndarray], Awaitable[np.ndarray]]
 
@@ -53,6 +55,10 @@ class Answer:
     scores: np.ndarray  # (N, K) float32, class order
     workers: list[int]  # the coded workers whose replies were decoded, in arrival order
     latency_s: float
+    # With ``check``: whether two decodings from different replies agreed (None: too few replies to
+    # tell), and the worker whose reply disagreed with all the others' (its reply was left out)
+    consistent: bool | None = None
+    suspect: int | None = None
 
 
 def merge_groups(plan: ClassParPlan, blocks: Sequence[np.ndarray]) -> np.ndarray:
@@ -77,6 +83,55 @@ async def answer(plan: ClassParPlan, ask: Ask, x: np.ndarray, timeout_s: float) 
         return Answer(merge_groups(plan, blocks), list(range(code.n)), time.monotonic() - started)
     decoded, used = await first_decodable(code, [ask(w, x) for w in range(code.n)], timeout_s=timeout_s)
     return Answer(merge_groups(plan, list(decoded)), used, time.monotonic() - started)
+
+
+def _agree(
+    code: ErasureCode, workers: list[int], replies: list[np.ndarray]
+) -> tuple[np.ndarray, bool | None]:
+    """The decoding from ``workers``' replies in order, and whether the one from the reverse order (other
+    replies, where more than K came) agrees with it; None when both use the same replies."""
+    stacked = np.stack(replies)
+    first = code.decode(workers, stacked)
+    if len(workers) <= code.k:
+        return first, None
+    last = code.decode(workers[::-1], stacked[::-1])
+    return first, bool(np.allclose(first, last, rtol=CHECK_RTOL, atol=CHECK_ATOL))
+
+
+def cross_check(
+    code: ErasureCode, workers: list[int], replies: list[np.ndarray]
+) -> tuple[np.ndarray, bool | None, int | None]:
+    """Decode, and compare two decodings from different replies. When they disagree and leaving one
+    worker's reply out makes the rest agree, that worker is the suspect and the answer comes without it
+    (a single lying holder is found with r >= 2 and every reply in)."""
+    first, ok = _agree(code, workers, replies)
+    if ok is not False:
+        return first, ok, None
+    for j in range(len(workers)):
+        rest = [w for i, w in enumerate(workers) if i != j]
+        if not code.decodable(rest):
+            continue
+        decoded, agree = _agree(code, rest, [r for i, r in enumerate(replies) if i != j])
+        if agree:
+            return decoded, False, workers[j]
+    return first, False, None
+
+
+async def checked_answer(plan: ClassParPlan, ask: Ask, x: np.ndarray, timeout_s: float) -> Answer:
+    """``answer`` that waits for every reply (``timeout_s`` at most) and cross-checks two decodings."""
+    started = time.monotonic()
+    code = make_code(plan.code, len(plan.groups), plan.parity)
+    tasks = {asyncio.ensure_future(ask(w, x)): w for w in range(code.n)}
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in pending:
+        t.cancel()
+    ok = sorted((tasks[t], t.result()) for t in done if t.exception() is None)
+    workers, replies = [w for w, _ in ok], [np.asarray(r, dtype=np.float64) for _, r in ok]
+    if not code.decodable(workers):
+        raise CodeError(f"only workers {workers} answered within {timeout_s} s: not enough to decode")
+    decoded, consistent, suspect = cross_check(code, workers, replies)
+    used = [w for w in workers if w != suspect]
+    return Answer(merge_groups(plan, list(decoded)), used, time.monotonic() - started, consistent, suspect)
 
 
 class ServeClient:
@@ -127,10 +182,12 @@ class ServeClient:
         peer = self.plan.workers[worker]
         return await ask_scores(self.streams, peer, self.swarm_id, req, self.timeout_s, self._addresses)
 
-    async def query(self, x: np.ndarray) -> Answer:
-        """The merged (N, K) scores of images ``x`` (N, 1, H, W)."""
+    async def query(self, x: np.ndarray, check: bool = False) -> Answer:
+        """The merged (N, K) scores of images ``x`` (N, 1, H, W); ``check``: wait for every reply and
+        cross-check two decodings (``checked_answer``)."""
         qid = next(self._qids)
-        return await answer(self.plan, lambda w, xs: self._ask(w, xs, qid), x, self.timeout_s)
+        run = checked_answer if check and self.plan.parity > 0 else answer
+        return await run(self.plan, lambda w, xs: self._ask(w, xs, qid), x, self.timeout_s)
 
     async def close(self) -> None:
         await self.node.shutdown()

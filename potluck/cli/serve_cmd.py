@@ -6,7 +6,9 @@ Reads one query per line from stdin and prints one JSON line per query to stdout
   (1, 16, 16), or a batch (N, 1, 16, 16), at most 64 images; or a path to a ``.npy`` file of the same;
 - the answer is ``{"id", "scores": N lists of K floats (float32 values, class order), "argmax",
   "workers": the coded workers decoded from, in arrival order, "holders": their peers, "latency_ms"}``,
-  or ``{"id", "error"}`` when a query cannot be answered (the next line is read on).
+  or ``{"id", "error"}`` when a query cannot be answered (the next line is read on). With ``--check``
+  every reply is waited for and the answer adds ``"consistent"`` (two decodings agreed; null: too few
+  replies to tell) and ``"suspect"`` (the worker whose reply disagreed, left out of the answer).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def parse_query(line: str, number: int) -> tuple[Any, np.ndarray]:
     return qid, x
 
 
-async def _serve_lines(client: ServeClient) -> int:
+async def _serve_lines(client: ServeClient, check: bool = False) -> int:
     """Answer stdin line by line; returns the number of queries that failed."""
     failed, number = 0, 0
     loop = asyncio.get_running_loop()
@@ -66,7 +68,7 @@ async def _serve_lines(client: ServeClient) -> int:
         qid: Any = number
         try:
             qid, x = parse_query(line, number)
-            ans = await client.query(x)
+            ans = await client.query(x, check)
         except (ValueError, OSError, PotluckError) as e:
             failed += 1
             typer.echo(json.dumps({"id": qid, "error": str(e)}))
@@ -79,10 +81,12 @@ async def _serve_lines(client: ServeClient) -> int:
             "holders": [plan.workers[w] for w in ans.workers],
             "latency_ms": round(ans.latency_s * 1e3, 3),
         }
+        if check:
+            doc |= {"consistent": ans.consistent, "suspect": ans.suspect}
         typer.echo(json.dumps(doc))
 
 
-async def _run(join: str, job: str, timeout: float, wait: float) -> int:
+async def _run(join: str, job: str, timeout: float, wait: float, check: bool) -> int:
     from potluck.cli.serve_client import ServeClient  # hivemind and torch: only once the command runs
 
     invite = parse_invite(join)
@@ -98,7 +102,7 @@ async def _run(join: str, job: str, timeout: float, wait: float) -> int:
         for w, peer in enumerate(plan.workers):
             role = f"group {plan.groups[w]}" if w < len(plan.groups) else "parity"
             typer.echo(f"  worker {w}: {peer} ({role})", err=True)
-        return await _serve_lines(client)
+        return await _serve_lines(client, check)
     finally:
         await client.close()
 
@@ -108,10 +112,15 @@ def serve(
     job: str = typer.Option(..., "--job", help="The class-parallel job to query."),
     timeout: float = typer.Option(10.0, min=0.1, help="Seconds allowed for joining, and for each query."),
     wait: float = typer.Option(0.0, min=0.0, help="Seconds to wait for the job to be serving."),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Wait for every holder's reply and cross-check two decodings (finds one lying holder).",
+    ),
 ) -> None:
     """Answer class-parallel queries from stdin (JSON lines or .npy paths), one JSON line each."""
     try:
-        failed = asyncio.run(_run(join, job, timeout, wait))
+        failed = asyncio.run(_run(join, job, timeout, wait, check))
     except (ProtocolError, TimeoutError) as e:
         raise fail(f"cannot serve job {job}: {e or 'timed out'}") from None
     if failed:

@@ -10,7 +10,7 @@ import torch
 
 from potluck.classpar import model, recipe, subnet
 from potluck.classpar.errors import ClassParallelError, CodeError
-from potluck.cli.serve_client import answer
+from potluck.cli.serve_client import answer, checked_answer
 from potluck.cli.serve_cmd import parse_query
 from potluck.net.classpar import _images
 from potluck.protocol.classpar import ClassParPlan
@@ -46,7 +46,7 @@ def plan(parity: int) -> ClassParPlan:
     )
 
 
-def holders(p: ClassParPlan, dead=(), hung=()):
+def holders(p: ClassParPlan, dead=(), hung=(), liar=None):
     code = recipe.make_code(p.code, len(p.groups), p.parity)
     held = units()
 
@@ -55,7 +55,8 @@ def holders(p: ClassParPlan, dead=(), hung=()):
             raise WireError("cannot open a stream: connection refused")
         if worker in hung:
             await asyncio.sleep(3600)
-        return recipe.worker_reply(code, worker, held, torch.from_numpy(x))
+        reply = recipe.worker_reply(code, worker, held, torch.from_numpy(x))
+        return reply + np.asarray(0.05, dtype=reply.dtype) if worker == liar else reply
 
     return ask
 
@@ -135,3 +136,22 @@ def test_queries_are_bounded():
             _images(shape, data)
     with pytest.raises(ValueError, match="finite"):
         _images([1, 1, 2, 2], np.array([0, 0, 0, np.nan], dtype="<f4").tobytes())
+
+
+def test_a_checked_answer_finds_a_lying_holder_and_answers_without_it():
+    p = plan(2)
+    honest = run(p, holders(p))
+    checked = asyncio.run(checked_answer(p, holders(p), X, 5.0))
+    assert checked.consistent is True and checked.suspect is None
+    assert np.array_equal(checked.scores, honest.scores)
+    for liar in (0, 1, 3):
+        lied = asyncio.run(checked_answer(p, holders(p, liar=liar), X, 5.0))
+        assert lied.consistent is False and lied.suspect == liar
+        assert np.array_equal(lied.scores, honest.scores) and liar not in lied.workers
+    # two replies of four: they decode, but nothing is left to compare them with
+    short = asyncio.run(checked_answer(p, holders(p, dead=[0, 3]), X, 5.0))
+    assert short.consistent is None and np.array_equal(short.scores, honest.scores)
+    # one parity: a disagreement is seen, but who lied cannot be told
+    p1 = plan(1)
+    seen = asyncio.run(checked_answer(p1, holders(p1, liar=0), X, 5.0))
+    assert seen.consistent is False and seen.suspect is None
