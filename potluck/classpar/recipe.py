@@ -105,7 +105,7 @@ def build_unit(
 ) -> Unit:
     """Group ``unit``'s sub-network: pruned from ``teacher`` and retrained, with its validation accuracy
     (of its (|g|+1)-way output on every validation image)."""
-    train, val = job_data(spec, seed)
+    train, _ = job_data(spec, seed)
     budget = None
     if spec.macs_budget is not None:
         budget = spec.macs_budget * model.model_macs(teacher) / len(groups)
@@ -120,10 +120,21 @@ def build_unit(
         epochs=spec.retrain_epochs,
         seed=seed * 1000 + unit,
     )
-    pred = model.predict(built.model, val.x).argmax(dim=1)
-    acc = float((pred == subnet.relabel(val.y, built.group)).double().mean())
+    acc = group_accuracy(built.model, built.group, spec, seed)
     blob = to_bytes(built.model, built.group)
     return Unit(built, blob, sha256(blob), acc)
+
+
+def group_accuracy(net: model.SmallCNN, group: Sequence[int], spec: ClassParSpec, seed: int) -> float:
+    """A sub-network's (|g|+1)-way accuracy on the job's validation images (0 = not in ``group``); for
+    the K-way teacher, its softmax folded the same way (the group's classes, the rest summed)."""
+    _, val = job_data(spec, seed)
+    members = sorted(int(c) for c in group)
+    probs = model.predict(net, val.x)
+    if net.num_outputs != len(members) + 1:
+        inside = probs[:, members]
+        probs = torch.cat([(1.0 - inside.sum(dim=1, keepdim=True)).clamp_min(0.0), inside], dim=1)
+    return float((probs.argmax(dim=1) == subnet.relabel(val.y, members)).double().mean())
 
 
 def load_unit(blob: bytes, expected_sha256: str, group: Sequence[int]) -> Unit:

@@ -1,6 +1,7 @@
 """The coordinator of a class-parallel job (docs/class-parallel.md): the swarm's entry point, admission
 desk and peer tracking of ``CoordinatorService``, with the pipeline's planning loop replaced by the
-class-parallel one (``job/classpar.py`` decides; this publishes the ``ClassParPlan`` and keeps it fresh).
+class-parallel one (``job/classpar.py`` decides; this publishes the ``ClassParPlan`` and keeps it fresh;
+``classpar_check.py`` measures each sub-network a holder names before the plan counts it as held).
 
 The job does not end by itself: once every coded worker is held the plan says "serving" and the
 coordinator stays up as the swarm's entry point while ``potluck serve`` clients query the holders; it
@@ -15,10 +16,13 @@ from collections.abc import Callable
 
 from hivemind.utils import get_dht_time
 
+from potluck.coordinator.classpar_check import SubnetChecker
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.job.classpar import next_plan
 from potluck.coordinator.job.plan import device_of
 from potluck.coordinator.service import CoordinatorService
+from potluck.net.dial import dht_addresses
+from potluck.net.streams import Streams
 from potluck.protocol.classpar import ClassParPlan, ClassParSubnet, ClassParTeacher
 from potluck.protocol.errors import JobSpecError
 from potluck.protocol.identity import Identity
@@ -46,6 +50,7 @@ class ClassParService(CoordinatorService):
         super().__init__(cfg, job, identity)
         self.classpar: ClassParPlan | None = None
         self.on_classpar: Callable[[ClassParPlan, str], None] | None = None
+        self.checker: SubnetChecker | None = None  # the sub-networks' accuracy check (classpar_check.py)
 
     async def _recover(self, saved: TrainPlan | None, joined: bool) -> None:
         """A restarted coordinator carries on with the plan the swarm holds (the same groups: they are
@@ -75,15 +80,24 @@ class ClassParService(CoordinatorService):
     async def _round(self) -> None:
         assert self.node is not None
         teachers = [v.record for v in await self.node.fetch(self.keys.classpar_teacher)]
-        subnets = [v.record for v in await self.node.fetch(self.keys.classpar_subnets)]
-        live = {p: v for p, v in self.state.peers.items() if p not in self.state.leaving}
+        found = [v.record for v in await self.node.fetch(self.keys.classpar_subnets)]
+        subnets = [s for s in found if isinstance(s, ClassParSubnet)]
+        if self.checker is None:
+            streams = Streams(self.node.p2p)
+            self.checker = SubnetChecker(streams, self.cfg.swarm_id, self.job, dht_addresses(self.node))
+        plan = self.classpar
+        if plan is not None and plan.status != "teacher":  # count only the sub-networks that passed
+            subnets = await self.checker.accepted(plan, subnets)
+        live = {
+            p: v for p, v in self.state.peers.items() if p not in self.state.leaving | self.checker.refused
+        }
         speeds = {p: device_of(v.record).tflops for p, v in live.items()}
         new, reason = next_plan(
             self.job,
-            self.classpar,
+            plan,
             speeds,
             [t for t in teachers if isinstance(t, ClassParTeacher)],
-            [s for s in subnets if isinstance(s, ClassParSubnet)],
+            subnets,
             get_dht_time(),
         )
         if new is None:

@@ -141,3 +141,16 @@ def missing_workers(plan: ClassParPlan, subnets: Sequence[ClassParSubnet]) -> li
             if mine and sorted(u.unit for u in h.units) == code.support(h.worker):
                 held.add(h.worker)
     return [w for w in range(len(plan.workers)) if w not in held]
+
+
+def builder_hashes(plan: ClassParPlan, subnets: Sequence[ClassParSubnet]) -> dict[int, str]:
+    """Unit -> the hash its systematic holder's record names (built for this plan's teacher and
+    grouping): the copy every parity holder of the unit must hold too."""
+    out: dict[int, str] = {}
+    for rec in subnets:
+        if not rec.matches(plan):
+            continue
+        for h in rec.held:
+            if h.worker < len(plan.groups) and plan.workers[h.worker] == rec.peer_id:
+                out.update({u.unit: u.sha256 for u in h.units if u.unit == h.worker})
+    return out
