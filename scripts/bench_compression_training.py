@@ -173,9 +173,9 @@ def main() -> None:
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)  # tiny models: one thread is faster than two on shared cores
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     t0 = time.time()
     result = run(args.seeds, args.steps, args.lr, args.scheme, args.model)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     result["meta"] = {
         "command": " ".join(["python", *sys.argv]),
         "commit": commit.stdout.strip(),
