@@ -10,7 +10,8 @@ the next signed plan out (or None: keep the current one), with the reason.
    built from this plan's teacher and grouping.
 
 A peer holding workers that leaves has its workers dealt to the live peers holding the fewest (fastest
-first) in a new epoch, back in ``building``; the others keep what they hold.
+first) in a new epoch, back in ``building``; the others keep what they hold. If the teacher's peer
+leaves while some group has no built copy on a live peer, the job starts over from a new teacher.
 """
 
 from __future__ import annotations
@@ -105,6 +106,25 @@ def _after_teacher(
 def _tend_workers(
     plan: ClassParPlan, speeds: Mapping[str, float], subnets: Sequence[ClassParSubnet], now: float
 ) -> tuple[ClassParPlan | None, str]:
+    if plan.teacher not in speeds and speeds:
+        built = {
+            u for rec in subnets if rec.matches(plan) and rec.peer_id in speeds for u in rec.unit_hashes()
+        }
+        unbuilt = [u for u in range(len(plan.groups)) if u not in built]
+        if unbuilt:  # nobody can build them without the teacher (builders fetch it from its peer)
+            teacher = assign.by_speed(speeds)[0]
+            fresh = ClassParPlan(
+                job=plan.job,
+                epoch=plan.epoch + 1,
+                status="teacher",
+                teacher=teacher,
+                num_classes=plan.num_classes,
+                parity=plan.parity,
+                code=plan.code,
+                issued_at=now,
+            )
+            old = plan.teacher[:12]
+            return fresh, f"teacher peer {old} left with groups {unbuilt} unbuilt; {teacher[:12]} trains it"
     lost = [w for w, p in enumerate(plan.workers) if p not in speeds]
     if lost:
         if not speeds:

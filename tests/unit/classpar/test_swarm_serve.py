@@ -119,6 +119,15 @@ def test_model_blobs_round_trip_and_are_checked():
         recipe.from_bytes(b"garbage" * 10)
 
 
+def test_a_query_may_be_a_npy_path(tmp_path):
+    path = tmp_path / "q.npy"
+    np.save(path, np.ones((2, 16, 16), dtype=np.float64))
+    qid, x = parse_query(f"{path}\n", 3)
+    assert qid == str(path) and x.shape == (2, 1, 16, 16) and x.dtype == np.float32
+    with pytest.raises(OSError):
+        parse_query(str(tmp_path / "missing.npy"), 4)
+
+
 def test_queries_are_bounded():
     qid, x = parse_query('{"id": "a", "x": ' + str(np.zeros((16, 16)).tolist()) + "}", 1)
     assert qid == "a" and x.shape == (1, 1, 16, 16)

@@ -123,3 +123,18 @@ def test_a_lost_holder_is_replaced_and_a_lost_teacher_too():
 def test_a_pipeline_job_has_no_class_parallel_plan():
     with pytest.raises(ClassParallelError):
         next_plan(make_job(), None, speeds(), [], [], NOW)
+
+
+def test_a_teacher_lost_before_every_group_is_built_starts_over():
+    first, _ = next_plan(job(), None, speeds(), [], [], NOW)
+    plan, _ = next_plan(job(), first, speeds(), [teacher(first.teacher)], [], NOW)
+    live = {p: 1.0 for p in PEERS if p != plan.teacher}
+    again, why = next_plan(job(), plan, live, [], [], NOW)
+    assert again is not None and again.status == "teacher" and again.teacher in live, why
+    assert again.epoch == plan.epoch + 1 and not again.groups
+    # once both groups have a copy on a live peer, the teacher is not needed any more
+    copies = [held(plan.workers[2], plan, [2])]  # a parity holder: both units
+    if plan.workers[2] == plan.teacher:
+        copies = [held(plan.workers[3], plan, [3])]
+    kept, _ = next_plan(job(), plan, live, [], copies, NOW)
+    assert kept is None or kept.status != "teacher"
