@@ -41,7 +41,8 @@ from potluck.protocol.keys import JobKeys
 logger = logging.getLogger(__name__)
 
 POLL_S = 1.0  # seconds between two reads of the plan
-IDLE_POLL_S = 5.0  # the same while the swarm has no class-parallel plan (a pipeline job's swarm)
+IDLE_POLL_S = 5.0  # the same while the swarm has no class-parallel plan yet
+PIPELINE_POLL_S = 60.0  # the same while the swarm's job is a pipeline job
 RECORD_TTL_S = 60.0  # lifetime of the teacher and subnet records; refreshed every third of it
 FETCH_TIMEOUT_S = 10.0  # bound on one blob fetch
 SERVE_TIMEOUT_S = 10.0  # bound on each frame of a served request
@@ -67,6 +68,7 @@ class ClassParWorker:
         self._teacher_record: ClassParTeacher | None = None
         self._published_at = -1e9
         self._serving = False
+        self.pipeline = False  # the swarm's job is a pipeline job: nothing to do here
 
     async def run(self) -> None:
         while True:
@@ -74,21 +76,25 @@ class ClassParWorker:
                 await self._tick()
             except Exception:  # one bad round must not end the peer; the next one tries again
                 logger.exception("class-parallel round failed")
-            await asyncio.sleep(POLL_S if self.plan is not None else IDLE_POLL_S)
+            # a pipeline job's swarm: look again now and then (a job may be re-launched as another kind)
+            idle = PIPELINE_POLL_S if self.pipeline else IDLE_POLL_S
+            await asyncio.sleep(POLL_S if self.job is not None else idle)
 
     async def _tick(self) -> None:
+        if self.job is None:
+            jobs = [v.record for v in await self.node.fetch(self.keys.job) if isinstance(v.record, JobSpec)]
+            self.pipeline = bool(jobs) and all(j.kind != "class_parallel" for j in jobs)
+            self.job = next((j for j in jobs if j.kind == "class_parallel"), None)
+            if self.job is None:
+                return
         plans = [
             v.record for v in await self.node.fetch(self.keys.classpar) if isinstance(v.record, ClassParPlan)
         ]
         plan = max(plans, key=lambda p: (p.epoch, p.status == "serving"), default=None)
-        if plan is None or (self.plan is not None and plan.epoch < self.plan.epoch):
+        if plan is None or plan.job != self.job.name:
             return
-        if self.job is None:
-            jobs = [v.record for v in await self.node.fetch(self.keys.job) if isinstance(v.record, JobSpec)]
-            job = next((j for j in jobs if j.name == plan.job and j.kind == "class_parallel"), None)
-            if job is None:
-                return
-            self.job = job
+        if self.plan is not None and plan.epoch < self.plan.epoch:
+            return
         if not self._serving:
             await serve_classpar(
                 self.streams, self.swarm_id, self._scores, self._blob, self._allow, SERVE_TIMEOUT_S
