@@ -349,7 +349,8 @@ class Mailbox:
         """Buffer a message (its space reserved by ``_reserve``) and wake whoever waits for it."""
         key = (sender, tag)
         if key in self._pending:
-            logger.warning("duplicate message %s from %s ignored", tag, sender)
+            # harmless (the first copy is kept); start barriers re-send READY until the leader answers
+            logger.info("duplicate message %s from %s ignored", tag, sender)
             await self._unreserve(sender, len(payload))
             return
         self._pending[key] = payload

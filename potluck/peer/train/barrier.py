@@ -12,7 +12,10 @@ once it holds its state (or once it failed to take it, with the reason); the lea
 them (``wait_s``), then sends START_GO to all: go, or a no-go saying why (a peer that failed, or the
 peers that never came: gone, or without state in time). Every peer names those in its failure report
 as suspects, so the coordinator checks them (heartbeat, direct probe) whichever report it reads first.
-A peer waits for the leader's answer at most twice as long (the leader may start late).
+A peer waits for the leader's answer at most twice as long (the leader may start late), and re-sends its
+READY every ``RESEND_S`` meanwhile: a receiver that did not follow the plan yet refuses it without the
+sender knowing (seen: a peer moving between jobs, docs/multijob.md, refused its new leader's peer's
+READY while it still trained the job it left, and the plan waited out its whole barrier).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 4 * 1024  # a ready or a go/no-go: a flag and a short reason
 MAX_NAMED = 16  # missing peers named in a no-go
 REASON_CHARS = 1000
+RESEND_S = 5.0  # a READY is re-sent this often until the leader's answer comes (duplicates are dropped)
 
 
 async def start_barrier(box: Mailbox, plan: TrainPlan, wait_s: float, failed: str | None = None) -> None:
@@ -45,16 +49,22 @@ async def start_barrier(box: Mailbox, plan: TrainPlan, wait_s: float, failed: st
     rnd = Round(plan.epoch, plan.start_step)
     tag_ready, tag_go = make_tag(rnd, Stream.START_READY), make_tag(rnd, Stream.START_GO)
     if me != leader:
-        mine = {"ok": failed is None, "reason": (failed or "")[:REASON_CHARS]}
+        mine = json.dumps({"ok": failed is None, "reason": (failed or "")[:REASON_CHARS]}).encode()
+        resend: asyncio.Task[None] | None = None
         try:
-            await box.send(leader, tag_ready, json.dumps(mine).encode())
+            await box.send(leader, tag_ready, mine)
             if failed is not None:
                 return
+            resend = asyncio.create_task(_resend(box, leader, tag_ready, mine))
             data = await box.recv(leader, tag_go, 2 * wait_s)
         except WireError as e:
             if failed is not None:
                 return
             raise StartError(f"start barrier: no answer from the leader {leader}: {e}") from None
+        finally:
+            if resend is not None:
+                resend.cancel()
+                await asyncio.gather(resend, return_exceptions=True)
         go, reason = _parse(data, leader, "go")
         if not go:
             # the peers the leader did not hear from: named in this peer's failure report as well, so the
@@ -75,6 +85,16 @@ async def start_barrier(box: Mailbox, plan: TrainPlan, wait_s: float, failed: st
             logger.info("start barrier: answer not delivered to %s: %s", p, res)
     if reason and failed is None:
         raise StartError(f"start barrier: {reason}")
+
+
+async def _resend(box: Mailbox, leader: str, tag: Tag, payload: bytes) -> None:
+    """Re-send this peer's READY every ``RESEND_S`` until cancelled (the leader's answer came)."""
+    while True:
+        await asyncio.sleep(RESEND_S)
+        try:
+            await box.send(leader, tag, payload)
+        except WireError as e:  # the recv that runs beside this decides when the leader is gone
+            logger.debug("start barrier: READY not re-sent to %s: %s", leader, e)
 
 
 async def _collect(box: Mailbox, others: list[str], tag: Tag, wait_s: float) -> tuple[str, list[str]]:

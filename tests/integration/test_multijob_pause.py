@@ -1,0 +1,73 @@
+"""Two jobs that cannot both run: time slicing with pauses, end to end on loopback (docs/multijob.md,
+"Pauses").
+
+Three peers, two jobs of two pipeline stages each (four peers asked for): the allocator's rounds give
+one job both of a pipeline's peers and the other one peer or none, and swap at lease boundaries. The
+job left short pauses: its peers stop together at a step, each with a checkpoint of it, and move; when
+its lease gives it two peers again it resumes from exactly that step. Both jobs finish and no epoch of
+either starts before a step its peers had committed."""
+
+import re
+
+import pytest
+
+from potluck.testbed.localswarm import LocalSwarm
+from tests.helpers.jobs import job_toml
+from tests.helpers.logs import launch_summary, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+STEPS_A, STEPS_B = 2000, 400  # A must outlast two rounds after B arrives (~25 steps/s here)
+LEASE_S = 10
+
+
+def _pauses_resume_where_they_stopped(text: str, job: str) -> int:
+    """Every "pauses after step S" in a launch log is followed by an epoch published from step S (or the
+    job's end); returns how many pauses the log shows."""
+    pauses = [(m.end(), int(m.group(1))) for m in re.finditer(r"pauses after step (\d+)", text)]
+    for at, stop in pauses:
+        resumed = re.search(r"published plan epoch \d+ from step (\d+)", text[at:])
+        if resumed is not None:
+            assert int(resumed.group(1)) == stop, f"{job} paused after {stop}, resumed at {resumed.group(0)}"
+    return len(pauses)
+
+
+def test_a_job_left_short_by_its_lease_pauses_and_resumes_from_the_step_it_stopped_at(tmp_path):
+    for name, steps, seed in (("pa", STEPS_A, 0), ("pb", STEPS_B, 1)):
+        text = job_toml(name, steps=steps, ckpt=tmp_path / f"{name}-ckpt", interval=1000, seed=seed, stages=2)
+        (tmp_path / f"{name}.toml").write_text(text.replace("[limits]", "[limits]\nmax_replicas = 1"))
+    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
+    peer_args += ("--step-timeout", "10")
+    alloc = ("--lease-seconds", str(LEASE_S), "--alloc-classes", "device", "--json")
+    with LocalSwarm(
+        tmp_path / "run",
+        tmp_path / "pa.toml",
+        swarm_id="multijob-pause",
+        peer_args=peer_args,
+        coordinator_args=alloc,
+        verbose=1,
+    ) as swarm:
+        swarm.start_coordinator()
+        for name in ("p0", "p1", "p2"):
+            swarm.start_peer(name)
+        log_a = swarm.procs["coordinator"].log
+        wait_for(log_a, r"plan epoch 1: ", 120)
+        owner_b = swarm.start_job("job-b", tmp_path / "pb.toml", "--json")
+
+        owner_b.popen.wait(timeout=300)
+        text_b = owner_b.log.read_text(errors="replace")
+        assert owner_b.popen.returncode == 0, text_b[-3000:]
+        assert launch_summary(text_b)["steps"] == STEPS_B
+        coordinator = swarm.procs["coordinator"]
+        coordinator.popen.wait(timeout=300)
+        text_a = log_a.read_text(errors="replace")
+        assert coordinator.popen.returncode == 0, text_a[-3000:]
+        assert launch_summary(text_a)["steps"] == STEPS_A
+
+    # Three peers cannot hold two 2-peer pipelines: some job paused at least once, and each pause
+    # resumed exactly where its peers stopped (the checkpoint they wrote there).
+    pauses = _pauses_resume_where_they_stopped(text_a, "A") + _pauses_resume_where_they_stopped(text_b, "B")
+    assert pauses >= 1, f"no pause seen:\n{text_a[-2000:]}\n{text_b[-2000:]}"
+    for name, text in (("A", text_a), ("B", text_b)):
+        starts = [int(s) for s in re.findall(r"published plan epoch \d+ from step (\d+)", text)]
+        assert starts == sorted(starts), f"{name}'s epochs went back: {starts}"  # no committed step lost
