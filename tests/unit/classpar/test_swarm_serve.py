@@ -31,8 +31,9 @@ def units() -> dict[int, recipe.Unit]:
     return out
 
 
-def plan(parity: int) -> ClassParPlan:
+def plan(parity: int, code: str = "cauchy") -> ClassParPlan:
     return ClassParPlan(
+        code=code,
         job="bars",
         epoch=2,
         status="serving",
@@ -94,6 +95,15 @@ def test_answers_with_dead_or_hung_holders_equal_the_all_alive_answer_exactly():
     assert np.array_equal(hung.scores, alive.scores) and 0 not in hung.workers
     with pytest.raises(CodeError, match="not enough"):
         run(p, holders(p, dead=[0, 1, 2]))
+
+
+def test_group_parities_stand_in_for_their_own_group():
+    p = plan(2, code="group")  # one parity per group of units: here one per sub-network
+    alive = run(plan(2), holders(plan(2)))
+    for dead in ([0], [1], [0, 3], [1, 2]):
+        assert np.array_equal(run(p, holders(p, dead=dead)).scores, alive.scores), dead
+    with pytest.raises(CodeError):
+        run(p, holders(p, dead=[0, 2]))  # group 0's sub-network and its parity
 
 
 def test_uncoded_serving_needs_every_group():
