@@ -86,11 +86,11 @@ class ClassParService(CoordinatorService):
             streams = Streams(self.node.p2p)
             self.checker = SubnetChecker(streams, self.cfg.swarm_id, self.job, dht_addresses(self.node))
         plan = self.classpar
-        if plan is not None and plan.status != "teacher":  # count only the sub-networks that passed
-            subnets = await self.checker.accepted(plan, subnets)
         live = {
             p: v for p, v in self.state.peers.items() if p not in self.state.leaving | self.checker.refused
         }
+        if plan is not None and plan.status != "teacher":  # count only live holders' checked sub-networks
+            subnets = await self.checker.accepted(plan, [s for s in subnets if s.peer_id in live])
         speeds = {p: device_of(v.record).tflops for p, v in live.items()}
         new, reason = next_plan(
             self.job,

@@ -8,7 +8,8 @@ replies agree), then ``potluck serve`` answers them again after the holder of gr
 (SIGKILL to the process group we started): the parities stand in for it, and every score equals the
 all-alive one exactly (decoded in float64, returned as the float32 values).
 Then the holder of group 1 leaves gracefully: the coordinator deals its worker to a parity holder in a
-new epoch, and the answers are still the same."""
+new epoch, and the answers are still the same; and again after the coordinator crashed and was
+restarted (it carries on with the plan it reads back from the DHT)."""
 
 import json
 import re
@@ -108,3 +109,13 @@ def test_serve_answers_exactly_with_a_holder_killed(tmp_path):
         for before, after in zip(alive, redealt, strict=True):
             assert after["scores"] == before["scores"], after["id"]
             assert 0 not in after["workers"]
+
+        # The coordinator crashes and is started again (same key, a new port, a new invite): it reads
+        # the running plan back from the DHT and the swarm serves on under the same epoch.
+        swarm.stop("coordinator", signal.SIGKILL)
+        swarm.start_coordinator(restart=True)
+        wait_for(
+            tmp_path / "run" / "coordinator.log", r"recovered class-parallel plan epoch 3 \(serving\)", 60.0
+        )
+        after_restart, _ = serve(invite_file, wait_s=0.0)
+        assert [a["scores"] for a in after_restart] == [a["scores"] for a in alive]
