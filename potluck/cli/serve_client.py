@@ -45,6 +45,7 @@ from potluck.protocol.records import PeerRecord
 logger = logging.getLogger(__name__)
 
 PLAN_POLL_S = 1.0
+PLAN_REFRESH_S = 10.0  # a long-running client reads the plan again at most this often, between queries
 CHECK_RTOL, CHECK_ATOL = 1e-6, 1e-9  # two float64 decodings of honest replies differ by ~1e-13
 # One coded worker's reply: a holder's (N, |g|) array, from (worker, images)
 Ask = Callable[[int, np.ndarray], Awaitable[np.ndarray]]
@@ -144,6 +145,7 @@ class ServeClient:
         self.streams.credentials = lambda: node.admission
         self._addresses = dht_addresses(node)
         self._qids = itertools.count(1)
+        self._plan_read = time.monotonic()
 
     @classmethod
     async def connect(
@@ -182,9 +184,33 @@ class ServeClient:
         peer = self.plan.workers[worker]
         return await ask_scores(self.streams, peer, self.swarm_id, req, self.timeout_s, self._addresses)
 
+    async def refresh(self) -> bool:
+        """Read the plan again when it is older than ``PLAN_REFRESH_S`` and take a newer serving epoch (a
+        lost holder's workers dealt to other peers); True when it changed. A failed read keeps the plan."""
+        if time.monotonic() - self._plan_read < PLAN_REFRESH_S:
+            return False
+        self._plan_read = time.monotonic()
+        try:
+            newest = await bounded(
+                _newest_plan(self.node, self.keys, self.plan.job), self.timeout_s, "the plan"
+            )
+        except Exception as e:  # the plan in hand still answers while parities cover its losses
+            logger.info("plan not read again: %s", e)
+            return False
+        if newest is None or newest.status != "serving" or newest.epoch <= self.plan.epoch:
+            return False
+        logger.info("plan epoch %d -> %d: workers %s", self.plan.epoch, newest.epoch, newest.workers)
+        self.plan = newest
+        try:
+            await self.meet_holders()
+        except Exception as e:  # the first queries pay the dials instead
+            logger.info("holders not met: %s", e)
+        return True
+
     async def query(self, x: np.ndarray, check: bool = False) -> Answer:
         """The merged (N, K) scores of images ``x`` (N, 1, H, W); ``check``: wait for every reply and
-        cross-check two decodings (``checked_answer``)."""
+        cross-check two decodings (``checked_answer``). Follows a newer serving plan (``refresh``)."""
+        await self.refresh()
         qid = next(self._qids)
         run = checked_answer if check and self.plan.parity > 0 else answer
         return await run(self.plan, lambda w, xs: self._ask(w, xs, qid), x, self.timeout_s)
@@ -201,15 +227,19 @@ async def _job_keys(node: SwarmNode, job: str) -> JobKeys:
     return JobKeys(job, home=False)
 
 
+async def _newest_plan(node: SwarmNode, keys: JobKeys, job: str) -> ClassParPlan | None:
+    found = await node.fetch(keys.classpar)
+    plans = [v.record for v in found if isinstance(v.record, ClassParPlan) and v.record.job == job]
+    return max(plans, key=lambda p: (p.epoch, p.status == "serving"), default=None)
+
+
 async def _serving_plan(
     node: SwarmNode, keys: JobKeys, job: str, wait_s: float, timeout_s: float
 ) -> ClassParPlan:
     deadline = time.monotonic() + wait_s
     seen = "no class-parallel plan"
     while True:
-        found = await bounded(node.fetch(keys.classpar), timeout_s, "reading the plan")
-        plans = [v.record for v in found if isinstance(v.record, ClassParPlan) and v.record.job == job]
-        plan = max(plans, key=lambda p: (p.epoch, p.status == "serving"), default=None)
+        plan = await bounded(_newest_plan(node, keys, job), timeout_s, "reading the plan")
         if plan is not None and plan.status == "serving":
             return plan
         if plan is not None:

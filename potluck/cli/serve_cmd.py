@@ -57,7 +57,6 @@ async def _serve_lines(client: ServeClient, check: bool = False) -> int:
     """Answer stdin line by line; returns the number of queries that failed."""
     failed, number = 0, 0
     loop = asyncio.get_running_loop()
-    plan = client.plan
     while True:
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line:
@@ -78,7 +77,7 @@ async def _serve_lines(client: ServeClient, check: bool = False) -> int:
             "scores": [[float(v) for v in row] for row in ans.scores],
             "argmax": [int(i) for i in ans.scores.argmax(axis=1)],
             "workers": ans.workers,
-            "holders": [plan.workers[w] for w in ans.workers],
+            "holders": [client.plan.workers[w] for w in ans.workers],
             "latency_ms": round(ans.latency_s * 1e3, 3),
         }
         if check:

@@ -10,12 +10,14 @@ import torch
 
 from potluck.classpar import model, recipe, subnet
 from potluck.classpar.errors import ClassParallelError, CodeError
+from potluck.cli import serve_client
 from potluck.cli.serve_client import answer, checked_answer
 from potluck.cli.serve_cmd import parse_query
 from potluck.net.classpar import _images
 from potluck.protocol.classpar import ClassParPlan
 from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity
+from potluck.protocol.keys import JobKeys
 
 GROUPS = [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
 PEERS = [Identity.generate().peer_id for _ in range(4)]
@@ -174,3 +176,37 @@ def test_a_checked_answer_finds_a_lying_holder_and_answers_without_it():
     p1 = plan(1)
     seen = asyncio.run(checked_answer(p1, holders(p1, liar=0), X, 5.0))
     assert seen.consistent is False and seen.suspect is None
+
+
+class FakeNode:
+    """What ``ServeClient`` reads from a swarm node: the newest records under a key."""
+
+    class P2P:
+        class Id:
+            def to_base58(self) -> str:
+                return PEERS[0]
+
+        peer_id = Id()
+
+    def __init__(self) -> None:
+        self.p2p = self.P2P()
+        self.admission = None
+        self.records: dict[str, list] = {}
+
+    async def fetch(self, name: str) -> list:
+        return [type("Verified", (), {"record": r})() for r in self.records.get(name, [])]
+
+
+def test_a_long_running_client_follows_a_newer_serving_plan(monkeypatch):
+    node, keys = FakeNode(), JobKeys("bars")
+    client = serve_client.ServeClient(node, "swarm-a", keys, plan(2), 5.0)
+    redealt = plan(2).model_copy(update={"epoch": 3, "workers": [PEERS[1], PEERS[1], PEERS[2], PEERS[3]]})
+    node.records[keys.classpar] = [redealt]
+    assert asyncio.run(client.refresh()) is False and client.plan.epoch == 2  # read less than 10 s ago
+    monkeypatch.setattr(serve_client, "PLAN_REFRESH_S", 0.0)
+    node.records[keys.classpar] = [redealt.model_copy(update={"status": "building"})]
+    assert asyncio.run(client.refresh()) is False and client.plan.epoch == 2  # not serving yet
+    node.records[keys.classpar] = [redealt]
+    assert asyncio.run(client.refresh()) is True and client.plan == redealt
+    node.records[keys.classpar] = [plan(2)]  # an older epoch never replaces a newer one
+    assert asyncio.run(client.refresh()) is False and client.plan == redealt
