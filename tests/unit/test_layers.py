@@ -36,7 +36,7 @@ RANK = {
 # Imports that are not the rank rule's business: a part may never import these whatever their rank.
 FORBIDDEN = {"sim": {"net", "peer"}}
 # Optional dependencies may be imported where they are used, so a missing extra fails only that path.
-OPTIONAL = {"triton", "pyarrow", "tokenizers", "potluck.compression.kernels.triton_kernels"}
+OPTIONAL = {"triton", "pyarrow", "tokenizers", "matplotlib", "potluck.compression.kernels.triton_kernels"}
 # Listed exceptions to "no imports inside functions", each with its reason. Keep this short.
 INLINE_ALLOWED = {
     # dynamo's config is needed only when the codec path is compiled (>= 1M elements); importing it at
