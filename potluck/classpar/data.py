@@ -36,7 +36,7 @@ SIDE = 16  # pixels
 _ORIENTATIONS = 5
 _JITTER_DEG = 6.0
 _NOISE_STD = 1.0  # relative to a contrast of about 1
-_SUFFIXES = {".npy", ".pgm", ".ppm", ".png", ".jpg", ".jpeg"}
+IMAGE_SUFFIXES = {".npy", ".pgm", ".ppm", ".png", ".jpg", ".jpeg"}
 
 
 @dataclass(frozen=True)
@@ -147,9 +147,9 @@ def load_image_folder(root: str | Path, size: int = SIDE) -> ImageSet:
     xs: list[torch.Tensor] = []
     ys: list[int] = []
     for label, folder in enumerate(classes):
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in _SUFFIXES)
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
-            raise ImageFolderError(f"{folder}: no images ({', '.join(sorted(_SUFFIXES))})")
+            raise ImageFolderError(f"{folder}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
         for path in files:
             img = torch.from_numpy(_read_image(path))[None, None]
             xs.append(F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False)[0])

@@ -22,6 +22,7 @@ import torch
 from potluck.classpar import code as codes
 from potluck.classpar import data, merge, model, subnet
 from potluck.classpar.errors import ClassParallelError
+from potluck.classpar.folder import folder_sets
 from potluck.protocol.classpar import ClassParSpec
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,15 @@ def sha256(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
-def job_data(spec: ClassParSpec, seed: int) -> tuple[data.ImageSet, data.ImageSet]:
-    """The training set every peer reads and a small validation set, both procedural from ``seed``."""
-    return data.train_test(spec.train_per_class, VAL_PER_CLASS, seed)
+def job_data(spec: ClassParSpec, seed: int, folder: str | None = None) -> tuple[data.ImageSet, data.ImageSet]:
+    """The training set every peer reads and a small validation set: procedural from ``seed``, or split
+    from this machine's copy of the job's image ``folder`` (``folder.folder_sets``: checked against the
+    owner's digest)."""
+    if spec.classes is None:
+        return data.train_test(spec.train_per_class, VAL_PER_CLASS, seed)
+    if folder is None:
+        raise ClassParallelError("this job reads an image folder: give the peer its copy (--data-dir)")
+    return folder_sets(folder, spec.classes, seed, spec.data_sha256)
 
 
 def make_code(kind: str, units: int, parity: int) -> codes.ErasureCode:
@@ -88,9 +95,11 @@ def from_bytes(blob: bytes) -> tuple[model.SmallCNN, list[int]]:
     return net, group
 
 
-def train_teacher(spec: ClassParSpec, seed: int) -> tuple[model.SmallCNN, np.ndarray, float]:
+def train_teacher(
+    spec: ClassParSpec, seed: int, folder: str | None = None
+) -> tuple[model.SmallCNN, np.ndarray, float]:
     """The teacher, its mean penultimate features per class (K, d) and its validation accuracy."""
-    train, val = job_data(spec, seed)
+    train, val = job_data(spec, seed, folder)
     torch.manual_seed(seed)
     teacher = model.SmallCNN(spec.widths, train.num_classes)
     model.fit(teacher, train.x, train.y, epochs=spec.teacher_epochs, seed=seed)
@@ -101,11 +110,16 @@ def train_teacher(spec: ClassParSpec, seed: int) -> tuple[model.SmallCNN, np.nda
 
 
 def build_unit(
-    teacher: model.SmallCNN, spec: ClassParSpec, seed: int, groups: Sequence[Sequence[int]], unit: int
+    teacher: model.SmallCNN,
+    spec: ClassParSpec,
+    seed: int,
+    groups: Sequence[Sequence[int]],
+    unit: int,
+    folder: str | None = None,
 ) -> Unit:
     """Group ``unit``'s sub-network: pruned from ``teacher`` and retrained, with its validation accuracy
     (of its (|g|+1)-way output on every validation image)."""
-    train, _ = job_data(spec, seed)
+    train, _ = job_data(spec, seed, folder)
     budget = None
     if spec.macs_budget is not None:
         budget = spec.macs_budget * model.model_macs(teacher) / len(groups)
@@ -120,15 +134,17 @@ def build_unit(
         epochs=spec.retrain_epochs,
         seed=seed * 1000 + unit,
     )
-    acc = group_accuracy(built.model, built.group, spec, seed)
+    acc = group_accuracy(built.model, built.group, spec, seed, folder)
     blob = to_bytes(built.model, built.group)
     return Unit(built, blob, sha256(blob), acc)
 
 
-def group_accuracy(net: model.SmallCNN, group: Sequence[int], spec: ClassParSpec, seed: int) -> float:
+def group_accuracy(
+    net: model.SmallCNN, group: Sequence[int], spec: ClassParSpec, seed: int, folder: str | None = None
+) -> float:
     """A sub-network's (|g|+1)-way accuracy on the job's validation images (0 = not in ``group``); for
     the K-way teacher, its softmax folded the same way (the group's classes, the rest summed)."""
-    _, val = job_data(spec, seed)
+    _, val = job_data(spec, seed, folder)
     members = sorted(int(c) for c in group)
     probs = model.predict(net, val.x)
     if net.num_outputs != len(members) + 1:

@@ -90,8 +90,11 @@ class SubnetChecker:
             self.verdicts[sha] = False
             return False
         group, seed = plan.groups[unit], self.job.seed
-        acc = await asyncio.to_thread(recipe.group_accuracy, loaded.subnet.model, group, self.spec, seed)
-        ref = await asyncio.to_thread(recipe.group_accuracy, teacher, group, self.spec, seed)
+        folder = self.job.data.path if self.job.data.source == "directory" else None  # the owner's copy
+        acc = await asyncio.to_thread(
+            recipe.group_accuracy, loaded.subnet.model, group, self.spec, seed, folder
+        )
+        ref = await asyncio.to_thread(recipe.group_accuracy, teacher, group, self.spec, seed, folder)
         self.verdicts[sha] = ok = acc >= ref - self.tolerance
         log = logger.info if ok else logger.warning
         log(

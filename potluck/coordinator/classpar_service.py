@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from hivemind.utils import get_dht_time
 
+from potluck.classpar.folder import folder_digest
 from potluck.coordinator.classpar_check import SubnetChecker
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.job.classpar import next_plan
@@ -33,6 +34,18 @@ from potluck.protocol.training import TrainPlan
 logger = logging.getLogger(__name__)
 
 
+def with_data_digest(job: JobSpec) -> JobSpec:
+    """``job`` with the SHA-256 of the owner's image folder in its class-parallel section (peers refuse a
+    copy that differs); unchanged for the procedural set or when the file names one already."""
+    spec = job.class_parallel
+    if spec is None or job.data.source != "directory" or spec.data_sha256 is not None:
+        return job
+    assert job.data.path is not None  # DataSpec requires it for a directory
+    digest = folder_digest(job.data.path)
+    logger.info("image folder %s: sha256 %s", job.data.path, digest[:12])
+    return job.model_copy(update={"class_parallel": spec.model_copy(update={"data_sha256": digest})})
+
+
 class ClassParService(CoordinatorService):
     """A ``CoordinatorService`` for ``kind = "class_parallel"`` jobs on a swarm of their own."""
 
@@ -47,6 +60,7 @@ class ClassParService(CoordinatorService):
             raise JobSpecError(f"job {job.name} is a {job.kind} job, not a class-parallel one")
         if join is not None:
             raise JobSpecError("a class-parallel job runs on a swarm of its own (launch without --join)")
+        job = with_data_digest(job)
         super().__init__(cfg, job, identity)
         self.classpar: ClassParPlan | None = None
         self.on_classpar: Callable[[ClassParPlan, str], None] | None = None

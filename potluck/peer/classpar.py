@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,6 +33,7 @@ from potluck.net.classpar import fetch_blob, serve_classpar
 from potluck.net.dial import dht_addresses
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
+from potluck.peer.datapaths import local_data
 from potluck.protocol.classpar import ClassParPlan, ClassParSubnet, ClassParTeacher, HeldUnit, HeldWorker
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import WireError
@@ -50,9 +52,16 @@ SERVE_TIMEOUT_S = 10.0  # bound on each frame of a served request
 
 class ClassParWorker:
     def __init__(
-        self, node: SwarmNode, swarm_id: str, policy: TrustPolicy, keys: JobKeys | None = None
+        self,
+        node: SwarmNode,
+        swarm_id: str,
+        policy: TrustPolicy,
+        keys: JobKeys | None = None,
+        data: tuple[Path, Path | None] | None = None,
     ) -> None:
-        self.node, self.swarm_id, self.policy = node, swarm_id, policy
+        """``data``: (state directory, --data-dir or None): where this machine keeps a job's image folder
+        (``datapaths.local_data``); None: procedural jobs only."""
+        self.node, self.swarm_id, self.policy, self.data = node, swarm_id, policy, data
         self.peer_id = node.identity.peer_id
         self.keys = keys or JobKeys("", home=True)
         self.streams = Streams(node.p2p)
@@ -128,10 +137,16 @@ class ClassParWorker:
         units = dict(self.units)
         return await asyncio.to_thread(recipe.worker_reply, code, worker, units, torch.from_numpy(x))
 
+    def _folder(self) -> str | None:
+        """This machine's copy of the job's image folder (None: the job's images are procedural)."""
+        if self.job is None or self.job.data.source != "directory" or self.data is None:
+            return None
+        return local_data(self.job.data, self.data[0], self.data[1], None).path
+
     async def _train_teacher(self, plan: ClassParPlan) -> None:
         assert self.job is not None and self.job.class_parallel is not None
         spec, seed = self.job.class_parallel, self.job.seed
-        teacher, feats, acc = await asyncio.to_thread(recipe.train_teacher, spec, seed)
+        teacher, feats, acc = await asyncio.to_thread(recipe.train_teacher, spec, seed, self._folder())
         blob = recipe.to_bytes(teacher, list(range(feats.shape[0])))
         sha = recipe.sha256(blob)
         self.blobs[sha], self.teacher = blob, (sha, teacher)
@@ -201,7 +216,8 @@ class ClassParWorker:
         if teacher is None:
             return
         spec, seed, groups = self.job.class_parallel, self.job.seed, plan.groups
-        built = await asyncio.to_thread(recipe.build_unit, teacher, spec, seed, groups, unit)
+        folder = self._folder()
+        built = await asyncio.to_thread(recipe.build_unit, teacher, spec, seed, groups, unit, folder)
         self._keep(unit, built)
 
     async def _fetch_unit(self, plan: ClassParPlan, unit: int) -> bool:

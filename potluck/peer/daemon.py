@@ -152,7 +152,10 @@ class PeerDaemon:
             self.worker.activity.on_event = self.telemetry.event
             tasks["train"] = self.worker.run()
             # a class-parallel job's part (peer/classpar.py): idle unless the swarm's job is one
-            tasks["classpar"] = ClassParWorker(self.node, self.cfg.invite.swarm_id, self.policy).run()
+            where = (self.cfg.worker.state_dir, self.cfg.worker.data_dir)  # a job's image folder, if any
+            tasks["classpar"] = ClassParWorker(
+                self.node, self.cfg.invite.swarm_id, self.policy, None, where
+            ).run()
         hw = self.hardware
         self.telemetry.event("joined", f"{hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32", {})
         try:

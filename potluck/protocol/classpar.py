@@ -58,6 +58,11 @@ class ClassParSpec(BaseModel):
     distill: float = Field(default=0.0, ge=0.0, le=1.0)
     parity: int = Field(default=0, ge=0, le=MAX_PARITY)  # r coded replies when serving
     code: CodeKind = "cauchy"  # "group": one parity per group of sub-networks
+    # An image folder (data.source = "directory"): its class count (subdirectories, in sorted order),
+    # and the SHA-256 of the owner's copy (``potluck launch`` fills it in): a peer whose copy differs
+    # refuses to build rather than train on other data
+    classes: int | None = Field(default=None, ge=2, le=MAX_CLASSES)
+    data_sha256: Sha256 | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ClassParSpec:
@@ -79,6 +84,11 @@ class ClassParSpec(BaseModel):
                 f"class_parallel.parity > 0 needs equal groups: the {num_classes} classes are not "
                 f"divisible by groups ({self.groups})"
             )
+
+    @property
+    def num_classes(self) -> int:
+        """K: the image folder's class count, else the procedural set's."""
+        return self.classes if self.classes is not None else NUM_GENERATED_CLASSES
 
     @property
     def workers(self) -> int:

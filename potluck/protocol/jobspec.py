@@ -241,12 +241,15 @@ class JobSpec(Record):
             raise ValueError("a [class_parallel] section needs kind = 'class_parallel'")
         if self.kind == "class_parallel":
             assert self.class_parallel is not None  # filled in before validation
-            if self.data.source != "generated":
+            spec = self.class_parallel
+            if self.data.source == "directory" and spec.classes is None:
                 raise ValueError(
-                    "kind = 'class_parallel' reads the procedural image set only (data.source = "
-                    "'generated'); image folders are not served over the swarm yet"
+                    "a class-parallel job on an image folder (data.source = 'directory') needs "
+                    "class_parallel.classes: the number of class subdirectories every peer's copy holds"
                 )
-            self.class_parallel.check_classes(NUM_GENERATED_CLASSES)
+            if self.data.source == "generated" and spec.classes not in (None, NUM_GENERATED_CLASSES):
+                raise ValueError(f"the procedural image set has {NUM_GENERATED_CLASSES} classes")
+            spec.check_classes(spec.num_classes)
         return self
 
     @model_validator(mode="after")

@@ -24,7 +24,7 @@ import numpy as np
 from potluck.classpar import assign, grouping
 from potluck.classpar.errors import ClassParallelError
 from potluck.classpar.recipe import make_code
-from potluck.protocol.classpar import NUM_GENERATED_CLASSES, ClassParPlan, ClassParSubnet, ClassParTeacher
+from potluck.protocol.classpar import ClassParPlan, ClassParSubnet, ClassParTeacher
 from potluck.protocol.jobspec import JobSpec
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def next_plan(
             epoch=first_epoch,
             status="teacher",
             teacher=teacher,
-            num_classes=NUM_GENERATED_CLASSES,
+            num_classes=spec.num_classes,
             parity=spec.parity,
             code=spec.code,
             issued_at=now,
