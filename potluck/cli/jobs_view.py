@@ -20,7 +20,9 @@ def job_row(
 ) -> dict[str, Any]:
     """One job as JSON-able data: its state, step, weight, leased peers, allocation and received share
     (time fractions summed over peer classes; the allocation's are None on a one-job swarm)."""
-    state = "waiting" if plan is None else plan.status
+    state: str = "waiting" if plan is None else plan.status
+    if plan is not None and plan.status == "training" and plan.stop_at is not None:
+        state = f"paused after step {plan.stop_at}"  # its lease left it too few peers (docs/multijob.md)
     if offer is not None and offer.done:
         state = "done"
     return {

@@ -56,7 +56,8 @@ def status(
         n_links = sum(len(r.links) for r in links.values())
         console.print(f"{n_links} measured links from {len(links)} peers (details: --json)")
         if plan is not None:
-            console.print(plan_table(plan, f"job {plan.job}: {plan.status}"))
+            paused = f", paused after step {plan.stop_at}" if plan.stop_at is not None else ""
+            console.print(plan_table(plan, f"job {plan.job}: {plan.status}{paused}"))
             for r in progress:
                 loss = f"loss {r.loss:.3f}" if r.loss is not None else ""
                 where = f"stage {r.stage} replica {r.replica} {r.peer_id[:12]}"

@@ -3,6 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
+from potluck.cli.jobs_view import job_row
 from potluck.coordinator.job.lease import job_scale, leased_state, pause_reason, pause_step, paused_action
 from potluck.coordinator.job.progress import JobProgress, next_action
 from potluck.coordinator.state import SwarmState
@@ -132,3 +133,12 @@ def test_a_plan_without_a_pause_signs_the_bytes_older_versions_sign():
     assert TrainPlan.model_validate_json(running.canonical_bytes()).stop_at is None
     with pytest.raises(ValidationError, match="before the plan's start step"):
         TrainPlan.model_validate({**running.model_dump(), "start_step": 10, "stop_at": 5})
+
+
+def test_status_shows_a_paused_job_with_its_stop_step():
+    running = plan([[P[0]], [P[1]]])
+    assert job_row("a", running, [], None)["state"] == "training"
+    assert (
+        job_row("a", running.model_copy(update={"stop_at": 40}), [], None)["state"] == "paused after step 40"
+    )
+    assert job_row("a", None, [], None)["state"] == "waiting"
