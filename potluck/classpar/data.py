@@ -138,18 +138,29 @@ def _read_image(path: Path) -> np.ndarray:
     return arr
 
 
-def load_image_folder(root: str | Path, size: int = SIDE) -> ImageSet:
-    """Every image under ``root/<class>/``, classes in sorted directory order, standardized."""
+def image_files(root: str | Path) -> list[tuple[Path, list[Path]]]:
+    """Each class folder under ``root`` (sorted) with its image files (sorted): what an image folder
+    holds, as ``load_image_folder`` reads it and ``folder.folder_digest`` hashes it."""
     base = Path(root)
     classes = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
     if len(classes) < 2:
         raise ImageFolderError(f"{base}: need at least two class subdirectories")
-    xs: list[torch.Tensor] = []
-    ys: list[int] = []
-    for label, folder in enumerate(classes):
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    out: list[tuple[Path, list[Path]]] = []
+    for folder in classes:
+        files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise ImageFolderError(f"{folder}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        out.append((folder, files))
+    return out
+
+
+def load_image_folder(root: str | Path, size: int = SIDE) -> ImageSet:
+    """Every image under ``root/<class>/``, classes in sorted directory order, standardized."""
+    base = Path(root)
+    classes = image_files(base)
+    xs: list[torch.Tensor] = []
+    ys: list[int] = []
+    for label, (_, files) in enumerate(classes):
         for path in files:
             img = torch.from_numpy(_read_image(path))[None, None]
             xs.append(F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False)[0])
@@ -157,6 +168,5 @@ def load_image_folder(root: str | Path, size: int = SIDE) -> ImageSet:
     x = torch.stack(xs)
     x = (x - x.mean()) / x.std().clamp_min(1e-6)
     logger.info("read %d images of %d classes from %s", len(ys), len(classes), base)
-    return ImageSet(
-        x.contiguous(), torch.tensor(ys, dtype=torch.int64), len(classes), tuple(p.name for p in classes)
-    )
+    names = tuple(folder.name for folder, _ in classes)
+    return ImageSet(x.contiguous(), torch.tensor(ys, dtype=torch.int64), len(classes), names)

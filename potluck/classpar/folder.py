@@ -24,14 +24,7 @@ MAX_FILES = 1_000_000  # a folder larger than this is refused before it is read
 def folder_digest(root: str | Path) -> str:
     """SHA-256 over the class folders' image files: relative path and contents, in sorted order."""
     base = Path(root)
-    if not base.is_dir():
-        raise ImageFolderError(f"{base}: not a directory")
-    files = [  # the files load_image_folder reads: images directly inside each class folder
-        p
-        for folder in sorted(d for d in base.iterdir() if d.is_dir())
-        for p in sorted(folder.iterdir())
-        if p.is_file() and p.suffix.lower() in data.IMAGE_SUFFIXES
-    ]
+    files = [p for _, paths in data.image_files(base) for p in paths]  # what load_image_folder reads
     if len(files) > MAX_FILES:
         raise ImageFolderError(f"{base}: {len(files)} images, more than {MAX_FILES}")
     h = hashlib.sha256()

@@ -78,11 +78,10 @@ class Allocator:
 
     async def restore(self) -> None:
         """Carry on from the newest allocation in the DHT (a restarted coordinator)."""
-        found = await bounded(self.node.fetch(ALLOCATION.name), self.timeout_s, "reading the allocation")
-        records = [v.record for v in found if isinstance(v.record, Allocation)]
-        if records:
-            self.record = max(records, key=lambda r: (r.round, r.issued_at))
-            logger.info("carrying on with allocation round %d", self.record.round)
+        found = await bounded(self.node.read_allocation(), self.timeout_s, "reading the allocation")
+        if found is not None:
+            self.record = found
+            logger.info("carrying on with allocation round %d", found.round)
 
     def in_force(self, now: float) -> Allocation | None:
         """The leases the swarm's own job follows: the current record, or after the allocation ended
