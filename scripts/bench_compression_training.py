@@ -41,10 +41,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_codecs import TinyLM, lm_loss, make_data  # noqa: E402
+from bench_outer_pipeline import PIPE_MODELS, pipeline_bench  # noqa: E402
 
 from potluck.compression import get_codec  # noqa: E402
 from potluck.peer.collectives.diloco import DiLoCo, OuterCodec  # noqa: E402
 from potluck.peer.config import DiLoCoConfig  # noqa: E402
+from potluck.protocol.jobspec import CompressionSpec, OptimizerSpec  # noqa: E402
 
 WORKERS, BATCH, SEQ, VOCAB = 4, 8, 32, 64
 MODELS = {"tiny": (64, 2), "d128x4": (128, 4)}  # (width, layers); "tiny" is bench_codecs' model
@@ -266,26 +268,29 @@ def main() -> None:
     ap.add_argument("--skip-act", action="store_true", help="gradients only")
     ap.add_argument("--out", default="bench-out/bench_compression_training.json")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the headline figures")
+    pipe = ap.add_argument_group("2 pipeline stages x 2 replicas (bench_outer_pipeline.py)")
+    pipe.add_argument(
+        "--pipeline", nargs="+", choices=list(PIPE_MODELS), help="run this mode on these models"
+    )
+    pipe.add_argument("--pipe-steps", type=int, default=192, help="steps per run (tokens matched)")
+    pipe.add_argument("--sync-every", type=int, default=24, help="compression.sync_every (H)")
+    pipe.add_argument("--outer", default="int2:block=512|zstd", help="compression.outer")
+    pipe.add_argument("--outer-ef-decay", type=float, default=1.0, help="compression.outer_ef_decay")
+    pipe.add_argument("--act-codec", default="int8:block=64", help='compression.activations ("none": skip)')
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)  # tiny models: one thread is faster than two on shared cores
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    if args.pipeline:
+        pipeline_main(args, commit.stdout.strip())
+        return
     t0 = time.time()
     result = run(args.seeds, args.steps, args.lr, args.scheme, args.model, args.dp_lr)
     if not args.skip_act and args.model == "tiny":
         result["activations"] = activations(args.seeds, args.steps, args.lr)
-    result["meta"] = {
-        "command": " ".join(["python", *sys.argv]),
-        "commit": commit.stdout.strip(),
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "seconds": round(time.time() - t0, 1),
-        "cpus": os.cpu_count(),
-        "torch": torch.__version__,
-        "steps": args.steps,
-        "seeds": args.seeds,
-        "model": args.model,
-        "params": next(iter(result["baseline"].values()))["params"],
-    }
+    params = next(iter(result["baseline"].values()))["params"]
+    meta = run_meta(commit.stdout.strip(), t0, args.steps, args.seeds, model=args.model, params=params)
+    result["meta"] = meta
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -308,6 +313,63 @@ def main() -> None:
             "model": args.model,
             "seeds": args.seeds,
             "steps": args.steps,
+        }
+        print(json.dumps(line))
+
+
+def run_meta(commit: str, t0: float, steps: int, seeds: list[int], **extra: Any) -> dict[str, Any]:
+    """What a result line says about how it was made (the command, the commit, the machine)."""
+    return {
+        "command": " ".join(["python", *sys.argv]),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "seconds": round(time.time() - t0, 1),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "steps": steps,
+        "seeds": seeds,
+        **extra,
+    }
+
+
+def pipeline_main(args: argparse.Namespace, commit: str) -> None:
+    """``--pipeline``: the 2 x 2 measurement; the JSON line carries one model's figures per key prefix."""
+    opt = OptimizerSpec(lr=3e-3, warmup_steps=10, min_lr_ratio=0.1)  # the demo job's optimizer
+    comp = CompressionSpec(sync_every=args.sync_every, outer=args.outer, outer_ef_decay=args.outer_ef_decay)
+    t0 = time.time()
+    result: dict[str, Any] = {
+        "models": pipeline_bench(args.pipeline, args.seeds, args.pipe_steps, comp, opt, args.act_codec)
+    }
+    result["meta"] = run_meta(
+        commit, t0, args.pipe_steps, args.seeds, compression=comp.model_dump(), act_codec=args.act_codec
+    )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out} in {result['meta']['seconds']} s")
+    if args.json:
+        models = result["models"]
+        worst = max(models, key=lambda m: models[m]["grad_gap_worst"])
+        line: dict[str, Any] = {
+            "mode": "pipeline 2x2",
+            "grad_ratio": round(min(r["grad_ratio"] for r in models.values()), 1),
+            "grad_gap_worst": round(models[worst]["grad_gap_worst"], 4),
+            "grad_encode_share": round(max(r["grad_encode_share"] for r in models.values()), 4),
+            "act_ratio": None,
+            "act_gap_worst": None,
+        }
+        if all("act_fwd_ratio" in r for r in models.values()):
+            line["act_ratio"] = round(min(r["act_fwd_ratio"] for r in models.values()), 1)
+            line["act_bwd_ratio"] = round(min(r["act_bwd_ratio"] for r in models.values()), 1)
+            # the activation codec's own cost: the job's gap (both codecs) beyond the gradient side's
+            line["act_gap_worst"] = round(max(r["job_gap_worst"] for r in models.values()), 4)
+        for name, r in models.items():
+            line[name] = {k: round(v, 4) for k, v in r.items() if isinstance(v, float)}
+        line |= {
+            "steps": args.pipe_steps,
+            "seeds": args.seeds,
+            "sync_every": args.sync_every,
+            "outer": args.outer,
         }
         print(json.dumps(line))
 

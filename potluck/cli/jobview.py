@@ -24,8 +24,9 @@ from potluck.protocol.training import StepTiming, TrainPlan
 
 
 def plan_table(plan: TrainPlan, reason: str) -> Table:
+    shards = f" ({plan.data_replicas} with tick-tock waves)" if plan.data_replicas != plan.n_replicas else ""
     table = Table(
-        title=f"plan epoch {plan.epoch}: {len(plan.stages)} stages x {plan.n_replicas} replicas, "
+        title=f"plan epoch {plan.epoch}: {len(plan.stages)} stages x {plan.n_replicas} replicas{shards}, "
         f"from step {plan.start_step}",
         caption=reason[:200],
     )
@@ -34,7 +35,9 @@ def plan_table(plan: TrainPlan, reason: str) -> Table:
     table.add_column("replicas (peer ids)")
     table.add_column("trees", justify="right")
     for j, st in enumerate(plan.stages):
-        peers = ", ".join(p[:12] for p in st.peers)
+        waves = st.waves or [1] * len(st.peers)
+        named = [p[:12] + (" (2 waves)" if w == 2 else "") for p, w in zip(st.peers, waves, strict=True)]
+        peers = ", ".join(named)
         table.add_row(str(j), f"{st.first_layer}-{st.last_layer - 1}", peers, str(len(st.trees) or "1-hop"))
     for spare in plan.spares:
         table.add_row("spare", "", spare.peer_id[:12], spare.reason)

@@ -140,8 +140,12 @@ def launch(
         raise fail(f"unknown --alloc-policy {alloc_policy!r}")
     if alloc_classes not in ("fine", "device"):
         raise fail(f"unknown --alloc-classes {alloc_classes!r}: fine or device")
+    from potluck.coordinator.job.codecs import chain_problems  # torch: only once the command runs
+
     try:
         job = load_job(job_file)
+        if problems := chain_problems(job.compression):
+            raise fail(f"job file {job_file}: " + "; ".join(problems))
         if invite is not None:
             swarm = invite.swarm_id
         else:

@@ -74,6 +74,14 @@ def peer(
     max_memory: str = typer.Option(
         None, "--max-memory", help="Memory offered to the swarm, e.g. 6GB or 512MiB (default: all free)."
     ),
+    slots: int = typer.Option(
+        1,
+        "--slots",
+        min=1,
+        max=2,
+        help="Work slots on your device: 2 lets the swarm give you two replicas' shares, run as "
+        "staggered tick-tock waves that share its memory (docs/ticktock.md).",
+    ),
     train: bool = typer.Option(
         True, "--train/--no-train", help="Train when the coordinator places this peer."
     ),
@@ -146,8 +154,10 @@ def peer(
         ),
         threads=threads,
         max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
+        slots=slots,
         train=train,
         worker=WorkerConfig(
+            max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
             state_dir=state_dir,
             checkpoint_root=checkpoint_dir,
             data_dir=data_dir,

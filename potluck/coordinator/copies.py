@@ -10,8 +10,9 @@ that directory to peers like any holder: when a stage loses every replica and it
 resumes from the owner's copy over P2P.
 
 Only checkpoints written under the current plan are copied (s > the plan's start step), so the layers of
-each stage are the plan's own; a copy that fails (a holder died) is logged once and not retried: the next
-checkpoint, or the same one under the next plan, is.
+each stage are the plan's own. The job's last checkpoint is the exception, when a plan starts there. A
+copy that fails (a holder died) is logged once and not retried: the next checkpoint, or the same one
+under the next plan, is.
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ class CheckpointCopier:
     def want(self, plan: TrainPlan, step: int) -> bool:
         """Whether a checkpoint at ``step`` that every stage reported under ``plan`` should be copied."""
         idle = self._task is None or self._task.done()
-        return step > max(self.copied, plan.start_step) and idle and (plan.epoch, step) != self._failed
+        # A plan starting at the job's last step (a hand-off that reached the end: the leavers trained
+        # on to it) writes nothing more, so the last checkpoint, written under the plan before, is
+        # copied under this one; any earlier start step's checkpoint is the older plan's to copy.
+        floor = plan.start_step - 1 if plan.start_step == step == self.job.steps else plan.start_step
+        return step > max(self.copied, floor) and idle and (plan.epoch, step) != self._failed
 
     def start(self, plan: TrainPlan, step: int) -> None:
         """Copy ``step`` in the background (the caller checked ``want``)."""

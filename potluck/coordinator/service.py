@@ -24,13 +24,14 @@ from potluck.coordinator.allocator import Allocator
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.copies import OwnerCopy
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers
+from potluck.coordinator.job.codecs import MeasuredRatios
 from potluck.coordinator.job.handoff import handoff_step, typical_step_s
 from potluck.coordinator.job.improve import ImproveConfig
 from potluck.coordinator.job.joins import JoinDesk
 from potluck.coordinator.job.lease import leased_state, pause_reason, pause_step, paused_action
 from potluck.coordinator.job.plan import device_of, make_train_plan, usable_peers
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
-from potluck.coordinator.job.resume import checkpoint_step, live_step, resume_point
+from potluck.coordinator.job.resume import choose_resume
 from potluck.coordinator.job.speeds import MeasuredSpeeds
 from potluck.coordinator.placement import PlacementPlan
 from potluck.coordinator.probes import probe_suspects
@@ -53,9 +54,6 @@ from potluck.protocol.training import Progress, Spare, TrainPlan
 logger = logging.getLogger(__name__)
 
 
-# Plans in a row that may start from live state before falling back to checkpoints: a live hand-off
-# can fail once for timing (a holder still unwinding its run); twice means the state is not to be had.
-LIVE_RESUME_TRIES = 2
 RESUME_SETTLE_S = 10.0  # longest a re-plan waits for live peers to report state newer than it found
 
 
@@ -98,6 +96,7 @@ class CoordinatorService:
         self.last_reason = ""
         self.accuse = AccuseConfig()
         self.speeds = MeasuredSpeeds()  # TFLOP/s measured on this job, and the peers that overclaim
+        self.ratios = MeasuredRatios()  # activation codec ratios measured on this job (job/codecs.py)
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
         self._probed: dict[str, float] = {}  # suspect -> the suspicion (DHT time) it was probed for
         self.error: str | None = None  # set when the job was given up (finished is set too)
@@ -297,25 +296,14 @@ class CoordinatorService:
         """The step live peers hold in memory (when together they hold every layer and live state has
         not just failed), else the newest checkpoint: the job owner's copy on this machine, or the newest
         step whose every layer live peers reported keeping (until that, too, failed once).
-        Reads the disk here; ``job.resume.resume_point`` decides."""
+        Reads the disk here; ``job.resume.choose_resume`` decides."""
         root = self.checkpoint_root
         on_disk = latest_complete(root)
         meta = read_manifest(manifest_path(on_disk.path, 0), on_disk.step, 0).meta if on_disk else None
-        live = None
-        if self.plan is not None and self.plan.stop_at is None:  # after a pause: its checkpoint
-            progress = self.progress
-            live = live_step(
-                self.plan, progress.latest, live_peers, progress.holdings, progress.also_holdings
-            )
         # Peers' own disks, as their reports suggest (any live peer's: one leased to another job still
         # serves them); once that failed too, the owner's copy if there is one.
         disks = set(live_peers) | set(self.swarm.peers)
-        reported = checkpoint_step(self.progress.stored, disks, self.job.model.n_layers)
-        if self.progress.failures > LIVE_RESUME_TRIES and meta is not None:
-            reported = 0
-        if self.progress.failures >= LIVE_RESUME_TRIES and (meta is not None or reported > 0):
-            live = None  # live state failed twice in a row: a checkpoint, when there is one, instead
-        point = resume_point(self.job, meta, reported, live)
+        point = choose_resume(self.job, self.plan, self.progress, live_peers, disks, meta)
         if point.ignored is not None:
             logger.warning("%s %s; not resuming from it", root, point.ignored)
         if point.reason != self._resume_reason:  # asked every round until a plan is made: say it once
@@ -560,6 +548,7 @@ class CoordinatorService:
                 None,
                 speeds,
                 frozenset(self.speeds.distrusted),
+                self.ratios.update(self.plan, self.job, self.progress.latest.values()),
             )
         if plan is None:
             if reason != self.last_reason:

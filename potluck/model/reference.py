@@ -23,9 +23,12 @@ def reference_run(
     steps: int | None = None,
     start: int = 0,
     runner: StageRunner | None = None,
+    cuts: tuple[int, ...] = (),
 ) -> tuple[list[float], StageRunner]:
-    """Per-step losses of steps [start, start + steps) and the runner holding the final weights."""
-    runner = runner or StageRunner(job.model, 0, job.model.n_layers, job.seed, job.optimizer)
+    """Per-step losses of steps [start, start + steps) and the runner holding the final weights.
+    ``cuts``: where the swarm's pipeline is cut (the plan's stage starts after the first), which is
+    where a job with ``model.bottleneck_rank`` has its bottlenecks; nothing changes without one."""
+    runner = runner or StageRunner(job.model, 0, job.model.n_layers, job.seed, job.optimizer, cuts=cuts)
     per_step = job.sequences_per_step
     losses = []
     for step in range(start, start + (job.steps - start if steps is None else steps)):
@@ -44,7 +47,8 @@ def reference_run(
 
 
 def parameters_by_global_name(runner: StageRunner) -> dict[str, torch.Tensor]:
-    """A stage's weights named by global layer index, so stages can be compared with the reference."""
+    """A stage's weights named by global layer index, so stages can be compared with the reference
+    (bottleneck maps are named by their global cut already)."""
     out = {}
     for name, tensor in runner.model.state_dict().items():
         parts = name.split(".")

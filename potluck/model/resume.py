@@ -5,7 +5,8 @@ the copies it keeps for stages with a single replica); the job owner's copy hold
 after churn can also move layer boundaries: the new stage [first, last) may span parts of several old
 stages. Checkpoint tensors name layers by their index inside the old stage, so they are mapped to global
 layer indices (old first + local index) and back to the wanted stage's local indices. Embedding, final
-norm and head keep their names: they belong to whichever stage holds layer 0 or the last layer.
+norm and head keep their names: they belong to whichever stage holds layer 0 or the last layer; the
+bottleneck maps of a cut (``model/bottleneck.py``) keep theirs and go to the stages on either side of it.
 
 Whatever stages are present, the wanted layers must all be covered by stages of one cut (same stage
 count and plan epoch), every one of them verified against its manifest, or ``CheckpointError`` says
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from potluck.model.bottleneck import stage_holds
 from potluck.model.checkpoint import load_stage
 from potluck.protocol.checkpoints import (
     CheckpointRef,
@@ -87,6 +89,9 @@ def load_layers(
             check(meta)
         for name, tensor in tensors.items():
             m = _LAYER.match(name)
+            if stage_holds(name, first, last):  # a bottleneck map of a cut this stage keeps
+                out[name] = tensor
+                continue
             if m is None:  # embedding, final norm, head: kept where this stage has them
                 _, _, rest = name.partition(".")
                 base = rest.split(".")[0]

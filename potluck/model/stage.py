@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from potluck.model.bottleneck import boundary_of
 from potluck.model.device import autocast, autocast_dtype
 from potluck.model.optim import build_optimizer
 from potluck.model.staging import Staging
 from potluck.model.transformer import StageModel
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,9 +46,11 @@ class StageRunner:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     # "auto": bf16 autocast on CUDA, fp32 elsewhere; "bf16": autocast on any device; "fp32": never
     precision: str = "auto"
+    # interior cuts where a whole-model reference applies the job's bottleneck (model/bottleneck.py)
+    cuts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        self.model = StageModel(self.spec, self.first, self.last, self.seed).to(self.device)
+        self.model = StageModel(self.spec, self.first, self.last, self.seed, self.cuts).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, self.optimizer_spec)
@@ -132,7 +138,7 @@ class StageRunner:
             model = copy.deepcopy(self.model)  # parameter hooks are not copied: no overlap callbacks
         else:
             with torch.device("meta"):  # no initialisation work, no memory: the weights come next
-                model = StageModel(self.spec, self.first, self.last, self.seed)
+                model = StageModel(self.spec, self.first, self.last, self.seed, self.cuts)
             model = model.to_empty(device="cpu")
             model.load_state_dict({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
             for name, buf in self.model.named_buffers():  # non-persistent ones (rotary tables) too
@@ -252,8 +258,15 @@ class StageRunner:
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Restore what ``state_tensors`` saved; strict about missing and unexpected weights."""
+        """Restore what ``state_tensors`` saved; strict about missing and unexpected weights, except the
+        bottleneck maps of a cut the saved stages did not have (a re-plan moved it): those keep their
+        identity init."""
         weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
+        fresh = [k for k in self.model.state_dict() if k not in weights and boundary_of(f"model.{k}")]
+        if fresh:
+            logger.warning("no saved bottleneck maps %s: they start from the identity init", fresh)
+            own = self.model.state_dict()
+            weights |= {k: own[k] for k in fresh}
         self.model.load_state_dict(weights, strict=True)
         for name, p in zip(self.names, self.params, strict=True):
             keys = {key: tensors.get(f"optim.{name}.{key}") for key in ("exp_avg", "exp_avg_sq", "step")}

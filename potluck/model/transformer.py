@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from potluck.model.bottleneck import Boundary, check_cuts
 from potluck.protocol.jobspec import ModelSpec
 
 EMBED, HEAD = -1, -2  # generator slots for the embedding and the output head
@@ -75,15 +77,29 @@ class Block(nn.Module):
 
 
 class StageModel(nn.Module):
-    """Layers [first, last) of the model, plus the embedding (first == 0) and the head (last == n)."""
+    """Layers [first, last) of the model, plus the embedding (first == 0) and the head (last == n).
 
-    def __init__(self, spec: ModelSpec, first: int, last: int, seed: int) -> None:
+    With ``spec.bottleneck_rank`` the stage also holds its cuts' maps (``model/bottleneck.py``): the
+    up-projection of the cut it starts at (first > 0), the down-projection of the one it ends at
+    (last < n), and both for each of ``cuts``, interior cuts a whole-model reference mirrors."""
+
+    def __init__(self, spec: ModelSpec, first: int, last: int, seed: int, cuts: Iterable[int] = ()) -> None:
         super().__init__()
         if not 0 <= first < last <= spec.n_layers:
             raise ValueError(f"stage layers [{first}, {last}) outside [0, {spec.n_layers})")
         self.spec, self.first, self.last = spec, first, last
         self.is_first, self.is_last = first == 0, last == spec.n_layers
         d = spec.d_model
+        self.cuts = check_cuts(cuts, first, last) if spec.bottleneck_rank is not None else ()
+        self.boundaries = nn.ModuleDict()  # cut k -> its maps; empty without a bottleneck
+        if spec.bottleneck_rank is not None:
+            r = spec.bottleneck_rank
+            if not self.is_first:
+                self.boundaries[str(first)] = Boundary(d, r, down=False, up=True)
+            for k in self.cuts:
+                self.boundaries[str(k)] = Boundary(d, r, down=True, up=True)
+            if not self.is_last:
+                self.boundaries[str(last)] = Boundary(d, r, down=True, up=False)
         self.embed = nn.Embedding(spec.vocab_size, d) if self.is_first else None
         self.layers = nn.ModuleList(Block(spec) for _ in range(first, last))
         self.norm = RMSNorm(d) if self.is_last else None
@@ -111,13 +127,26 @@ class StageModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (b, t) on the first stage, hidden states (b, t, d) elsewhere; returns hidden states,
-        or logits (b, t, vocab) on the last stage."""
+        or logits (b, t, vocab) on the last stage. With a bottleneck, what crosses a cut is its codes
+        (b, t, r) instead of hidden states, both ways."""
         h = self.embed(x) if self.embed is not None else x
-        for block in self.layers:
+        if not self.is_first and self.boundaries:
+            h = self._boundary(self.first).decode(h)
+        for offset, block in enumerate(self.layers):
             h = block(h, self.cos, self.sin)
+            if self.first + offset + 1 in self.cuts:
+                cut = self._boundary(self.first + offset + 1)
+                h = cut.decode(cut.encode(h))
+        if not self.is_last and self.boundaries:
+            h = self._boundary(self.last).encode(h)
         if self.norm is not None and self.head is not None:
             h = self.head(self.norm(h))
         return h
+
+    def _boundary(self, k: int) -> Boundary:
+        cut = self.boundaries[str(k)]
+        assert isinstance(cut, Boundary)
+        return cut
 
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

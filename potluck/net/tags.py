@@ -71,6 +71,7 @@ class Stream(IntEnum):
     SPOT_EVIDENCE = 14  # pipeline neighbour -> checker: sealed messages of a checked micro-batch
     AUDIT_EVIDENCE = 15  # shard owner -> auditor: the sealed rows of an audited chunk; index = tree
     GONE = 16  # mailbox -> its plan's peers: this peer's stream ended and it refuses connections
+    GATHER = 17  # DiLoCo coded outer sync, replica -> each other replica of its stage; chunk = part
 
 
 class Direction(IntEnum):

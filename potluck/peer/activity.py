@@ -45,12 +45,15 @@ class Activity:
             except Exception:  # telemetry must never break training
                 logger.exception("telemetry event %s not queued", kind)
 
-    def placed(self, job: str, epoch: int, stage: int, replica: int, start: int, layers: str) -> None:
+    def placed(
+        self, job: str, epoch: int, stage: int, replica: int, start: int, layers: str, waves: int = 1
+    ) -> None:
         self.job, self.epoch, self.stage, self.replica, self.step = job, epoch, stage, replica, start
         self.phase, self.why = "syncing", ""
+        two = ", two replicas' shares as tick-tock waves" if waves == 2 else ""
         self.event(
             "placed",
-            f"stage {stage} (layers {layers}), replica {replica} of plan epoch {epoch}",
+            f"stage {stage} (layers {layers}), replica {replica} of plan epoch {epoch}{two}",
             epoch=epoch,
             stage=stage,
             replica=replica,

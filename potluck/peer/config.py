@@ -79,6 +79,9 @@ class TrainerConfig:
     # owner's evidence is ~spot_checks of the upload its step takes anyway (1% at the default), so a
     # slow uplink sends it in a small share of a step; two minutes leave room for a slow step too.
     evidence_timeout_s: float = 120.0
+    # Bytes this peer offers (``--max-memory``; None: no bound). A peer running two waves (tick-tock,
+    # peer/train/waves.py) admits the second only when both fit within it at their staggered peak.
+    max_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class WorkerConfig:
     # Several jobs on one swarm: at most this long serving the job it leaves, until that job's next plan
     # is under way (peer/lease.py), before it follows the job its new lease names anyway
     move_timeout_s: float = 60.0
+    max_memory_bytes: int | None = TrainerConfig.max_memory_bytes  # --max-memory, for the trainer
 
     def checkpoints(self, job: str, home: bool = True) -> Path:
         """Where this peer writes and keeps the checkpoints of ``job``: ``checkpoint_root`` names the
@@ -115,7 +119,13 @@ class WorkerConfig:
 
     def trainer(self) -> TrainerConfig:
         """The trainer's config for this worker's device and bounds."""
-        return TrainerConfig(self.device, self.precision, self.step_timeout_s, self.allreduce_timeout_s)
+        return TrainerConfig(
+            self.device,
+            self.precision,
+            self.step_timeout_s,
+            self.allreduce_timeout_s,
+            max_memory_bytes=self.max_memory_bytes,
+        )
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,9 @@ class PeerConfig:
     threads: int | None = None  # CPU threads torch may use (None: torch's default, all cores)
     # memory this peer offers the swarm (None: all that is free); on CUDA it also caps the allocator
     max_memory_bytes: int | None = None
+    # Work slots offered on the device (docs/ticktock.md): 2 lets the coordinator give this peer two
+    # replicas' shares, run as two staggered waves; the start-up probe then measures the pair speedup.
+    slots: int = 1
     train: bool = True  # follow the coordinator's plan and train (False: membership and links only)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     ttl_s: float = 30.0  # heartbeat lifetime in the DHT; refreshed every third of it

@@ -100,7 +100,7 @@ class PeerDaemon:
         device = pick_device(self.cfg.device)
         # The probe is CPU/GPU-bound: run it off the loop while the node bootstraps.
         probe_task = asyncio.create_task(
-            asyncio.to_thread(probe, device, self.cfg.probe_budget_s), name="probe"
+            asyncio.to_thread(probe, device, self.cfg.probe_budget_s, self.cfg.slots), name="probe"
         )
         try:
             self.node = await SwarmNode.start(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from potluck.compression import DecodeError
 from potluck.errors import PotluckError
 
 
@@ -19,6 +20,15 @@ class ContributionError(CollectiveError):
     def __init__(self, peer: str, message: str) -> None:
         super().__init__(message)
         self.peer = peer
+
+
+class OuterDecodeError(DecodeError, PeerError):
+    """A replica's coded pseudo-gradient cannot be decoded (DiLoCo's coded outer sync); ``who``: its place
+    in the contributions, which the caller maps to the peer."""
+
+    def __init__(self, who: int, message: str) -> None:
+        super().__init__(message)
+        self.who = who
 
 
 class LateError(CollectiveError):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 
 import torch
@@ -52,8 +53,30 @@ def matmul_tflops(
         return 0.0
 
 
-def probe(device: torch.device, budget_s: float = 0.5) -> Hardware:
-    """Describe this machine; ``budget_s`` bounds each of the two matmul benchmarks."""
+def pair_speedup(device: torch.device, budget_s: float, size: int | None = None) -> float:
+    """Two waves' throughput over one wave's on ``device``: the fp32 matmul probe run alone, then on two
+    threads at once (each as the trainer's waves run: its own Python thread, torch's thread pool shared),
+    in products per second. Near 1: one wave fills the device; near 2: a second wave's compute is free.
+    Clipped to (0, 2]: more than 2 is noise on a busy machine."""
+    one = matmul_tflops(device, torch.float32, budget_s, size)
+    rates = [0.0, 0.0]
+
+    def wave(i: int) -> None:
+        rates[i] = matmul_tflops(device, torch.float32, budget_s, size)
+
+    threads = [threading.Thread(target=wave, args=(i,), name=f"pair-probe-{i}") for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if one <= 0.0:
+        return 1.0
+    return round(min(2.0, max(1e-3, sum(rates) / one)), 3)
+
+
+def probe(device: torch.device, budget_s: float = 0.5, slots: int = 1) -> Hardware:
+    """Describe this machine; ``budget_s`` bounds each of the two matmul benchmarks (and, for a peer
+    offering two slots, each half of the pair probe)."""
     kind: DeviceKind
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if device.type == "cuda":
@@ -74,8 +97,12 @@ def probe(device: torch.device, budget_s: float = 0.5) -> Hardware:
         cpu_cores=max(1, cores),
         tflops_fp32=round(fp32, 4),
         tflops_bf16=round(bf16, 4),
+        slots=slots,
+        pair_speedup=pair_speedup(device, budget_s) if slots == 2 and budget_s > 0 else None,
     )
     logger.info("probed %s: %.3f TFLOP/s fp32, %.3f bf16", hw.device_name, fp32, bf16)
+    if hw.pair_speedup is not None:
+        logger.info("two slots: a pair of waves runs at %.2fx one wave's throughput", hw.pair_speedup)
     return hw
 
 

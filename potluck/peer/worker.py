@@ -45,7 +45,8 @@ from potluck.peer.datapaths import local_data
 from potluck.peer.errors import PeerError
 from potluck.peer.follow import LeaseFollower
 from potluck.peer.lease import describe
-from potluck.peer.leave import LeaveView, leave_verdict, switch_deadline, switch_verdict
+from potluck.peer.leave import LeaveView, leave_verdict
+from potluck.peer.replans import Replans
 from potluck.peer.state.copies import CopyDuty
 from potluck.peer.state.source import StateSource
 from potluck.peer.state.sources import start_sources
@@ -70,7 +71,7 @@ VOUCH_EVERY_S = 1.0  # at most one DHT read a second about senders outside the p
 CANCEL_GRACE_S = 5.0  # seconds a cancelled training run may spend unwinding before it is left behind
 
 
-class PlanWorker:
+class PlanWorker(Replans):
     # A newer plan that starts ahead of this peer's running step: trained toward, then switched to
     # (peer/leave.py), no later than the monotonic time in _pending_until.
     _pending: TrainPlan | None = None
@@ -266,9 +267,8 @@ class PlanWorker:
             return
         stage, replica = pos
         a = plan.stages[stage]
-        self.activity.placed(
-            plan.job, plan.epoch, stage, replica, plan.start_step, f"{a.first_layer}-{a.last_layer - 1}"
-        )
+        layers, waves = f"{a.first_layer}-{a.last_layer - 1}", len(plan.shards(stage, replica))
+        self.activity.placed(plan.job, plan.epoch, stage, replica, plan.start_step, layers, waves)
         trainer: Trainer | None = None
         try:
             job = await self._job(plan)
@@ -405,7 +405,8 @@ class PlanWorker:
         self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport, n_params: int
     ) -> None:
         self.steps_done += 1
-        tokens = job.batch.tokens_per_step // plan.n_replicas  # its replica's share passes its stage
+        # its replica's share passes its stage (two shares for a peer running two waves)
+        tokens = job.batch.tokens_per_step * len(plan.shards(stage, replica)) // plan.data_replicas
         self.activity.committed(r.step, tokens, 6.0 * n_params * tokens)
         self.activity.activation_ratio = r.activation_ratio
         tps = job.batch.tokens_per_step / max(r.seconds, 1e-9)
@@ -456,6 +457,9 @@ class PlanWorker:
             replica=replica,
             step=step,
             loss=None if last is None else max(0.0, min(last.loss, 1e6)),
+            activation_ratio=last.activation_ratio
+            if last is not None and last.activation_ratio > 0
+            else None,
             tokens_per_s=self._tokens_per_s,
             timing=last.timing if last else StepTiming(),
             bytes_sent_per_step=last.bytes_sent if last else 0,
@@ -497,81 +501,6 @@ class PlanWorker:
         record = last.model_copy(update={"stored": self._stored, "issued_at": get_dht_time()})
         self._last_record = record
         self._send_later(f"progress-copy-{record.step}", self._put(record))
-
-    # ---- re-plans nobody stopped for, and leaving (peer/leave.py decides) -------------------------------
-
-    def _train_on(self, plan: TrainPlan) -> bool:
-        """True while the running run should train on toward ``plan``'s start step before switching."""
-        running = self._task is not None and not self._task.done()
-        last = self._last_report
-        at = last.step + 1 if last is not None else None
-        verdict, why = switch_verdict(plan.start_step, at, running and plan.status == "training")
-        now = time.monotonic()
-        if verdict == "switch" or at is None or last is None:
-            self._pending = None
-            return False
-        if self._pending is None or self._pending.epoch != plan.epoch:
-            self._pending = plan
-            self._pending_until = switch_deadline(now, plan.start_step, at, last.seconds)
-            logger.info("plan epoch %d from step %d: %s", plan.epoch, plan.start_step, why)
-        if now > self._pending_until:
-            logger.warning(
-                "plan epoch %d: step %d not reached in time; switching", plan.epoch, plan.start_step
-            )
-            self._pending = None
-            return False
-        return True
-
-    def _stop_at_handoff(self, r: StepReport) -> None:
-        """Called after each committed step: stop the run exactly at a pending plan's start step (the
-        next plan poll switches), so every peer of the old plan holds that step."""
-        pending = self._pending
-        if pending is not None and r.step + 1 >= pending.start_step and self._task is not None:
-            logger.info("stopping at step %d for plan epoch %d", r.step + 1, pending.epoch)
-            self._task.cancel()
-
-    async def _overshot(self, plan: TrainPlan) -> bool:
-        """A plan that starts behind the step this peer's run had committed came from stale reports.
-        Commits are all-or-nothing, so no peer of the old plan holds that step any more: say so at
-        once (a "failed" record with the held step, which the next plan starts from) instead of
-        asking holders for it until the fetch gives up. False when this peer has nothing to say."""
-        pos = plan.position(self.peer_id)
-        held = self.state.offered if self.state is not None else None
-        if pos is None or held is None or held.meta.job != plan.job or held.meta.step <= plan.start_step:
-            return False
-        why = f"this peer holds step {held.meta.step}, past the plan's start {plan.start_step}"
-        logger.warning("plan epoch %d: %s; reporting it", plan.epoch, why)
-        await self._publish(plan, pos[0], pos[1], held.meta.step, state="failed", message=why, force=True)
-        return True
-
-    def _note_stop(self, plan: TrainPlan) -> None:
-        """The followed epoch re-published with a pause (``TrainPlan.stop_at``): the run stops after that
-        step, with a checkpoint of it (docs/multijob.md, "Pauses")."""
-        old = self.plan
-        if old is None or plan.issued_at <= old.issued_at or plan.stop_at == old.stop_at:
-            return
-        self.plan = plan if old.position(self.peer_id) is not None else old  # spares: _note_spare's
-        if self._running is not None and plan.stop_at is not None:
-            logger.info("plan epoch %d pauses after step %d", plan.epoch, plan.stop_at)
-            self._running.stop_step = plan.stop_at
-
-    def _spare_reason(self, plan: TrainPlan) -> str:
-        return next((s.reason for s in plan.spares if s.peer_id == self.peer_id), "not placed by the plan")
-
-    async def _note_spare(self, plan: TrainPlan) -> None:
-        """The followed epoch re-published (fresh spares): a peer it does not place learns its reason.
-        Placed peers ignore it, so re-publishing an epoch never disturbs training."""
-        old = self.plan
-        if old is None or plan.issued_at <= old.issued_at or old.position(self.peer_id) is not None:
-            return
-        if plan.position(self.peer_id) is not None or (self._task is not None and not self._task.done()):
-            return
-        self.plan = plan
-        why = self._spare_reason(plan)
-        self.activity.spared(plan.job, plan.epoch, why)
-        if why != self._spare_reason(old):
-            logger.warning("not placed in plan epoch %d: %s", plan.epoch, why)
-            await self._publish(plan, 0, 0, plan.start_step, state="waiting", message=why, force=True)
 
     def newest_plan(self) -> TrainPlan | None:
         """The plan this peer follows, or the newer one it trains on toward."""

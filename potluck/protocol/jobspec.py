@@ -39,6 +39,10 @@ class ModelSpec(_Section):
     n_heads: int = Field(ge=1, le=1024)
     vocab_size: int = Field(ge=2, le=1_048_576)
     seq_len: int = Field(ge=2, le=1_048_576)
+    # A learned low-rank bottleneck at every stage cut (model/bottleneck.py): r numbers per token cross
+    # a cut instead of d_model, both ways. None (the default): no bottleneck, and the field is left out
+    # of the signed record, byte for byte what releases without it sign.
+    bottleneck_rank: int | None = Field(default=None, ge=1, le=65536)
 
     @field_validator("n_heads")
     @classmethod
@@ -47,6 +51,26 @@ class ModelSpec(_Section):
         if d_model is not None and (d_model % v or (d_model // v) % 2):
             raise ValueError(f"d_model ({d_model}) must be n_heads ({v}) times an even head width")
         return v
+
+    @model_validator(mode="after")
+    def _rank_fits_width(self) -> ModelSpec:
+        if self.bottleneck_rank is not None and self.bottleneck_rank > self.d_model:
+            raise ValueError(
+                f"bottleneck_rank ({self.bottleneck_rank}) must be at most d_model ({self.d_model})"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_rank(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        if out.get("bottleneck_rank", 0) is None:
+            del out["bottleneck_rank"]
+        return out
+
+    @property
+    def boundary_width(self) -> int:
+        """Numbers per token crossing a stage cut (each way): the bottleneck's rank, else d_model."""
+        return self.bottleneck_rank or self.d_model
 
     # The shape arithmetic below is the one source for the transformer (potluck.model.transformer builds
     # exactly these tensors, tested) and for the planner's cost model (ModelShape.from_spec).
@@ -123,6 +147,10 @@ class OptimizerSpec(_Section):
     clip_norm: float = Field(default=1.0, ge=0.0, le=1e6)  # 0 disables clipping
 
 
+# CompressionSpec fields left out of the signed job at these defaults (older releases sign without them)
+_LEFT_OUT_AT = (("activations_slow", None), ("slow_link_gbps", 1.0), ("outer", None), ("outer_ef_decay", 1.0))
+
+
 class CompressionSpec(_Section):
     """Codecs on the wire (see docs/compression.md) and how often replicas synchronise."""
 
@@ -130,6 +158,37 @@ class CompressionSpec(_Section):
     gradients: CodecSpec = Field(default="int8:block=64", min_length=1, max_length=256)
     error_feedback: bool = True  # carry what the gradient codec dropped into the next step
     sync_every: int = Field(default=1, ge=1, le=10_000)  # H > 1: DiLoCo local steps between syncs
+    # Selective activation compression (docs/compression.md, "Per-link activation codecs"): pipeline
+    # transfers over a direction slower than ``slow_link_gbps`` (Gbit/s, as the planner measures it) use
+    # this chain instead of ``activations``; the coordinator picks per link and signs it into the plan.
+    # Both are left out of the signed job at their defaults, byte for byte what older releases sign.
+    activations_slow: CodecSpec | None = Field(default=None, min_length=1, max_length=256)
+    slow_link_gbps: float = Field(default=1.0, gt=0.0, le=1e6)
+    # A codec chain for DiLoCo's pseudo-gradients (issue 22): each replica sends its coded pseudo-gradient
+    # to the stage's other replicas (an all-gather) instead of the dense all-reduce with ``gradients``;
+    # what the codec drops is carried to the next sync (error feedback, decayed by ``outer_ef_decay`` per
+    # sync). Both are written only when set, so a job without them signs as releases without the fields.
+    outer: CodecSpec | None = Field(default=None, min_length=1, max_length=256)
+    outer_ef_decay: float = Field(default=1.0, ge=0.0, le=1.0)
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        for key, default in _LEFT_OUT_AT:
+            if key in out and out[key] == default:
+                del out[key]
+        return out
+
+    @model_validator(mode="after")
+    def _outer_needs_local_steps(self) -> CompressionSpec:
+        if self.outer is not None and self.sync_every < 2:
+            raise ValueError(
+                f"compression.outer codes DiLoCo pseudo-gradients: it needs compression.sync_every > 1 "
+                f"(got {self.sync_every})"
+            )
+        if self.outer is None and self.outer_ef_decay != 1.0:
+            raise ValueError("compression.outer_ef_decay applies to compression.outer, which is not set")
+        return self
 
 
 class SyncSpec(_Section):
@@ -267,6 +326,12 @@ class JobSpec(Record):
             raise ValueError(
                 f"sync.policy = 'deadline' needs compression.sync_every = 1 "
                 f"(got {self.compression.sync_every}: DiLoCo local steps)"
+            )
+        if self.compression.outer is not None and self.trust.aggregation != "mean":
+            # the coded pseudo-gradients are averaged as they are; the robust rules run on the tree
+            # all-reduce's one-hop rows, which the all-gather of compression.outer does not build
+            raise ValueError(
+                f"compression.outer needs trust.aggregation = 'mean' (got '{self.trust.aggregation}')"
             )
         return self
 

@@ -69,12 +69,18 @@ class Hardware(BaseModel):
     # it, run tick-tock (docs/ticktock.md). Written only when not 1, so a one-slot peer's record is
     # byte for byte what releases without the field sign and accept.
     slots: int = Field(default=1, ge=1, le=2)
+    # Two waves' throughput over one wave's on this device, measured at start-up by a two-slot peer
+    # (``peer/probe.py``: the matmul probe run alone, then twice at once). The planner prices a second
+    # slot with it; None (not written): not measured.
+    pair_speedup: float | None = Field(default=None, gt=0.0, le=2.0, allow_inf_nan=False)
 
     @model_serializer(mode="wrap")
     def _omit_default_slots(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         out: dict[str, object] = handler(self)
         if out.get("slots") == 1:
             del out["slots"]
+        if out.get("pair_speedup", 0) is None:
+            del out["pair_speedup"]
         return out
 
     @property

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from potluck.protocol.jobspec import AggregationRule
 from potluck.protocol.records import Name, NonNegFloat, PeerId, Record, ShortText, canonical_json
@@ -35,10 +42,24 @@ class StageAssignment(BaseModel):
     peers: list[PeerId] = Field(min_length=1, max_length=4096)  # index = replica (pipeline) number
     trees: list[TreeRecord] = Field(default_factory=list, max_length=64)  # empty: one-hop trees
     aggregation: AggregationRule = "mean"
+    # Tick-tock co-location (docs/ticktock.md): ``waves[i]`` is how many replicas' shares of the batch
+    # peer i runs, as staggered waves on its one device (1 or 2). The stage then trains on sum(waves)
+    # data shards; peer i holds shards sum(waves[:i]) ... + waves[i] - 1. None (not written, so plans
+    # without co-location sign and read as before): one each.
+    waves: list[int] | None = Field(default=None, min_length=1, max_length=4096)
+
+    @model_serializer(mode="wrap")
+    def _omit_default_waves(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        if out.get("waves", 0) is None:
+            del out["waves"]
+        return out
 
     @model_validator(mode="after")
     def _trees_span_the_group(self) -> StageAssignment:
         n = len(self.peers)
+        if self.waves is not None and (len(self.waves) != n or any(w not in (1, 2) for w in self.waves)):
+            raise ValueError(f"waves needs one entry of 1 or 2 per replica ({n}), got {self.waves}")
         if self.aggregation != "mean" and self.trees:
             raise ValueError(f"aggregation {self.aggregation!r} needs one-hop trees (an empty tree list)")
         for t in self.trees:
@@ -47,6 +68,40 @@ class StageAssignment(BaseModel):
             if any(not -1 <= p < n or p == i for i, p in enumerate(t.parents)):
                 raise ValueError("tree parents must name another replica of the stage")
         return self
+
+
+# A codec chain as ``potluck.compression`` spells it ("int4:block=32|zstd"); the protocol cannot parse it
+# (it does not import the codecs): the coordinator writes only chains ``get_codec`` accepts, and a peer
+# refuses a plan whose chain it cannot build before it trains a step.
+Chain = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_.:=,|+\- ]+$")]
+MAX_LINK_CHAINS = 16  # distinct chains one plan may name for its links
+ChainIndex = Annotated[int, Field(ge=0, lt=MAX_LINK_CHAINS)]  # into LinkCodecs.chains
+LinkRow = Annotated[list[ChainIndex], Field(min_length=1, max_length=4096)]  # one entry per replica
+
+
+class LinkCodecs(BaseModel):
+    """The activation codecs of a plan's pipeline links. ``chains`` names them once; ``forward[j][i]``
+    indexes the chain of the activations replica i of stage j sends replica i of stage j + 1, and
+    ``backward[j][i]`` that of the gradients sent back over the same pair (indices keep a large plan
+    within one DHT value: a byte or two per link and direction)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chains: list[Chain] = Field(min_length=1, max_length=MAX_LINK_CHAINS)
+    forward: list[LinkRow] = Field(min_length=1, max_length=1023)  # one row per stage boundary
+    backward: list[LinkRow] = Field(min_length=1, max_length=1023)
+
+    @model_validator(mode="after")
+    def _indices_name_chains(self) -> LinkCodecs:
+        n = len(self.chains)
+        if len(set(self.chains)) != n:
+            raise ValueError("link codec chains repeat")
+        if any(k >= n for row in (*self.forward, *self.backward) for k in row):
+            raise ValueError(f"a link codec index is past the {n} chains named")
+        return self
+
+    def chain(self, boundary: int, replica: int, backward: bool) -> str:
+        return self.chains[(self.backward if backward else self.forward)[boundary][replica]]
 
 
 class Spare(BaseModel):
@@ -80,6 +135,10 @@ class TrainPlan(Record):
     # re-publishing the running epoch; None (the default, left out of the signed bytes so that peers of
     # an older version still read every plan that does not pause): train to the job's last step.
     stop_at: int | None = Field(default=None, ge=1, le=10**9)
+    # Per-link activation codecs (the job's ``compression.activations_slow``, coordinator/job/codecs.py).
+    # None (the default, left out of the signed bytes as older versions sign and read it): every link
+    # uses the job's ``compression.activations``.
+    link_codecs: LinkCodecs | None = None
     issued_at: NonNegFloat
 
     @model_validator(mode="after")
@@ -96,15 +155,39 @@ class TrainPlan(Record):
             if seen & set(st.peers) or len(set(st.peers)) != len(st.peers):
                 raise ValueError(f"stage {j} repeats a peer: a peer runs at most one stage")
             seen |= set(st.peers)
+        if len(self.stages) > 1 and any(st.waves is not None for st in self.stages):
+            # a wave runs the whole model from tokens to loss (peer/train/waves.py); waves of a middle
+            # stage would need two pipelines' activations on one peer, which no executor runs yet
+            raise ValueError("waves (tick-tock replicas) need a one-stage plan")
         if self.stop_at is not None and self.stop_at < self.start_step:
             raise ValueError(f"stop_at {self.stop_at} is before the plan's start step {self.start_step}")
+        self._links_fit(width)
         return self
+
+    def _links_fit(self, width: int) -> None:
+        links = self.link_codecs
+        if links is None:
+            return
+        boundaries = len(self.stages) - 1
+        if len(links.forward) != boundaries or len(links.backward) != boundaries:
+            raise ValueError(f"link codecs must have one row per stage boundary ({boundaries})")
+        if any(len(row) != width for row in (*links.forward, *links.backward)):
+            raise ValueError(f"link codec rows need one entry per replica ({width})")
 
     def canonical_bytes(self) -> bytes:
         body = self.model_dump(mode="json")
-        if body.get("stop_at") is None:
-            body.pop("stop_at", None)  # as older versions sign and read it
+        for key in ("stop_at", "link_codecs"):
+            if body.get(key) is None:
+                body.pop(key, None)  # as older versions sign and read it
         return canonical_json(body)
+
+    def link_chain(self, boundary: int, replica: int, backward: bool, default: str) -> str:
+        """The chain coding boundary ``boundary``'s (stage j -> j + 1) transfers of ``replica``:
+        activations forward, or (``backward``) their gradients; ``default`` (the job's) when the
+        plan names none."""
+        if self.link_codecs is None:
+            return default
+        return self.link_codecs.chain(boundary, replica, backward)
 
     @property
     def n_layers(self) -> int:
@@ -113,6 +196,21 @@ class TrainPlan(Record):
     @property
     def n_replicas(self) -> int:
         return len(self.stages[0].peers)
+
+    @property
+    def data_replicas(self) -> int:
+        """How many data shards each step's batch is split into: the replicas, counting each of a
+        co-located peer's waves as one (``StageAssignment.waves``)."""
+        waves = self.stages[0].waves
+        return self.n_replicas if waves is None else sum(waves)
+
+    def shards(self, stage: int, replica: int) -> range:
+        """The data shards replica ``replica`` of ``stage`` trains on: one, or one per wave."""
+        waves = self.stages[stage].waves
+        if waves is None:
+            return range(replica, replica + 1)
+        first = sum(waves[:replica])
+        return range(first, first + waves[replica])
 
     @property
     def leader(self) -> str:
@@ -228,4 +326,14 @@ class Progress(Record):
     # The reporter's signed testimony on its stage's other replicas under this plan: how many of their
     # contributions it aggregated and how many it refused or clipped (coordinator/job/accuse.py).
     witnessed: list[Witness] = Field(default_factory=list, max_length=64)
+    # fp32 bytes per wire byte of the activations and activation gradients it sent in its last step
+    # (``StepReport.activation_ratio``): the planner prices links with it instead of the codec's own
+    # estimate. None (the default, left out of the signed bytes as older versions sign it): unmeasured.
+    activation_ratio: float | None = Field(default=None, gt=0.0, le=1e6, allow_inf_nan=False)
     issued_at: NonNegFloat
+
+    def canonical_bytes(self) -> bytes:
+        body = self.model_dump(mode="json")
+        if body.get("activation_ratio") is None:
+            body.pop("activation_ratio", None)
+        return canonical_json(body)

@@ -4,7 +4,8 @@
 between peers whose stages are cut differently names use GLOBAL layer indices instead, so a fetcher can
 ask for any layers [first, last) a holder covers and rename them to its own local indices. Embedding,
 final norm and head keep their names and travel with whichever range starts at layer 0 or ends at the
-last layer (the same rule as ``resume.load_layers``).
+last layer (the same rule as ``resume.load_layers``); a cut's bottleneck maps keep theirs and travel
+with the ranges on either side of the cut.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from potluck.model.bottleneck import boundary_of, stage_holds
 from potluck.protocol.checkpoints import StageMeta
 from potluck.transfer.errors import TransferError
 from potluck.transfer.manifest import ITEMSIZE, TensorEntry
@@ -62,6 +64,8 @@ def select(tensors: dict[str, torch.Tensor], first: int, last: int, n_layers: in
         where = layer_of(name)
         if isinstance(where, int):
             keep = first <= where < last
+        elif boundary_of(name) is not None:  # a bottleneck map: the stages on either side of its cut
+            keep = stage_holds(name, first, last)
         else:
             keep = (_ENDS.get(where) == "first" and first == 0) or (
                 _ENDS.get(where) == "last" and last == n_layers

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from potluck.model.layerwise import Layerwise, stage_layers
-from potluck.model.memprofile import measure_profile
+from potluck.model.memprofile import measure_profile, offset_of
 from potluck.model.optim import clip_coefficient
 from potluck.model.stage import StageRunner
 from potluck.peer.train.ticktock import TickTock, merge_gradients
@@ -193,12 +193,9 @@ def ticktock_replicas(batches: list, spec: ModelSpec = TINY, budget_ratio: float
     probe = StageRunner(spec, 0, spec.n_layers, 0, OPT)
     x0, y0, _ = batches[0][0][0]
     profile = measure_profile(stage_layers(probe.model), lambda: (x0, y0), probe.params, repeats=2)
-    tt = TickTock(
-        [stage_layers(r.model) for r in reps],
-        profile,
-        budget_ratio * profile.peak_bytes,
-        [r.params for r in reps],
-    )
+    # a profile measured on a loaded machine may need more than budget_ratio x its peak to admit a pair
+    budget = max(budget_ratio * profile.peak_bytes, offset_of(profile).combined_peak)
+    tt = TickTock([stage_layers(r.model) for r in reps], profile, budget, [r.params for r in reps])
     losses = []
     for step in batches:
         report = tt.run_step(step)

@@ -15,7 +15,7 @@ from potluck.net.mailbox import Mailbox
 from potluck.peer.config import TrainerConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.jobspec import AggregationRule, JobSpec
-from potluck.protocol.training import Progress, StageAssignment, TrainPlan
+from potluck.protocol.training import LinkCodecs, Progress, StageAssignment, TrainPlan
 from tests.helpers.hostile import Forge, HostileMailbox
 from tests.helpers.p2p import keyed_group
 
@@ -51,10 +51,13 @@ def make_plan(
     epoch: int = 1,
     start_step: int = 0,
     aggregation: AggregationRule = "mean",
+    waves: list[int] | None = None,
+    link_codecs: LinkCodecs | None = None,
 ) -> TrainPlan:
-    """grid[j][i]: the peer of stage j, replica i."""
+    """grid[j][i]: the peer of stage j, replica i; ``waves``: per replica of a one-stage plan;
+    ``link_codecs``: per-link activation chains."""
     stages = [
-        StageAssignment(first_layer=a, last_layer=b, peers=row, aggregation=aggregation)
+        StageAssignment(first_layer=a, last_layer=b, peers=row, aggregation=aggregation, waves=waves)
         for (a, b), row in zip(splits, grid, strict=True)
     ]
     return TrainPlan(
@@ -63,6 +66,7 @@ def make_plan(
         start_step=start_step,
         stages=stages,
         micro_batches=2,
+        link_codecs=link_codecs,
         issued_at=get_dht_time(),
     )
 
@@ -82,13 +86,17 @@ async def train_swarm(
     make_box: Callable[[int, P2P], Mailbox] | None = None,
     on_step: Callable[[tuple[int, int], StepReport, dict[tuple[int, int], Trainer]], None] | None = None,
     setup: Callable[[dict[tuple[int, int], Trainer]], None] | None = None,
+    waves: list[int] | None = None,
+    link_codecs: LinkCodecs | None = None,
+    own_disks: bool = False,
 ) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:
     """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers.
 
     ``hostile``: replica index -> how that replica (of every stage) rewrites the gradients it sends;
     ``make_box(replica, node)``: the mailbox of each peer instead (any attack); ``on_step``: called
     with (stage, replica), the report and every trainer after each committed step; ``setup``: called
-    with every trainer before training starts (to make some of them hostile)."""
+    with every trainer before training starts (to make some of them hostile); ``waves``: per replica
+    of a one-stage plan, how many data shards it trains as tick-tock waves (1 or 2)."""
     dataset = tiny_dataset(job)
     hostile = hostile or {}
     tcfg = TransportConfig(timeout_s=30)
@@ -111,14 +119,15 @@ async def train_swarm(
             await box.start()
         ids = [b.peer_id for b in boxes]
         grid = [[ids[j * n_replicas + i] for i in range(n_replicas)] for j in range(n_stages)]
-        plan = make_plan(job, grid, splits, epoch=epoch, start_step=start_step, aggregation=aggregation)
+        plan = make_plan(job, grid, splits, epoch, start_step, aggregation, waves, link_codecs)
         trainers = {}
         reports: dict[tuple[int, int], list[StepReport]] = {}
-        for box in boxes:
+        for k, box in enumerate(boxes):
             trainer_cfg = cfg or TrainerConfig(step_timeout_s=60)
-            tr = Trainer(
-                box, job, plan, dataset, trainer_cfg, checkpoint_root, identity=identities[box.peer_id]
-            )
+            # ``own_disks``: peer k writes under <root>/disk-k, as separate machines do (replicas whose
+            # states differ, DiLoCo's inner AdamW moments, must not write one shared file)
+            root = checkpoint_root / f"disk-{k}" if own_disks else checkpoint_root
+            tr = Trainer(box, job, plan, dataset, trainer_cfg, root, identity=identities[box.peer_id])
             trainers[(tr.stage, tr.replica)] = tr
             reports[(tr.stage, tr.replica)] = []
 

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from potluck.peer.train.straggle import TEST_DELAY_ENV
 from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
 from tests.helpers.logs import launch_summary, wait_for
@@ -19,6 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 STEPS_A, STEPS_B = 2000, 400  # A must outlast two rounds after B arrives (~25 steps/s here)
 LEASE_S = 10
+STEP_DELAY_S = 0.02
 
 
 def _pauses_resume_where_they_stopped(text: str, job: str) -> int:
@@ -32,7 +34,10 @@ def _pauses_resume_where_they_stopped(text: str, job: str) -> int:
     return len(pauses)
 
 
-def test_a_job_left_short_by_its_lease_pauses_and_resumes_from_the_step_it_stopped_at(tmp_path):
+def test_a_job_left_short_by_its_lease_pauses_and_resumes_from_the_step_it_stopped_at(tmp_path, monkeypatch):
+    # At most ~45 steps/s whatever the machine: on a quiet fast one A ended before B's lease took its
+    # peers, and nobody paused. Every peer process inherits this test-only delay (s per step).
+    monkeypatch.setenv(TEST_DELAY_ENV, str(STEP_DELAY_S))
     for name, steps, seed in (("pa", STEPS_A, 0), ("pb", STEPS_B, 1)):
         text = job_toml(name, steps=steps, ckpt=tmp_path / f"{name}-ckpt", interval=1000, seed=seed, stages=2)
         (tmp_path / f"{name}.toml").write_text(text.replace("[limits]", "[limits]\nmax_replicas = 1"))

@@ -133,3 +133,40 @@ def test_diloco_local_steps_resync_replicas_every_h_steps(tmp_path):
         a, b = trainers[(stage, 0)].runner.params, trainers[(stage, 1)].runner.params
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
         assert trainers[(stage, 0)].diloco is not None and trainers[(stage, 0)].diloco.syncs == 2
+
+
+def test_coded_outer_sync_keeps_replicas_identical_on_a_fraction_of_the_bytes(tmp_path):
+    """compression.outer (issue 22): 1 stage x 2 replicas, H = 4; the replicas all-gather 2-bit coded
+    pseudo-gradients instead of all-reducing them dense in fp32."""
+    dense = tiny_job(steps=8, compression={"sync_every": 4})
+    coded = tiny_job(steps=8, compression={"sync_every": 4, "outer": "int2:block=512|zstd"})
+    base, _ = asyncio.run(train_swarm(dense, 1, 2, [(0, 4)], tmp_path / "dense"))
+    reports, trainers = asyncio.run(train_swarm(coded, 1, 2, [(0, 4)], tmp_path / "coded"))
+    losses = [r.loss for r in reports[(0, 0)]]
+    assert len(losses) == 8 and losses[-1] < losses[0] - 0.3  # it learns
+    a, b = trainers[(0, 0)], trainers[(0, 1)]
+    assert a.diloco is not None and a.diloco.syncs == 2 and a.diloco.outer_codec is not None
+    assert all(torch.equal(x, y) for x, y in zip(a.runner.params, b.runner.params, strict=True))
+    # a single stage sends only its commit votes and the outer syncs (steps 3 and 7): a sync step's bytes
+    # less the step before's are the sync's
+    sync_coded = sum(reports[(0, 0)][s].bytes_sent - reports[(0, 0)][s - 1].bytes_sent for s in (3, 7))
+    sync_dense = sum(base[(0, 0)][s].bytes_sent - base[(0, 0)][s - 1].bytes_sent for s in (3, 7))
+    assert sync_coded < sync_dense / 8, (sync_coded, sync_dense)
+    assert abs(losses[-1] - base[(0, 0)][-1].loss) / base[(0, 0)][-1].loss < 0.05
+
+
+def test_coded_outer_sync_resumes_from_a_checkpoint_with_an_empty_residual(tmp_path):
+    job = tiny_job(
+        steps=8, checkpoint={"interval": 4}, compression={"sync_every": 4, "outer": "int2:block=512|zstd"}
+    )
+    # each replica on its own disk: their inner AdamW moments differ, so their checkpoints do too
+    first, _ = asyncio.run(train_swarm(job, 1, 2, [(0, 4)], tmp_path, stop_after=4, own_disks=True))
+    assert first[(0, 0)][-1].checkpoint is not None  # taken right after the step-4 sync
+    rest, trainers = asyncio.run(
+        train_swarm(job, 1, 2, [(0, 4)], tmp_path, start_step=4, epoch=2, own_disks=True)
+    )
+    assert [r.step for r in rest[(0, 0)]] == list(range(4, 8))
+    a, b = trainers[(0, 0)], trainers[(0, 1)]
+    assert a.diloco is not None and a.diloco.outer_codec is not None and a.diloco.syncs == 1
+    assert all(torch.equal(x, y) for x, y in zip(a.runner.params, b.runner.params, strict=True))
+    assert rest[(0, 0)][-1].loss < first[(0, 0)][0].loss - 0.3

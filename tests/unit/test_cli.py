@@ -49,6 +49,18 @@ def test_bad_job_file_names_field(tmp_path):
     assert "field `model`" in result.output
 
 
+def test_a_codec_chain_this_release_cannot_build_is_refused_at_launch(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        'name = "x"\n[model]\nn_layers = 2\nd_model = 64\nn_heads = 4\nvocab_size = 256\nseq_len = 16\n'
+        "[batch]\ntokens_per_step = 64\nmicro_batch_size = 2\n"
+        '[compression]\nsync_every = 4\nouter = "int9|zstd"\n'
+    )
+    result = runner.invoke(app, ["launch", str(job)])
+    assert result.exit_code == 2
+    assert "compression.outer = 'int9|zstd'" in " ".join(result.output.split())
+
+
 def test_log_level_and_json_lines_from_the_environment(monkeypatch):
     """The CLI configures logging once: POTLUCK_LOGLEVEL sets the level, POTLUCK_LOGFORMAT=json the format."""
     monkeypatch.setenv("POTLUCK_LOGLEVEL", "ERROR")

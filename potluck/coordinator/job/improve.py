@@ -18,6 +18,7 @@ import statistics
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from potluck.coordinator.job.colocation import pair_speedups
 from potluck.coordinator.job.plan import (
     DEFAULT_GBPS,
     JobPlanConfig,
@@ -137,7 +138,7 @@ def predicted_step_s(plan: TrainPlan, job: JobSpec, state: SwarmState, speeds: M
         dev = device_of(state.peers[p].record)
         devices[p] = DeviceSpec(speeds[p], dev.memory_gb) if speeds.get(p, 0.0) > 0 else dev
     net, _ = network(state, order)
-    return float(predict_step(plan, job, devices, net, order).total)
+    return float(predict_step(plan, job, devices, net, order, pair_speedups(state, order)).total)
 
 
 def full_reason(job: JobSpec, plan: TrainPlan) -> str:

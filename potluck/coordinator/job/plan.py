@@ -10,18 +10,24 @@ packed over their measured links.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from potluck.compression import get_codec
 from potluck.coordinator.errors import NetModelError, PackingError
 from potluck.coordinator.job.claims import believed_access, believed_tflops, plausible_tflops, tflops_ceiling
+from potluck.coordinator.job.codecs import codec_ratios, select_link_codecs
+from potluck.coordinator.job.colocation import (
+    colocated_placement,
+    pair_speedups,
+    slot_profiles,
+    unfold,
+    why_not,
+)
 from potluck.coordinator.placement import PlacementPlan, PlannerConfig, PlanningState, plan
 from potluck.coordinator.placement.costmodel import (
     BatchSpec,
-    CodecRatios,
     DeviceSpec,
     ModelShape,
     StepBreakdown,
@@ -44,7 +50,7 @@ from potluck.coordinator.trees.plan import choose_tree_plan, to_schedule
 from potluck.protocol.collective import schedule_to_records
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.records import PeerRecord
-from potluck.protocol.training import Spare, StageAssignment, TrainPlan, TreeRecord
+from potluck.protocol.training import LinkCodecs, Spare, StageAssignment, TrainPlan, TreeRecord
 
 logger = logging.getLogger(__name__)
 
@@ -98,16 +104,14 @@ class JobPlanConfig:
     max_trees_per_stage: int = 8
 
 
-def step_job(job: JobSpec) -> StepJob:
-    """The planner's view of the job: fp32 weights + grads + AdamW moments (16 B/param), no recompute."""
+def step_job(job: JobSpec, measured_ratios: Mapping[str, float] | None = None) -> StepJob:
+    """The planner's view of the job: fp32 weights + grads + AdamW moments (16 B/param), no recompute.
+    Links are priced at the codec each will use (``codecs.codec_ratios``): the ratio the peers measured
+    on the job where ``measured_ratios`` (fp32 bytes per wire byte per chain) has it, else the codec
+    library's own estimate, times rank / d_model with a bottleneck at the cuts."""
     shape = ModelShape.from_spec(job.model)  # the spec's arithmetic, shared with the transformer
-    # Bytes on the wire per byte of fp16 payload, as the codec library itself estimates them.
-    probe = (1 << 16,)
-    act, grad = (
-        get_codec(spec).estimate_bytes(probe) / (2.0 * probe[0])
-        for spec in (job.compression.activations, job.compression.gradients)
-    )
-    ratios = CodecRatios(act, act, grad, grad)
+    width = job.model.boundary_width / job.model.d_model  # a bottleneck sends rank, not d_model, numbers
+    ratios = codec_ratios(job.compression, measured_ratios, width)
     return StepJob(
         shape, BatchSpec(job.sequences_per_step, job.batch.micro_batch_size), ratios, recompute=False
     )
@@ -204,15 +208,17 @@ def make_train_plan(
     cfg: JobPlanConfig | None = None,
     measured_tflops: dict[str, float] | None = None,
     distrusted: frozenset[str] = frozenset(),
+    measured_ratios: Mapping[str, float] | None = None,
 ) -> tuple[TrainPlan | None, PlacementPlan | None, str]:
     """(plan, the planner's placement, reason). None when the swarm cannot run the job yet.
 
     ``measured_tflops``: peers' effective speed on this job from earlier steps (``calibrated_tflops``);
     it replaces their start-up probe, which a busy machine or a cold device can get badly wrong, and a
     hostile peer's lie. Unmeasured claims are capped (``claims.believed_tflops``); ``distrusted``: peers
-    whose claims proved false, believed no faster than the median until measured."""
+    whose claims proved false, believed no faster than the median until measured. ``measured_ratios``:
+    the activation codecs' ratios measured on the job (``codecs.measured_chain_ratios``)."""
     cfg = cfg or JobPlanConfig()
-    sj = step_job(job)
+    sj = step_job(job, measured_ratios)
     usable, spares = usable_peers(state, job)
     if len(usable) < job.min_peers:
         return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
@@ -242,6 +248,17 @@ def make_train_plan(
         }
     )
     placement, reason = plan(pstate, sj, now, previous, pcfg)  # falls back to a fresh plan itself
+    # Peers offering two slots: a one-stage plan that gives them two waves each, where it is faster (or
+    # the only plan with the replicas the job asks for); docs/ticktock.md
+    waves: dict[str, int] = {}
+    two_slot = slot_profiles(state, usable)
+    blocked = why_not(job) if two_slot else None
+    if two_slot and blocked is None:
+        co = colocated_placement(pstate, sj, two_slot, pcfg, placement)
+        if co is not None:
+            placement, waves, reason = co
+    elif blocked is not None:
+        reason = f"{reason}; second slots unused: {blocked}"
     if placement is None:
         return None, None, reason
     placement = public_leader(placement, {p for p in usable if state.peers[p].record.behind_nat})
@@ -263,6 +280,7 @@ def make_train_plan(
                 peers=list(peers),
                 trees=trees,
                 aggregation=rule,
+                waves=[waves[p] for p in peers] if waves else None,
             )
         )
         first += n_layers
@@ -275,16 +293,27 @@ def make_train_plan(
         micro_batches=max(1, placement.micro_batches),
         spares=spares,
         predicted_step_s=float(min(placement.cost, 1e9)),
+        link_codecs=plan_link_codecs(placement, index, net, job),
         issued_at=now,
     )
     devices = {p: device(p) for p in usable}
     memory = [min(devices[p].memory_gb for p in st.peers) for st in train.stages]
-    ahead = run_ahead_for(predict_step(train, job, devices, net, usable), train.micro_batches, sj, memory)
+    speedups = pair_speedups(state, usable)
+    br = predict_step(train, job, devices, net, usable, speedups, measured_ratios)
+    ahead = run_ahead_for(br, train.micro_batches, sj, memory)
     if ahead:
         train = train.model_copy(update={"run_ahead": ahead})
-        predicted = predict_step(train, job, devices, net, usable).total
+        predicted = predict_step(train, job, devices, net, usable, speedups, measured_ratios).total
         train = train.model_copy(update={"predicted_step_s": float(min(predicted, 1e9))})
     return train, placement, f"{reason}; {net_note}"
+
+
+def plan_link_codecs(
+    placement: PlacementPlan, index: dict[str, int], net: NetModel, job: JobSpec
+) -> LinkCodecs | None:
+    """The activation chain of every boundary link of ``placement`` (``codecs.select_link_codecs``)."""
+    grid = [[index[str(p)] for p in row] for row in placement.stages]
+    return select_link_codecs(grid, net, job.compression)
 
 
 MAX_RUN_AHEAD = 16  # micro-batches beyond 1F1B's in flight per stage (their activations stay in memory)
@@ -315,17 +344,24 @@ def run_ahead_for(
 
 
 def predict_step(
-    plan: TrainPlan, job: JobSpec, devices: dict[str, DeviceSpec], net: NetModel, order: list[str]
+    plan: TrainPlan,
+    job: JobSpec,
+    devices: dict[str, DeviceSpec],
+    net: NetModel,
+    order: list[str],
+    speedups: Mapping[str, float] | None = None,
+    measured_ratios: Mapping[str, float] | None = None,
 ) -> StepBreakdown:
     """The step-time model evaluated on a fixed plan (its placement and layer split), for checking the
-    model against measured steps. ``order`` names the peers of ``net``'s rows."""
-    sj = step_job(job)
+    model against measured steps. ``order`` names the peers of ``net``'s rows; a peer running two waves
+    counts as two slots sharing its device (``speedups``: the pair speedups peers measured);
+    ``measured_ratios``: the codec ratios peers measured (``step_job``)."""
+    sj = step_job(job, measured_ratios)
+    rows, devices, net, order = unfold(plan, devices, net, order, sj, speedups or {})
     index = {p: i for i, p in enumerate(order)}
-    obj = StepObjective(net, [devices[p] for p in order], sj, len(plan.stages), plan.n_replicas)
-    stats = [obj.group_stat(np.array([index[p] for p in st.peers], dtype=np.int64)) for st in plan.stages]
-    pairs = [
-        zip(plan.stages[j].peers, plan.stages[j + 1].peers, strict=True) for j in range(len(plan.stages) - 1)
-    ]
+    obj = StepObjective(net, [devices[p] for p in order], sj, len(plan.stages), len(rows[0]))
+    stats = [obj.group_stat(np.array([index[p] for p in row], dtype=np.int64)) for row in rows]
+    pairs = [zip(rows[j], rows[j + 1], strict=True) for j in range(len(rows) - 1)]
     matched = [[(index[a], index[b]) for a, b in pair] for pair in pairs]
     edges = np.array([max(obj.link[a, b] for a, b in pair) for pair in matched])
     one_way = np.maximum(net.latency_ms, net.latency_ms.T) / 1e3
@@ -334,21 +370,19 @@ def predict_step(
     memory = np.array([s[1] for s in stats])
     layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
     lat, per_byte = np.stack([s[2] for s in stats]), np.stack([s[3] for s in stats])
-    return step_time(
-        speed, memory, edges, lat, per_byte, sj, plan.n_replicas, layers, plan.run_ahead, latency
-    )
+    return step_time(speed, memory, edges, lat, per_byte, sj, len(rows[0]), layers, plan.run_ahead, latency)
 
 
 def calibrated_tflops(plan: TrainPlan, job: JobSpec, compute_s: dict[str, float]) -> dict[str, float]:
     """Each peer's effective TFLOP/s on this job: the model's FLOPs of its stage per step divided by the
     compute seconds it measured per step (what a re-plan should use instead of the start-up probe)."""
     sj = step_job(job)
-    mb = micro_batches(sj, plan.n_replicas)
+    mb = micro_batches(sj, plan.data_replicas)
     work, head = micro_batch_flops(sj)
     out = {}
     for j, st in enumerate(plan.stages):
         flops = (work * (st.last_layer - st.first_layer) + (head if j == len(plan.stages) - 1 else 0.0)) * mb
-        for p in st.peers:
-            if compute_s.get(p, 0.0) > 0:
-                out[p] = flops / compute_s[p] / 1e12
+        for i, p in enumerate(st.peers):
+            if compute_s.get(p, 0.0) > 0:  # a peer running two waves did two shards' work
+                out[p] = flops * len(plan.shards(j, i)) / compute_s[p] / 1e12
     return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from potluck.coordinator.job.progress import JobProgress
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import Holding, Progress, TrainPlan
@@ -151,3 +152,30 @@ def resume_point(
         return ResumePoint(disk, why, ignored, from_checkpoint=True)
     why = f"every stage reported a checkpoint at step {reported}"
     return ResumePoint(reported, why, ignored, from_checkpoint=True)
+
+
+# Plans in a row that may start from live state before falling back to checkpoints: a live hand-off
+# can fail once for timing (a holder still unwinding its run); twice means the state is not to be had.
+LIVE_RESUME_TRIES = 2
+
+
+def choose_resume(
+    job: JobSpec,
+    plan: TrainPlan | None,
+    progress: JobProgress,
+    live_peers: Collection[str],
+    disks: Collection[str],
+    on_disk: StageMeta | None,
+) -> ResumePoint:
+    """``resume_point`` from what the job's progress records say: live state (not after a pause, whose
+    checkpoint is the point, nor once live state failed ``LIVE_RESUME_TRIES`` times in a row while a
+    checkpoint exists), the checkpoints the peers of ``disks`` reported, and the coordinator's own."""
+    live = None
+    if plan is not None and plan.stop_at is None:
+        live = live_step(plan, progress.latest, live_peers, progress.holdings, progress.also_holdings)
+    reported = checkpoint_step(progress.stored, disks, job.model.n_layers)
+    if progress.failures > LIVE_RESUME_TRIES and on_disk is not None:
+        reported = 0
+    if progress.failures >= LIVE_RESUME_TRIES and (on_disk is not None or reported > 0):
+        live = None  # live state failed twice in a row: a checkpoint, when there is one, instead
+    return resume_point(job, on_disk, reported, live)

@@ -137,15 +137,25 @@ def plan_colocated(
     identity = {p: (p, 0) for p in state.peers}
     if not slots or not isinstance(job, StepJob):
         return _stamp(plain, now), reason, identity
-    co = expand(state, slots, job)
-    two, two_reason = fresh_plan(co.state, job, cfg)
+    two, why, owner = colocated_attempt(state, job, slots, cfg)
     if two is not None and (plain is None or two.cost < plain.cost * (1.0 - 1e-9)):
-        shared = colocated_peers(two, co.owner)
-        two.detail["colocated"] = sorted(str(p) for p in shared)
-        why = f"{two_reason}; co-located on {len(shared)} peer(s) (tick-tock)"
         logger.info("plan: %s", why)
-        return _stamp(two, now), why, co.owner
+        return _stamp(two, now), why, owner
     return _stamp(plain, now), f"{reason}; second slots did not pay", identity
+
+
+def colocated_attempt(
+    state: PlanningState, job: StepJob, slots: Mapping[PeerId, SlotProfile], cfg: PlannerConfig
+) -> tuple[PlacementPlan | None, str, Mapping[PeerId, tuple[PeerId, int]]]:
+    """The best fresh plan over the state with second slots: (plan, reason, virtual id -> (peer, slot));
+    ``detail["colocated"]`` names the peers it puts two slots on."""
+    co = expand(state, slots, job)
+    two, reason = fresh_plan(co.state, job, cfg)
+    if two is None:
+        return None, reason, co.owner
+    shared = colocated_peers(two, co.owner)
+    two.detail["colocated"] = sorted(str(p) for p in shared)
+    return two, f"{reason}; co-located on {len(shared)} peer(s) (tick-tock)", co.owner
 
 
 def _stamp(plan: PlacementPlan | None, now: float) -> PlacementPlan | None:

@@ -10,6 +10,7 @@ cheap.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -170,3 +171,14 @@ class StepObjective(Objective):
 
     def badness(self, stat: Any) -> float:
         return 1.0 / float(stat[0])  # slow stages first
+
+
+def fixed_breakdown(
+    net: NetModel, devices: Sequence[DeviceSpec], job: StepJob, grid: Sequence[Sequence[int]]
+) -> StepBreakdown:
+    """The step-time model of one placement as it stands: ``grid[j][i]`` the ``net`` row of the peer
+    running stage j of pipeline i, stages in pipeline order, pipelines matched by column (no search)."""
+    rows = [np.asarray(row, dtype=np.int64) for row in grid]
+    obj = StepObjective(net, devices, job, len(rows), len(rows[0]))
+    edges = np.array([float(obj.link[a, b].max()) for a, b in itertools.pairwise(rows)])
+    return obj.breakdown([obj.group_stat(row) for row in rows], edges)

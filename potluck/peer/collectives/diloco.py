@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from potluck.compression import Codec, DecodeError, ErrorFeedback, get_codec
+from potluck.compression import Codec, DecodeError, ErrorFeedback, all_finite, get_codec
 from potluck.peer.config import DiLoCoConfig
+from potluck.peer.errors import OuterDecodeError
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class DiLoCo:
     def decode_outer(self, contributions: Sequence[Sequence[bytes]]) -> torch.Tensor:
         """The mean of the contributors' decoded pseudo-gradients (in the given order, so every replica
         sums alike). Payloads are checked against this job's codec and part sizes before decoding;
-        anything else raises ``DecodeError`` naming the contributor."""
+        anything else raises ``OuterDecodeError`` (a ``DecodeError``) naming the contributor's place."""
         if self.codec is None:
             raise ValueError("decode_outer needs an OuterCodec")
         if not contributions:
@@ -124,15 +125,18 @@ class DiLoCo:
         acc = torch.zeros(self.numel, dtype=torch.float32)
         for who, payloads in enumerate(contributions):
             if len(payloads) != len(self.parts):
-                raise DecodeError(
+                raise OuterDecodeError(
+                    who,
                     f"contribution {who} has {len(payloads)} payloads; the pseudo-gradient has "
-                    f"{len(self.parts)} parts"
+                    f"{len(self.parts)} parts",
                 )
             for (o, n), data in zip(self.parts, payloads, strict=True):
                 try:
                     self.codec.decode_into(data, acc[o : o + n], accumulate=True)
                 except DecodeError as exc:
-                    raise DecodeError(f"contribution {who}, part at {o}: {exc}") from exc
+                    raise OuterDecodeError(who, f"contribution {who}, part at {o}: {exc}") from exc
+            if not all_finite(acc):  # a forged payload's NaN or Inf scale would poison every replica
+                raise OuterDecodeError(who, f"contribution {who} decodes to NaN or Inf")
         return acc.div_(len(contributions))
 
     def left_out(self) -> None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from potluck.compression import Codec, all_finite
+from potluck.compression import Codec, all_finite, get_codec
 from potluck.compression.errors import CompressionError
 from potluck.model.stage import StageRunner
 from potluck.model.staging import Outgoing
@@ -30,6 +30,7 @@ from potluck.peer.errors import NeighbourError, PipelineError
 from potluck.peer.seal import Ledger
 from potluck.peer.train.schedule import one_f_one_b
 from potluck.protocol.errors import WireError
+from potluck.protocol.training import TrainPlan
 
 T = TypeVar("T")
 
@@ -55,6 +56,38 @@ class MicroBatch:
     boundary: tuple[int, int, int] = (0, 0, 0)
 
 
+@dataclass(frozen=True)
+class PipeCodecs:
+    """The codecs of this peer's two pipeline links, by direction: a plan may code each link, and each
+    direction of it, with its own chain (``TrainPlan.link_codecs``); the receiver decodes strictly with
+    the chain the sender used, so both ends read it from the same signed plan."""
+
+    acts_in: Codec  # activations from the previous stage
+    acts_out: Codec  # activations to the next stage
+    grads_in: Codec  # activation gradients from the next stage
+    grads_out: Codec  # activation gradients back to the previous stage
+
+    @classmethod
+    def same(cls, codec: Codec) -> PipeCodecs:
+        return cls(codec, codec, codec, codec)
+
+
+def link_codecs(plan: TrainPlan, stage: int, replica: int, default: str) -> PipeCodecs:
+    """The codecs of (stage, replica)'s links under ``plan``; ``default``: the job's activation chain.
+    Raises ``SpecError`` (a ``CompressionError``) on a chain this peer cannot build."""
+    built: dict[str, Codec] = {}
+
+    def codec(boundary: int, backward: bool) -> Codec:
+        spec = plan.link_chain(boundary, replica, backward, default) if boundary >= 0 else default
+        if spec not in built:
+            built[spec] = get_codec(spec)
+        return built[spec]
+
+    last = len(plan.stages) - 1
+    nxt = stage if stage < last else -1  # the first and last stage have one link: -1 stands for none
+    return PipeCodecs(codec(stage - 1, False), codec(nxt, False), codec(nxt, True), codec(stage - 1, True))
+
+
 @dataclass
 class Timing:
     """Seconds spent in each part of a step, accumulated by the executor."""
@@ -77,14 +110,15 @@ async def pipeline_step(
     where: Neighbours,
     micro: list[MicroBatch],
     rnd: Round,
-    codec: Codec,
+    codec: Codec | PipeCodecs,
     timeout_s: float,
     timing: Timing,
     ledger: Ledger | None = None,
     run_ahead: int = 0,
 ) -> float:
     """Run the step's forwards and backwards; returns the weighted loss sum (last stage), else 0.0.
-    ``run_ahead``: extra warm-up forwards (the plan's; see ``schedule.one_f_one_b``).
+    ``run_ahead``: extra warm-up forwards (the plan's; see ``schedule.one_f_one_b``). ``codec``: one
+    codec for both links, or each link's and direction's (``link_codecs``).
 
     Parameter gradients are left accumulated in the runner. Raises ``PipelineError`` when a neighbour
     fails to deliver within ``timeout_s`` or sends something undecodable. With a ``ledger`` every
@@ -97,19 +131,22 @@ async def pipeline_step(
     # receive that now never comes: the failure ends that wait, so the error is this peer's own and not
     # a timeout blamed on its neighbour.
     failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    codecs = codec if isinstance(codec, PipeCodecs) else PipeCodecs.same(codec)
 
-    def encode(tag: Tag, out: Outgoing) -> bytes:  # a worker thread: waits for the D2H copy, encodes
+    def encode(tag: Tag, out: Outgoing, c: Codec) -> bytes:  # a worker thread: waits for the D2H copy
         try:
-            return codec.encode(out.wait(), key=(tag.round, tag.stream, tag.chunk))
+            return c.encode(out.wait(), key=(tag.round, tag.stream, tag.chunk))
         finally:
             out.release()
 
-    async def send_one(peer: str, tag: Tag, out: Outgoing) -> None:
+    async def send_one(peer: str, tag: Tag, out: Outgoing, c: Codec) -> None:
         try:
             t0 = time.perf_counter()
-            payload = await asyncio.to_thread(encode, tag, out)
+            payload = await asyncio.to_thread(encode, tag, out, c)
             timing.bytes_sent += len(payload)
-            timing.wire_raw += out.tensor.numel() * 4
+            # raw: fp32 d_model-wide hidden states, what the cut carries without a bottleneck (whose
+            # codes are boundary_width wide), so the ratio counts both the bottleneck and the codec
+            timing.wire_raw += out.tensor.numel() // runner.spec.boundary_width * runner.spec.d_model * 4
             timing.wire_coded += len(payload)
             if ledger is not None:
                 payload = ledger.seal(peer, tag, payload)
@@ -120,10 +157,10 @@ async def pipeline_step(
                 failed.set_exception(e)
             raise
 
-    def send(peer: str, tag: Tag, out: Outgoing) -> None:
+    def send(peer: str, tag: Tag, out: Outgoing, c: Codec) -> None:
         """Encode and send in the background: the next micro-batch's compute overlaps both (and, on a
         GPU, the device-to-host copy, which ``out`` started on the staging stream)."""
-        sends.append(asyncio.create_task(send_one(peer, tag, out)))
+        sends.append(asyncio.create_task(send_one(peer, tag, out, c)))
 
     async def guarded(coro: Awaitable[T]) -> T:
         """``coro``'s result, unless a send fails first (then its error)."""
@@ -138,7 +175,7 @@ async def pipeline_step(
             failed.result()  # raises the send's error
         return task.result()
 
-    async def recv(peer: str, tag: Tag, shape: tuple[int, int, int]) -> torch.Tensor:
+    async def recv(peer: str, tag: Tag, shape: tuple[int, int, int], codec: Codec) -> torch.Tensor:
         t0 = time.perf_counter()
         data = await guarded(box.recv(peer, tag, timeout_s))
         if ledger is not None:
@@ -181,20 +218,22 @@ async def pipeline_step(
                     assert mb.inputs is not None
                     x = mb.inputs
                 else:
-                    x = await recv(where.prev, tag, mb.boundary)
+                    x = await recv(where.prev, tag, mb.boundary, codecs.acts_in)
                 out = await compute(forward, m, x, mb)
                 if isinstance(out, Outgoing):
                     assert where.next is not None
-                    send(where.next, tag, out)
+                    send(where.next, tag, out, codecs.acts_out)
                 else:
                     losses.append((out, mb.share))
             else:
                 tag = make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m)
-                grad = None if where.next is None else await recv(where.next, tag, mb.boundary)
+                grad = (
+                    None if where.next is None else await recv(where.next, tag, mb.boundary, codecs.grads_in)
+                )
                 grad_in = await compute(backward, m, grad)
                 if where.prev is not None:
                     assert grad_in is not None
-                    send(where.prev, tag, grad_in)
+                    send(where.prev, tag, grad_in, codecs.grads_out)
         t0 = time.perf_counter()
         await asyncio.gather(*sends)
         timing.send += time.perf_counter() - t0

@@ -50,7 +50,7 @@ from potluck.peer.train.evidence import (
     uniform,
     unpack_evidence,
 )
-from potluck.peer.train.pipeline import MicroBatch
+from potluck.peer.train.pipeline import MicroBatch, link_codecs
 from potluck.protocol.errors import WireError
 from potluck.protocol.jobspec import TrustSpec
 from potluck.protocol.training import TrainPlan
@@ -162,10 +162,10 @@ class SpotChecks(Duty):
             raise Inconclusive(f"evidence from {peer[-8:]}: {e}") from None
 
     def _open(
-        self, author: str, receiver: str, tag: Tag, sealed: bytes, shape: tuple[int, ...]
+        self, author: str, receiver: str, tag: Tag, sealed: bytes, shape: tuple[int, ...], codec: Codec
     ) -> torch.Tensor:
         try:
-            return self.codec.decode(check_seal(author, receiver, tag, sealed), expect=shape)
+            return codec.decode(check_seal(author, receiver, tag, sealed), expect=shape)
         except (SealError, CompressionError) as e:
             raise Inconclusive(f"evidence of {tag}: {e}") from None
 
@@ -185,6 +185,8 @@ class SpotChecks(Duty):
         if m >= len(batches):  # that replica has fewer sequences this step: nothing to check
             return
         mb = batches[m]
+        # the suspect's links, each direction with the chain the plan gave it (TrainPlan.link_codecs)
+        links = link_codecs(self.plan, j, i, self.codec.spec)
         acts, grads = (
             make_tag(rnd, Stream.ACTIVATIONS, chunk=m),
             make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m),
@@ -193,26 +195,23 @@ class SpotChecks(Duty):
         if j + 1 < len(stages):  # what the suspect sent on, and the gradient that came back to it
             nxt = stages[j + 1].peers[i]
             sent, back = await self._fetch(rnd, nxt, FROM_NEXT, m)
-            y = self._open(suspect, nxt, acts, sent, mb.boundary)
-            g_out = self._open(nxt, suspect, grads, back, mb.boundary)
+            y = self._open(suspect, nxt, acts, sent, mb.boundary, links.acts_out)
+            g_out = self._open(nxt, suspect, grads, back, mb.boundary, links.grads_in)
         if j > 0:  # what the suspect was given, and the gradient it sent back
             prev = stages[j - 1].peers[i]
             given, back = await self._fetch(rnd, prev, FROM_PREV, m)
-            x = self._open(prev, suspect, acts, given, mb.boundary)
-            g_in = self._open(suspect, prev, grads, back, mb.boundary)
+            x = self._open(prev, suspect, acts, given, mb.boundary, links.acts_in)
+            g_in = self._open(suspect, prev, grads, back, mb.boundary, links.grads_out)
         inputs = mb.inputs if x is None else x
         if inputs is None:
             raise Inconclusive("no input to replay")
         y2, g_in2 = await asyncio.to_thread(self.runner.replay, model, inputs, mb.targets, mb.weight, g_out)
         problems = []
         tol = self.trust.spot_tolerance
-        if y is not None and y2 is not None and (err := mismatch(y, y2, self.codec, tol)) is not None:
+        if y is not None and y2 is not None and (err := mismatch(y, y2, links.acts_out, tol)) is not None:
             problems.append(f"its activations are {err:.1%} off")
-        if (
-            g_in is not None
-            and g_in2 is not None
-            and (err := mismatch(g_in, g_in2, self.codec, tol)) is not None
-        ):
+        err = mismatch(g_in, g_in2, links.grads_out, tol) if g_in is not None and g_in2 is not None else None
+        if err is not None:
             problems.append(f"its input gradients are {err:.1%} off")
         self.audit.checked[suspect] += 1
         if problems:

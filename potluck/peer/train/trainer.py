@@ -39,7 +39,7 @@ from potluck.peer.collectives.buckets import BucketSync
 from potluck.peer.collectives.diloco import DiLoCo
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_allreduce
-from potluck.peer.config import AllReduceConfig, DiLoCoConfig, TrainerConfig
+from potluck.peer.config import AllReduceConfig, TrainerConfig
 from potluck.peer.errors import (
     CollectiveError,
     LateError,
@@ -54,10 +54,12 @@ from potluck.peer.train.audit import ShardAudits
 from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.commit import Ready, commit_step
-from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
+from potluck.peer.train.outer import make_diloco, outer_step, stage_gather
+from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
 from potluck.peer.train.recheck import GradientChecks
 from potluck.peer.train.spot import SpotChecks
 from potluck.peer.train.straggle import DeadlineSync, slowdown_s
+from potluck.peer.train.waves import Waves
 from potluck.protocol.checkpoints import StageMeta, plan_stage_meta
 from potluck.protocol.checks import audited, gradients_rechecked, spot_checked
 from potluck.protocol.collective import records_to_schedule
@@ -128,11 +130,13 @@ class Trainer:
         self.checkpoint_root = checkpoint_root  # this peer's own disk, never the job's checkpoint.dir
         comp = job.compression
         self.act_codec = get_codec(comp.activations)
+        # each pipeline link's codecs: the plan's per-link chains (TrainPlan.link_codecs), else the job's
+        self.pipe_codecs = link_codecs(plan, self.stage, self.replica, comp.activations)
         self.grad_codec_spec = comp.gradients
         self.schedule = records_to_schedule(self.assignment.trees, self.assignment.peers)  # or one-hop
         self.diloco: DiLoCo | None = None
-        if comp.sync_every > 1:
-            self.diloco = DiLoCo(self.runner.params, DiLoCoConfig(inner_steps=comp.sync_every))
+        if comp.sync_every > 1:  # compression.outer: a coded outer sync (outer.py)
+            self.diloco = make_diloco(self.runner.params, comp)
         self.audit = Audit()  # contributions this replica refused or found outlying, per peer
         self.deadline: DeadlineSync | None = None  # the job's sync.policy = "deadline"
         if job.sync.policy == "deadline" and self.diloco is None and plan.n_replicas > 1:
@@ -211,6 +215,13 @@ class Trainer:
                 self.micro_batches,
                 cfg.evidence_timeout_s,
             )
+        # Two replicas' shares on this device (StageAssignment.waves): tick-tock waves (train/waves.py)
+        self.shards = plan.shards(self.stage, self.replica)  # the data shards this peer trains on
+        self.waves: Waves | None = None
+        if len(self.shards) == 2:
+            if self.diloco is not None or self.deadline is not None or self.ledger is not None:
+                raise ValueError("two waves need synchronous steps without local steps, deadlines or checks")
+            self.waves = Waves(self.runner, cfg.max_memory_bytes)
         self.step = plan.start_step  # the next step to run
         # A paused job (TrainPlan.stop_at): the run ends after this step, with a checkpoint of it. The
         # worker may set it while the run is under way (the plan re-published with a pause).
@@ -229,8 +240,8 @@ class Trainer:
         first, last = self.assignment.first_layer, self.assignment.last_layer
         tensors = load_layers(root, step, first, last, self.job.model.n_layers)
         self.runner.load_state_tensors(tensors)
-        if self.diloco is not None:
-            self.diloco = DiLoCo(self.runner.params, self.diloco.cfg)  # the snapshot is the loaded weights
+        if self.diloco is not None:  # the snapshot is the loaded weights; the residual starts empty
+            self.diloco = make_diloco(self.runner.params, self.job.compression)
         logger.info("stage %d resumed from %s", self.stage, step_dir(root, step))
 
     def want(self) -> StateWant:
@@ -246,10 +257,12 @@ class Trainer:
             self.took = (fetched.source, time.perf_counter() - t0, nbytes)
             await asyncio.to_thread(self.runner.load_state_tensors, fetched.tensors)
             if self.diloco is not None:
-                self.diloco = DiLoCo(self.runner.params, self.diloco.cfg)
+                self.diloco = make_diloco(self.runner.params, self.job.compression)
             logger.info("stage %d resumed at step %d from %s", self.stage, fetched.step, fetched.source)
         else:
             await asyncio.to_thread(self.restore)
+        if self.waves is not None:  # its own memory profile, on the state it starts from
+            await asyncio.to_thread(self.waves.prepare, self.micro_batches(self.step)[0])
         self._consistent = True
 
     def gradient_ratio(self) -> float:
@@ -278,13 +291,14 @@ class Trainer:
     def most_micro_batches(self) -> int:
         """Micro-batches of the replica with the most sequences (replica 0): replicas hold one more
         sequence than others when the batch does not divide evenly, so their counts may differ."""
-        per_replica = math.ceil(self.job.sequences_per_step / self.plan.n_replicas)
+        per_replica = math.ceil(self.job.sequences_per_step / self.plan.data_replicas)
         return math.ceil(per_replica / self.job.batch.micro_batch_size)
 
     def micro_batches(self, step: int, replica: int | None = None) -> list[MicroBatch]:
-        """This replica's micro-batches of ``step`` (or another replica's, for a spot check)."""
-        per_step, n_rep = self.job.sequences_per_step, self.plan.n_replicas
-        replica = self.replica if replica is None else replica
+        """This replica's micro-batches of ``step`` (its first wave's, with two), or those of data
+        shard ``replica`` (another replica's, for a spot check; shards are replicas without waves)."""
+        per_step, n_rep = self.job.sequences_per_step, self.plan.data_replicas
+        replica = self.shards[0] if replica is None else replica
         batch = self.dataset.replica_batch(step, replica, n_rep, per_step)
         # With local steps each replica averages over its own sequences; otherwise over the global batch
         # (its gradient is then summed with the other replicas').
@@ -298,7 +312,7 @@ class Trainer:
                     targets if self.runner.is_last else None,
                     weight=n / denom,
                     share=n / per_step,
-                    boundary=(n, inputs.shape[1], self.job.model.d_model),
+                    boundary=(n, inputs.shape[1], self.job.model.boundary_width),
                 )
             )
         return out
@@ -349,18 +363,23 @@ class Trainer:
             self.rechecks.before_step()
         failed: PeerError | None = None
         try:
-            loss_part = await pipeline_step(
-                self.box,
-                self.runner,
-                self.where,
-                micro,
-                rnd,
-                self.act_codec,
-                timeout_s,
-                timing,
-                self.ledger,
-                self.plan.run_ahead,
-            )
+            if self.waves is not None:  # a whole-model stage: no pipeline neighbours, two shards
+                both = [micro, self.micro_batches(step, self.shards[1])]
+                loss_part, seconds = await asyncio.to_thread(self.waves.run, both)
+                timing.compute += seconds
+            else:
+                loss_part = await pipeline_step(
+                    self.box,
+                    self.runner,
+                    self.where,
+                    micro,
+                    rnd,
+                    self.pipe_codecs,
+                    timeout_s,
+                    timing,
+                    self.ledger,
+                    self.plan.run_ahead,
+                )
             ready: Ready | None = await self._sync_gradients(rnd, timing, loss_part, timeout_s)
         except LateError:
             ready = None  # left out of the stage's mean: it votes nothing and catches up after the commit
@@ -399,9 +418,13 @@ class Trainer:
         t0 = time.perf_counter()
         self._consistent = False  # until self.step says how many steps the weights have taken
         await asyncio.to_thread(self.runner.step, lr, coef)
+        if self.waves is not None:
+            self.waves.follow()  # the second wave's weights: the first's after the update
         timing.compute += time.perf_counter() - t0
         if self.diloco is not None:
-            await self.diloco.after_inner_step(lambda t: self._outer_allreduce(t, rnd, timing))
+            peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
+            gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing)
+            await outer_step(self.diloco, lambda t: self._outer_allreduce(t, rnd, timing), gather, peers)
         self.step = step + 1
         self._consistent = True
         checkpoint = await self._maybe_checkpoint()

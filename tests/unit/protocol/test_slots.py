@@ -36,3 +36,17 @@ def test_slots_are_bounded(bad: object) -> None:
 def test_a_record_without_slots_validates_as_one_slot() -> None:
     body = json.loads(make_peer_record(Identity.generate()).canonical_bytes())
     assert PeerRecord.model_validate(body).hardware.slots == 1
+
+
+def test_a_pair_speedup_is_written_only_when_measured() -> None:
+    rec = make_peer_record(Identity.generate(), hardware=make_hardware(slots=2))
+    assert "pair_speedup" not in json.loads(rec.canonical_bytes())["hardware"]
+    rec = make_peer_record(Identity.generate(), hardware=make_hardware(slots=2, pair_speedup=1.6))
+    again = PeerRecord.model_validate_json(rec.canonical_bytes())
+    assert again.hardware.pair_speedup == 1.6 and again.canonical_bytes() == rec.canonical_bytes()
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, 2.5, float("nan")])
+def test_a_pair_speedup_is_bounded(bad: float) -> None:
+    with pytest.raises(ValidationError):
+        make_hardware(slots=2, pair_speedup=bad)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 
-from potluck.model.layerwise import stage_layers
-from potluck.model.memprofile import measure_profile
+from potluck.model.layerwise import Layerwise, stage_layers
+from potluck.model.memprofile import MemoryProfile, measure_profile, offset_of
 from potluck.model.stage import StageRunner
 from potluck.peer.errors import ColocationRefused
 from potluck.peer.train.ticktock import TickTock, activation_budget, admit, merge_gradients
@@ -52,6 +53,15 @@ def replicas(single_threaded: None) -> tuple[list[StageRunner], object]:
     return reps, profile
 
 
+def _budget(profile: MemoryProfile) -> float:
+    """1.4x one wave's peak (W2), or the staggered peak where a profile measured on a loaded machine
+    puts it higher (its forward:backward ratio skewed by other processes): the rules under test are the
+    same at any budget that admits the pair and refuses a simultaneous start."""
+    best = offset_of(profile)
+    assert best.ratio < 1.9, f"no stagger helps this profile: {best}"
+    return max(1.4 * profile.peak_bytes, best.combined_peak)
+
+
 def _batches(n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -63,7 +73,7 @@ def _batches(n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, float]
 
 def test_a_simultaneous_start_is_refused_and_d_star_admitted(replicas) -> None:
     _, profile = replicas
-    budget = 1.4 * profile.peak_bytes
+    budget = _budget(profile)
     with pytest.raises(ColocationRefused, match="over the budget"):
         admit(profile, budget, offset_s=0.0)
     o = admit(profile, budget)
@@ -73,21 +83,44 @@ def test_a_simultaneous_start_is_refused_and_d_star_admitted(replicas) -> None:
     assert activation_budget(10_000, 4_000) == 6_000 and activation_budget(1, 2) == 0
 
 
+class _Paced(torch.autograd.Function):
+    """Sleeps SLOW_S in each layer's forward and twice that in its backward: the waves' timing is then
+    set by the sleeps (no CPU), not by whatever else the machine runs, and forward:backward is 1:2."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        time.sleep(SLOW_S)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        time.sleep(2 * SLOW_S)
+        return grad
+
+
+SLOW_S = 0.01  # seconds of sleep per layer forward
+
+
+def _paced(runner: StageRunner) -> Layerwise:
+    lw = stage_layers(runner.model)
+    lw.layers = [lambda x, f=f: _Paced.apply(f(x)) for f in lw.layers]
+    return lw
+
+
 def test_two_waves_stay_within_the_accounted_budget(replicas) -> None:
-    reps, profile = replicas
-    budget = 1.4 * profile.peak_bytes
-    tt = TickTock([stage_layers(r.model) for r in reps], profile, budget, [r.params for r in reps])
-    overlapped = False
-    for attempt in range(3):  # on a loaded box one wave may run alone for a whole step: try again
-        report = tt.run_step([_batches(4, 2 * attempt + 1), _batches(4, 2 * attempt + 2)])
-        assert report.violations == 0 and report.peak_bytes <= budget
-        assert all(len(losses) == 4 for losses in report.losses)
-        for r in reps:
-            r.zero_grad()
-        if report.peak_bytes > 1.05 * profile.peak_bytes:  # the waves did overlap
-            overlapped = True
-            break
-    assert overlapped
+    reps, _ = replicas
+    x = torch.randint(0, 64, (4, 65), generator=torch.Generator().manual_seed(0))
+    profile = measure_profile(_paced(reps[0]), lambda: (x[:, :-1], x[:, 1:]), reps[0].params, 2)
+    for r in reps:
+        r.zero_grad()
+    budget = _budget(profile)
+    tt = TickTock([_paced(r) for r in reps], profile, budget, [r.params for r in reps])
+    report = tt.run_step([_batches(4, 1), _batches(4, 2)])
+    assert report.violations == 0 and report.peak_bytes <= budget
+    assert all(len(losses) == 4 for losses in report.losses)
+    assert report.peak_bytes > 1.05 * profile.peak_bytes  # the waves did overlap
+    for r in reps:
+        r.zero_grad()
 
 
 class _Meet:

@@ -1,0 +1,94 @@
+"""A learned low-rank bottleneck at stage boundaries: fewer activation bytes before any codec.
+
+With ``model.bottleneck_rank = r`` (``ModelSpec``), the boundary after layer k - 1 (a cut between
+stages) carries r numbers per token instead of d_model. The stage ending at k applies the
+down-projection ``D`` (r x d) to its output and sends the codes ``c = x D^T``; the stage starting at k
+applies the up-projection ``U`` (d x r) to what it receives, ``x' = c U^T``. Activation gradients
+travel back r-dimensional too (``dL/dc = dL/dx' U``), so both directions shrink by d / r before the
+job's activation codec (quantization, delta coding, zstd) takes its own share.
+
+Initialisation: ``D`` holds the first r rows of the identity and ``U = D^T``. The round trip is then
+exact on the kept subspace (``D U = I_r``), and with r = d the model equals the model without a
+bottleneck, forward and backward (tested). At init the residual stream is isotropic (normal embeddings
+and weights), so keeping the first r coordinates loses nothing a random orthonormal basis would keep;
+training moves both maps to the subspace the loss needs.
+
+``D`` and ``U`` are ordinary parameters of the stages that hold them: stepped by their AdamW, summed
+among replicas with the other gradients, checkpointed and resumed with the stage. Their names are
+global and stable, ``boundaries.<k>.down.weight`` and ``boundaries.<k>.up.weight``, whatever layers
+the stage holds; a re-plan that moves a cut starts the new cut's maps from the identity init.
+
+The single-process reference holds every layer in one stage: its ``cuts`` name the boundaries where
+the pipeline it mirrors is cut, and it applies ``U D`` there (the same function, without the wire).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+_NAME = re.compile(r"^(?:model|optim)\.boundaries\.(\d+)\.(down|up)\.")
+
+
+class Boundary(nn.Module):
+    """The maps of one cut that a stage holds: ``down`` (it sends) and/or ``up`` (it receives)."""
+
+    def __init__(self, d_model: int, rank: int, down: bool, up: bool) -> None:
+        super().__init__()
+        if not 1 <= rank <= d_model:
+            raise ValueError(f"bottleneck rank {rank} outside [1, d_model = {d_model}]")
+        self.down = nn.Linear(d_model, rank, bias=False) if down else None
+        self.up = nn.Linear(rank, d_model, bias=False) if up else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """``D`` = the first r rows of the identity, ``U = D^T``: exact on the kept coordinates."""
+        for lin in (self.down, self.up):
+            if lin is not None:
+                rows, cols = lin.weight.shape
+                lin.weight.copy_(torch.eye(rows, cols))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., d) hidden states -> (..., r) codes."""
+        if self.down is None:
+            raise ValueError("this stage does not hold the down-projection of the cut")
+        out: torch.Tensor = self.down(x)
+        return out
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """(..., r) codes -> (..., d) hidden states."""
+        if self.up is None:
+            raise ValueError("this stage does not hold the up-projection of the cut")
+        out: torch.Tensor = self.up(codes)
+        return out
+
+
+def boundary_of(name: str) -> tuple[int, str] | None:
+    """(cut k, "down" or "up") of a checkpoint tensor name ("model." or "optim." prefixed) of a
+    bottleneck map; None for any other tensor."""
+    m = _NAME.match(name)
+    return None if m is None else (int(m.group(1)), m.group(2))
+
+
+def stage_holds(name: str, first: int, last: int, cuts: Iterable[int] = ()) -> bool:
+    """Whether a stage of layers [first, last) (and, for a whole-model reference, interior ``cuts``)
+    holds the bottleneck tensor ``name``: the down-projection of the cut it ends at, the
+    up-projection of the cut it starts at, both of an interior cut."""
+    where = boundary_of(name)
+    if where is None:
+        return False
+    k, side = where
+    return (side == "down" and k == last) or (side == "up" and k == first) or k in set(cuts)
+
+
+def check_cuts(cuts: Iterable[int], first: int, last: int) -> tuple[int, ...]:
+    """Interior cuts of a stage, sorted; ``ValueError`` for one outside (first, last)."""
+    out = tuple(sorted(set(cuts)))
+    bad = [k for k in out if not first < k < last]
+    if bad:
+        raise ValueError(f"bottleneck cuts {bad} are not inside the stage's layers ({first}, {last})")
+    return out

@@ -1,0 +1,49 @@
+"""A job with ``model.bottleneck_rank``: the swarm equals the reference cut at the same place, the cut
+carries rank-wide codes, and a resume from a checkpoint continues the loss curve (the maps are saved)."""
+
+import asyncio
+
+import pytest
+import torch
+
+from potluck.model.reference import parameters_by_global_name, reference_run
+from tests.helpers.training import tiny_dataset, tiny_job, train_swarm
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SPLITS = [(0, 2), (2, 4)]
+
+
+def test_bottleneck_2x2_equals_the_reference_cut_at_the_same_layer(tmp_path):
+    job = tiny_job(steps=8, model={"bottleneck_rank": 4})
+    reports, trainers = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path))
+    swarm_losses = [r.loss for r in reports[(1, 0)]]
+    ref_losses, ref = reference_run(job, tiny_dataset(job), n_replicas=2, cuts=(2,))
+    assert swarm_losses == pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
+    uncut, _ = reference_run(job, tiny_dataset(job), n_replicas=2)  # no cut: no bottleneck
+    assert uncut != pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
+    want = parameters_by_global_name(ref)
+    assert "boundaries.2.down.weight" in want and "boundaries.2.up.weight" in want
+    for (stage, replica), tr in trainers.items():
+        for name, tensor in parameters_by_global_name(tr.runner).items():
+            torch.testing.assert_close(
+                tensor, want[name], rtol=1e-3, atol=2e-5, msg=f"{stage}/{replica} {name}"
+            )
+    # 4 of 32 numbers per token cross the cut, fp32 ("none" codec): 8x, headers aside
+    assert 7.0 < reports[(0, 0)][-1].activation_ratio <= 8.0
+
+
+def test_bottleneck_resume_continues_the_loss_curve(tmp_path):
+    job = tiny_job(steps=12, model={"bottleneck_rank": 4}, checkpoint={"interval": 6})
+    full, whole = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path / "full"))
+    root = tmp_path / "resumed"
+    first, _ = asyncio.run(train_swarm(job, 2, 2, SPLITS, root, stop_after=6))
+    assert first[(0, 0)][-1].checkpoint is not None
+    rest, trainers = asyncio.run(train_swarm(job, 2, 2, SPLITS, root, start_step=6, epoch=2))
+    assert [r.loss for r in rest[(1, 0)]] == pytest.approx(
+        [r.loss for r in full[(1, 0)][6:]], rel=1e-4, abs=1e-5
+    )
+    for key, tr in trainers.items():  # the maps came back from the checkpoint and went on training
+        got, want = parameters_by_global_name(tr.runner), parameters_by_global_name(whole[key].runner)
+        for name in [n for n in want if n.startswith("boundaries.")]:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-3, atol=2e-5, msg=f"{key} {name}")

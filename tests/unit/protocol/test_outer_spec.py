@@ -1,0 +1,67 @@
+"""``compression.outer`` and ``compression.outer_ef_decay``: parsing, the rules naming the field, and
+their absence from the signed form at defaults (older peers' signatures and readers unchanged)."""
+
+import pytest
+
+from potluck.protocol.errors import JobSpecError
+from potluck.protocol.jobfile import load_job
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.records import canonical_json
+
+BASE = (
+    'name = "x"\n[model]\nn_layers = 2\nd_model = 64\nn_heads = 4\nvocab_size = 256\nseq_len = 16\n'
+    "[batch]\ntokens_per_step = 64\nmicro_batch_size = 2\n"
+)
+
+
+def job(tmp_path, extra: str) -> JobSpec:
+    f = tmp_path / "job.toml"
+    f.write_text(BASE + extra)
+    return load_job(f)
+
+
+def test_the_outer_codec_parses(tmp_path):
+    text = '[compression]\nsync_every = 16\nouter = "int2:block=512|zstd"\nouter_ef_decay = 0.95\n'
+    comp = job(tmp_path, text).compression
+    assert (comp.sync_every, comp.outer, comp.outer_ef_decay) == (16, "int2:block=512|zstd", 0.95)
+    assert job(tmp_path, "").compression.outer is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ('[compression]\nouter = "int2"\n', "compression", "needs compression.sync_every > 1"),
+        ('[compression]\nsync_every = 1\nouter = "int2"\n', "compression", "got 1"),
+        ("[compression]\nsync_every = 4\nouter_ef_decay = 0.5\n", "compression", "outer, which is not set"),
+        (
+            '[compression]\nsync_every = 4\nouter = "int2"\nouter_ef_decay = 1.5\n',
+            "compression.outer_ef_decay",
+            "less",
+        ),
+        ('[compression]\nsync_every = 4\nouter = ""\n', "compression.outer", "at least 1"),
+        (
+            '[compression]\nsync_every = 4\nouter = "int2"\n[trust]\naggregation = "trimmed_mean"\n',
+            "(top level)",
+            "compression.outer needs trust.aggregation = 'mean'",
+        ),
+    ],
+)
+def test_bad_outer_settings_name_the_field(tmp_path, extra, field, words):
+    with pytest.raises(JobSpecError) as err:
+        job(tmp_path, extra)
+    assert f"`{field}" in str(err.value) and words in str(err.value)
+
+
+def test_defaults_are_left_out_of_the_signed_form(tmp_path):
+    plain = job(tmp_path, "[compression]\nsync_every = 4\n")
+    comp = plain.model_dump(mode="json")["compression"]
+    assert "outer" not in comp and "outer_ef_decay" not in comp
+    # byte for byte what a release without the fields signs: the same record without them
+    old = {k: v for k, v in comp.items() if k not in ("outer", "outer_ef_decay")}
+    assert canonical_json(comp) == canonical_json(old)
+    assert JobSpec.model_validate(plain.model_dump(mode="json")) == plain
+    coded = job(tmp_path, '[compression]\nsync_every = 4\nouter = "int2"\n').model_dump(mode="json")
+    assert coded["compression"]["outer"] == "int2" and "outer_ef_decay" not in coded["compression"]
+    decayed = job(tmp_path, '[compression]\nsync_every = 4\nouter = "int2"\nouter_ef_decay = 0.9\n')
+    back = JobSpec.model_validate(decayed.model_dump(mode="json"))
+    assert back == decayed and back.canonical_bytes() == decayed.canonical_bytes()
