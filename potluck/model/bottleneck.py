@@ -16,10 +16,15 @@ training moves both maps to the subspace the loss needs.
 ``D`` and ``U`` are ordinary parameters of the stages that hold them: stepped by their AdamW, summed
 among replicas with the other gradients, checkpointed and resumed with the stage. Their names are
 global and stable, ``boundaries.<k>.down.weight`` and ``boundaries.<k>.up.weight``, whatever layers
-the stage holds; a re-plan that moves a cut starts the new cut's maps from the identity init.
+the stage holds.
 
-The single-process reference holds every layer in one stage: its ``cuts`` name the boundaries where
-the pipeline it mirrors is cut, and it applies ``U D`` there (the same function, without the wire).
+Where the bottlenecks sit is part of the model, not of the plan: the first plan's cuts fix the
+positions (``TrainPlan.bottlenecks``) and later plans keep them, wherever they cut the pipeline. A
+stage holds the maps of every position in its range: the up-projection of one it starts at, the
+down-projection of one it ends at, and both of one inside it, where it applies ``U D`` without the
+wire. A cut at no position carries full d_model-wide hidden states. So a re-plan that moves the cuts
+(churn, a faster peer) changes neither the function nor the learned maps; the model the swarm trains
+is the reference's with the same positions.
 """
 
 from __future__ import annotations
@@ -74,21 +79,31 @@ def boundary_of(name: str) -> tuple[int, str] | None:
     return None if m is None else (int(m.group(1)), m.group(2))
 
 
-def stage_holds(name: str, first: int, last: int, cuts: Iterable[int] = ()) -> bool:
-    """Whether a stage of layers [first, last) (and, for a whole-model reference, interior ``cuts``)
-    holds the bottleneck tensor ``name``: the down-projection of the cut it ends at, the
-    up-projection of the cut it starts at, both of an interior cut."""
+def stage_holds(name: str, first: int, last: int) -> bool:
+    """Whether a stage of layers [first, last) holds the bottleneck tensor ``name`` if the job has a
+    bottleneck there: the up-projection of a position in [first, last), the down-projection of one in
+    (first, last]. Which positions exist is the tensors' business (only those are ever saved), so a
+    range picks its maps without knowing them."""
     where = boundary_of(name)
     if where is None:
         return False
     k, side = where
-    return (side == "down" and k == last) or (side == "up" and k == first) or k in set(cuts)
+    return first < k <= last if side == "down" else first <= k < last
 
 
-def check_cuts(cuts: Iterable[int], first: int, last: int) -> tuple[int, ...]:
-    """Interior cuts of a stage, sorted; ``ValueError`` for one outside (first, last)."""
+def check_cuts(cuts: Iterable[int], n_layers: int) -> tuple[int, ...]:
+    """Bottleneck positions, sorted and unique; ``ValueError`` for one that is not a layer boundary
+    inside the model (0 < k < n_layers)."""
     out = tuple(sorted(set(cuts)))
-    bad = [k for k in out if not first < k < last]
+    bad = [k for k in out if not 0 < k < n_layers]
     if bad:
-        raise ValueError(f"bottleneck cuts {bad} are not inside the stage's layers ({first}, {last})")
+        raise ValueError(f"bottleneck positions {bad} are not inside the model's layers (0, {n_layers})")
     return out
+
+
+def maps_held(cuts: Iterable[int], first: int, last: int) -> tuple[bool, tuple[int, ...], bool]:
+    """(an up-projection at ``first``, the positions inside (first, last), a down-projection at
+    ``last``): the maps a stage of layers [first, last) holds among the positions ``cuts``."""
+    positions = set(cuts)
+    inside = tuple(sorted(k for k in positions if first < k < last))
+    return first in positions, inside, last in positions

@@ -89,7 +89,7 @@ def load_layers(
             check(meta)
         for name, tensor in tensors.items():
             m = _LAYER.match(name)
-            if stage_holds(name, first, last):  # a bottleneck map of a cut this stage keeps
+            if stage_holds(name, first, last):  # a bottleneck map at a position in this stage's range
                 out[name] = tensor
                 continue
             if m is None:  # embedding, final norm, head: kept where this stage has them

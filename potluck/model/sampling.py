@@ -13,6 +13,7 @@ from itertools import pairwise
 
 import torch
 
+from potluck.model.bottleneck import boundary_of
 from potluck.model.checkpoint import CheckpointRef, load_stage
 from potluck.model.data import ByteTokenizer, Tokenizer, load_tokenizer
 from potluck.model.transformer import StageModel
@@ -49,7 +50,9 @@ def load_model(ref: CheckpointRef) -> tuple[list[StageModel], ModelSpec, StageMe
                 f"{ref.path} stage {j}: layers [{first}, {last}) do not follow [..., {expected_first}) "
                 f"within {spec.n_layers} layers"
             )
-        model = StageModel(spec, first, last, seed=meta.seed)
+        # the bottleneck positions this stage's maps were saved at (a plan's ``bottlenecks``)
+        cuts = {where[0] for where in map(boundary_of, tensors) if where is not None}
+        model = StageModel(spec, first, last, seed=meta.seed, cuts=cuts)
         weights = {k[len(MODEL_PREFIX) :]: v for k, v in tensors.items() if k.startswith(MODEL_PREFIX)}
         try:
             model.load_state_dict(weights, strict=True)

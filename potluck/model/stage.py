@@ -46,8 +46,9 @@ class StageRunner:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     # "auto": bf16 autocast on CUDA, fp32 elsewhere; "bf16": autocast on any device; "fp32": never
     precision: str = "auto"
-    # interior cuts where a whole-model reference applies the job's bottleneck (model/bottleneck.py)
-    cuts: tuple[int, ...] = ()
+    # the job's bottleneck positions (TrainPlan.bottleneck_cuts, model/bottleneck.py); None: this
+    # stage's own ends, as under a plan that names none
+    cuts: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         self.model = StageModel(self.spec, self.first, self.last, self.seed, self.cuts).to(self.device)
@@ -258,15 +259,21 @@ class StageRunner:
         return out
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Restore what ``state_tensors`` saved; strict about missing and unexpected weights, except the
-        bottleneck maps of a cut the saved stages did not have (a re-plan moved it): those keep their
-        identity init."""
+        """Restore what ``state_tensors`` saved; strict about missing and unexpected weights, except
+        bottleneck maps at positions the saved stages and this one disagree on (state saved under
+        positions chosen afresh, say by a coordinator that lost its memory): a map this stage lacks is
+        dropped, one it has that was not saved keeps its identity init, each with a warning."""
         weights = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-        fresh = [k for k in self.model.state_dict() if k not in weights and boundary_of(f"model.{k}")]
+        own = self.model.state_dict()
+        fresh = [k for k in own if k not in weights and boundary_of(f"model.{k}")]
         if fresh:
             logger.warning("no saved bottleneck maps %s: they start from the identity init", fresh)
-            own = self.model.state_dict()
             weights |= {k: own[k] for k in fresh}
+        foreign = [k for k in weights if k not in own and boundary_of(f"model.{k}")]
+        foreign = foreign if self.spec.bottleneck_rank is not None else []  # strict without a bottleneck
+        if foreign:
+            logger.warning("saved bottleneck maps %s are at no position of this stage: dropped", foreign)
+            weights = {k: v for k, v in weights.items() if k not in foreign}
         self.model.load_state_dict(weights, strict=True)
         for name, p in zip(self.names, self.params, strict=True):
             keys = {key: tensors.get(f"optim.{name}.{key}") for key in ("exp_avg", "exp_avg_sq", "step")}

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from potluck.model.bottleneck import Boundary, check_cuts
+from potluck.model.bottleneck import Boundary, check_cuts, maps_held
 from potluck.protocol.jobspec import ModelSpec
 
 EMBED, HEAD = -1, -2  # generator slots for the embedding and the output head
@@ -79,26 +79,34 @@ class Block(nn.Module):
 class StageModel(nn.Module):
     """Layers [first, last) of the model, plus the embedding (first == 0) and the head (last == n).
 
-    With ``spec.bottleneck_rank`` the stage also holds its cuts' maps (``model/bottleneck.py``): the
-    up-projection of the cut it starts at (first > 0), the down-projection of the one it ends at
-    (last < n), and both for each of ``cuts``, interior cuts a whole-model reference mirrors."""
+    With ``spec.bottleneck_rank`` the stage also holds the maps of the job's bottleneck positions
+    ``cuts`` (global layer boundaries, ``model/bottleneck.py``) in its range: the up-projection of one
+    it starts at, the down-projection of one it ends at, both of one inside it. ``cuts`` None: the
+    stage's own ends (first > 0, last < n) are the positions, as a plan without
+    ``TrainPlan.bottlenecks`` has them."""
 
-    def __init__(self, spec: ModelSpec, first: int, last: int, seed: int, cuts: Iterable[int] = ()) -> None:
+    def __init__(
+        self, spec: ModelSpec, first: int, last: int, seed: int, cuts: Iterable[int] | None = None
+    ) -> None:
         super().__init__()
         if not 0 <= first < last <= spec.n_layers:
             raise ValueError(f"stage layers [{first}, {last}) outside [0, {spec.n_layers})")
         self.spec, self.first, self.last = spec, first, last
         self.is_first, self.is_last = first == 0, last == spec.n_layers
         d = spec.d_model
-        self.cuts = check_cuts(cuts, first, last) if spec.bottleneck_rank is not None else ()
-        self.boundaries = nn.ModuleDict()  # cut k -> its maps; empty without a bottleneck
+        ends = [k for k in (first, last) if 0 < k < spec.n_layers]
+        positions = check_cuts(ends if cuts is None else cuts, spec.n_layers)
+        self.boundaries = nn.ModuleDict()  # position k -> its maps; empty without a bottleneck
+        self.codes_in = self.codes_out = False  # whether r-wide codes, not hidden states, cross an end
+        self.cuts: tuple[int, ...] = ()  # positions inside the stage: U D applied in place
         if spec.bottleneck_rank is not None:
             r = spec.bottleneck_rank
-            if not self.is_first:
+            self.codes_in, self.cuts, self.codes_out = maps_held(positions, first, last)
+            if self.codes_in:
                 self.boundaries[str(first)] = Boundary(d, r, down=False, up=True)
             for k in self.cuts:
                 self.boundaries[str(k)] = Boundary(d, r, down=True, up=True)
-            if not self.is_last:
+            if self.codes_out:
                 self.boundaries[str(last)] = Boundary(d, r, down=True, up=False)
         self.embed = nn.Embedding(spec.vocab_size, d) if self.is_first else None
         self.layers = nn.ModuleList(Block(spec) for _ in range(first, last))
@@ -130,20 +138,31 @@ class StageModel(nn.Module):
         or logits (b, t, vocab) on the last stage. With a bottleneck, what crosses a cut is its codes
         (b, t, r) instead of hidden states, both ways."""
         h = self.embed(x) if self.embed is not None else x
-        if not self.is_first and self.boundaries:
-            h = self._boundary(self.first).decode(h)
+        if self.codes_in:
+            h = self.boundary_at(self.first).decode(h)
         for offset, block in enumerate(self.layers):
             h = block(h, self.cos, self.sin)
             if self.first + offset + 1 in self.cuts:
-                cut = self._boundary(self.first + offset + 1)
+                cut = self.boundary_at(self.first + offset + 1)
                 h = cut.decode(cut.encode(h))
-        if not self.is_last and self.boundaries:
-            h = self._boundary(self.last).encode(h)
+        if self.codes_out:
+            h = self.boundary_at(self.last).encode(h)
         if self.norm is not None and self.head is not None:
             h = self.head(self.norm(h))
         return h
 
-    def _boundary(self, k: int) -> Boundary:
+    @property
+    def width_in(self) -> int:
+        """Numbers per token this stage receives (a stage after the first): r at a bottleneck, else d."""
+        return self.spec.bottleneck_rank or 0 if self.codes_in else self.spec.d_model
+
+    @property
+    def width_out(self) -> int:
+        """Numbers per token this stage sends (a stage before the last): r at a bottleneck, else d."""
+        return self.spec.bottleneck_rank or 0 if self.codes_out else self.spec.d_model
+
+    def boundary_at(self, k: int) -> Boundary:
+        """The maps this stage holds of the bottleneck at position ``k``."""
         cut = self.boundaries[str(k)]
         assert isinstance(cut, Boundary)
         return cut

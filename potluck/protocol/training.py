@@ -139,6 +139,11 @@ class TrainPlan(Record):
     # None (the default, left out of the signed bytes as older versions sign and read it): every link
     # uses the job's ``compression.activations``.
     link_codecs: LinkCodecs | None = None
+    # Where a job with ``model.bottleneck_rank`` has its bottlenecks (model/bottleneck.py): fixed by the
+    # first plan's cuts and kept by every later one, so a re-plan that moves the cuts keeps the learned
+    # maps. None (the default, left out of the signed bytes as older versions sign and read it): this
+    # plan's own cuts.
+    bottlenecks: list[int] | None = Field(default=None, max_length=1024)
     issued_at: NonNegFloat
 
     @model_validator(mode="after")
@@ -162,6 +167,10 @@ class TrainPlan(Record):
         if self.stop_at is not None and self.stop_at < self.start_step:
             raise ValueError(f"stop_at {self.stop_at} is before the plan's start step {self.start_step}")
         self._links_fit(width)
+        if self.bottlenecks is not None:
+            n, ks = self.stages[-1].last_layer, self.bottlenecks
+            if ks != sorted(set(ks)) or not all(0 < k < n for k in ks):
+                raise ValueError(f"bottleneck positions {ks} must be increasing, inside (0, {n})")
         return self
 
     def _links_fit(self, width: int) -> None:
@@ -176,7 +185,7 @@ class TrainPlan(Record):
 
     def canonical_bytes(self) -> bytes:
         body = self.model_dump(mode="json")
-        for key in ("stop_at", "link_codecs"):
+        for key in ("stop_at", "link_codecs", "bottlenecks"):
             if body.get(key) is None:
                 body.pop(key, None)  # as older versions sign and read it
         return canonical_json(body)
@@ -188,6 +197,16 @@ class TrainPlan(Record):
         if self.link_codecs is None:
             return default
         return self.link_codecs.chain(boundary, replica, backward)
+
+    @property
+    def cuts(self) -> tuple[int, ...]:
+        """The layer boundaries this plan cuts the pipeline at (every stage's first layer but the first)."""
+        return tuple(st.first_layer for st in self.stages[1:])
+
+    @property
+    def bottleneck_cuts(self) -> tuple[int, ...]:
+        """Where a job with a bottleneck has it under this plan: ``bottlenecks``, else the plan's cuts."""
+        return self.cuts if self.bottlenecks is None else tuple(self.bottlenecks)
 
     @property
     def n_layers(self) -> int:

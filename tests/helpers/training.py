@@ -53,9 +53,10 @@ def make_plan(
     aggregation: AggregationRule = "mean",
     waves: list[int] | None = None,
     link_codecs: LinkCodecs | None = None,
+    bottlenecks: list[int] | None = None,
 ) -> TrainPlan:
     """grid[j][i]: the peer of stage j, replica i; ``waves``: per replica of a one-stage plan;
-    ``link_codecs``: per-link activation chains."""
+    ``link_codecs``: per-link activation chains; ``bottlenecks``: a bottleneck job's positions."""
     stages = [
         StageAssignment(first_layer=a, last_layer=b, peers=row, aggregation=aggregation, waves=waves)
         for (a, b), row in zip(splits, grid, strict=True)
@@ -67,6 +68,7 @@ def make_plan(
         stages=stages,
         micro_batches=2,
         link_codecs=link_codecs,
+        bottlenecks=bottlenecks,
         issued_at=get_dht_time(),
     )
 
@@ -89,6 +91,7 @@ async def train_swarm(
     waves: list[int] | None = None,
     link_codecs: LinkCodecs | None = None,
     own_disks: bool = False,
+    bottlenecks: list[int] | None = None,
 ) -> tuple[dict[tuple[int, int], list[StepReport]], dict[tuple[int, int], Trainer]]:
     """Train on n_stages x n_replicas in-process peers; returns per-(stage, replica) reports and trainers.
 
@@ -119,7 +122,7 @@ async def train_swarm(
             await box.start()
         ids = [b.peer_id for b in boxes]
         grid = [[ids[j * n_replicas + i] for i in range(n_replicas)] for j in range(n_stages)]
-        plan = make_plan(job, grid, splits, epoch, start_step, aggregation, waves, link_codecs)
+        plan = make_plan(job, grid, splits, epoch, start_step, aggregation, waves, link_codecs, bottlenecks)
         trainers = {}
         reports: dict[tuple[int, int], list[StepReport]] = {}
         for k, box in enumerate(boxes):

@@ -104,6 +104,16 @@ class JobPlanConfig:
     max_trees_per_stage: int = 8
 
 
+def keep_bottlenecks(job: JobSpec, previous: TrainPlan | None, plan: TrainPlan) -> TrainPlan:
+    """``plan`` with the job's bottleneck positions (``TrainPlan.bottlenecks``, model/bottleneck.py):
+    the previous plan's, so a re-plan that moves the cuts keeps the maps the swarm has learned; the
+    first plan's own cuts. Unchanged for a job without ``model.bottleneck_rank``."""
+    if job.model.bottleneck_rank is None:
+        return plan
+    positions = plan.cuts if previous is None else previous.bottleneck_cuts
+    return plan.model_copy(update={"bottlenecks": list(positions)})
+
+
 def step_job(job: JobSpec, measured_ratios: Mapping[str, float] | None = None) -> StepJob:
     """The planner's view of the job: fp32 weights + grads + AdamW moments (16 B/param), no recompute.
     Links are priced at the codec each will use (``codecs.codec_ratios``): the ratio the peers measured

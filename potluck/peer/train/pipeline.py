@@ -51,9 +51,10 @@ class MicroBatch:
     targets: torch.Tensor | None  # next-token ids (last stage only)
     weight: float  # gradient scale: share of the batch this replica's gradient averages over
     share: float  # loss scale: share of the global batch (the reported loss sums these)
-    # (sequences, tokens, d_model) of the hidden states crossing a stage boundary, both ways: what a
-    # neighbour's payload must decode to, checked before anything is decompressed or allocated
-    boundary: tuple[int, int, int] = (0, 0, 0)
+    # (sequences, tokens) of the hidden states (or bottleneck codes) crossing a stage boundary, both
+    # ways; with the cut's width, what a neighbour's payload must decode to, checked before anything is
+    # decompressed or allocated
+    rows: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,9 @@ async def pipeline_step(
             payload = await asyncio.to_thread(encode, tag, out, c)
             timing.bytes_sent += len(payload)
             # raw: fp32 d_model-wide hidden states, what the cut carries without a bottleneck (whose
-            # codes are boundary_width wide), so the ratio counts both the bottleneck and the codec
-            timing.wire_raw += out.tensor.numel() // runner.spec.boundary_width * runner.spec.d_model * 4
+            # codes are r wide), so the ratio counts both the bottleneck and the codec
+            tensor = out.tensor
+            timing.wire_raw += tensor.numel() // max(tensor.shape[-1], 1) * runner.spec.d_model * 4
             timing.wire_coded += len(payload)
             if ledger is not None:
                 payload = ledger.seal(peer, tag, payload)
@@ -218,7 +220,7 @@ async def pipeline_step(
                     assert mb.inputs is not None
                     x = mb.inputs
                 else:
-                    x = await recv(where.prev, tag, mb.boundary, codecs.acts_in)
+                    x = await recv(where.prev, tag, (*mb.rows, runner.model.width_in), codecs.acts_in)
                 out = await compute(forward, m, x, mb)
                 if isinstance(out, Outgoing):
                     assert where.next is not None
@@ -227,9 +229,8 @@ async def pipeline_step(
                     losses.append((out, mb.share))
             else:
                 tag = make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m)
-                grad = (
-                    None if where.next is None else await recv(where.next, tag, mb.boundary, codecs.grads_in)
-                )
+                shape = (*mb.rows, runner.model.width_out)
+                grad = None if where.next is None else await recv(where.next, tag, shape, codecs.grads_in)
                 grad_in = await compute(backward, m, grad)
                 if where.prev is not None:
                     assert grad_in is not None

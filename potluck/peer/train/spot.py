@@ -192,16 +192,19 @@ class SpotChecks(Duty):
             make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m),
         )
         y = g_out = x = g_in = None
+        # the checker holds the suspect's stage, so its cuts' widths are the suspect's
+        out_shape = (*mb.rows, self.runner.model.width_out)
+        in_shape = (*mb.rows, self.runner.model.width_in)
         if j + 1 < len(stages):  # what the suspect sent on, and the gradient that came back to it
             nxt = stages[j + 1].peers[i]
             sent, back = await self._fetch(rnd, nxt, FROM_NEXT, m)
-            y = self._open(suspect, nxt, acts, sent, mb.boundary, links.acts_out)
-            g_out = self._open(nxt, suspect, grads, back, mb.boundary, links.grads_in)
+            y = self._open(suspect, nxt, acts, sent, out_shape, links.acts_out)
+            g_out = self._open(nxt, suspect, grads, back, out_shape, links.grads_in)
         if j > 0:  # what the suspect was given, and the gradient it sent back
             prev = stages[j - 1].peers[i]
             given, back = await self._fetch(rnd, prev, FROM_PREV, m)
-            x = self._open(prev, suspect, acts, given, mb.boundary, links.acts_in)
-            g_in = self._open(suspect, prev, grads, back, mb.boundary, links.grads_out)
+            x = self._open(prev, suspect, acts, given, in_shape, links.acts_in)
+            g_in = self._open(suspect, prev, grads, back, in_shape, links.grads_out)
         inputs = mb.inputs if x is None else x
         if inputs is None:
             raise Inconclusive("no input to replay")

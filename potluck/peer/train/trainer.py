@@ -124,6 +124,7 @@ class Trainer:
             job.optimizer,
             torch.device(cfg.device),
             cfg.precision,
+            plan.bottleneck_cuts,  # the job's bottleneck positions, wherever this plan cuts
         )
         precision = "bf16 autocast" if self.runner.autocast is not None else "fp32"
         logger.info("stage %d runs on %s in %s", self.stage, self.runner.device, precision)
@@ -312,7 +313,7 @@ class Trainer:
                     targets if self.runner.is_last else None,
                     weight=n / denom,
                     share=n / per_step,
-                    boundary=(n, inputs.shape[1], self.job.model.boundary_width),
+                    rows=(n, inputs.shape[1]),
                 )
             )
         return out

@@ -48,7 +48,9 @@ class Waves:
             raise ValueError("tick-tock waves run a whole-model stage (a one-stage plan)")
         self.first = first
         f = first
-        self.second = StageRunner(f.spec, f.first, f.last, f.seed, f.optimizer_spec, f.device, f.precision)
+        self.second = StageRunner(
+            f.spec, f.first, f.last, f.seed, f.optimizer_spec, f.device, f.precision, f.cuts
+        )
         self.max_memory_bytes = max_memory_bytes
         self.layers = [self._layers(first), self._layers(self.second)]
         self.tick: TickTock | None = None  # None until prepared, or when admission refused the pair

@@ -111,7 +111,7 @@ def test_a_whole_model_without_cuts_has_no_bottleneck():
     assert not StageModel(spec(8), 0, 4, 0).boundaries
     with pytest.raises(ValueError, match="inside"):
         StageModel(spec(8), 0, 4, 0, cuts=(4,))
-    assert check_cuts([3, 1, 3], 0, 4) == (1, 3)
+    assert check_cuts([3, 1, 3], 4) == (1, 3)
     with pytest.raises(ValueError, match="rank"):
         Boundary(8, 9, down=True, up=True)
 
@@ -123,7 +123,9 @@ def test_names_are_global_and_the_stages_on_either_side_hold_them():
     assert stage_holds("model.boundaries.2.down.weight", 0, 2)
     assert not stage_holds("model.boundaries.2.down.weight", 2, 4)
     assert stage_holds("model.boundaries.2.up.weight", 2, 4)
-    assert stage_holds("model.boundaries.2.up.weight", 0, 4, cuts=(2,))
+    assert stage_holds("model.boundaries.2.up.weight", 0, 4)  # a position inside the range
+    assert stage_holds("model.boundaries.2.down.weight", 0, 4)
+    assert not stage_holds("model.boundaries.2.up.weight", 0, 2)
     assert not stage_holds("model.embed.weight", 0, 4)
 
 
@@ -211,3 +213,32 @@ def test_a_spot_check_replay_on_a_frozen_copy_reproduces_the_stage():
     _, got = r.replay(r.frozen_copy(on_cpu=True), codes, y)
     assert got is not None and want is not None and got.shape == (2, 16, 8)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_moved_cut_keeps_the_positions_and_their_learned_maps():
+    """Positions fixed at {2}: the pipeline re-cut at 3 (its state moved by ``select`` as a transfer
+    moves it) computes exactly what the one cut at 2 computed; stage [3, 4) receives full-width hidden
+    states, stage [0, 3) applies U D at 2 in place."""
+    s = spec(8)
+    old = [StageRunner(s, 0, 2, 1, OPT, cuts=(2,)), StageRunner(s, 2, 4, 1, OPT, cuts=(2,))]
+    for step in range(2):
+        run_pipeline(old, tokens(step))
+        for r in old:
+            r.step(1e-2)
+    held = {**rename(old[0].state_tensors(), 0), **rename(old[1].state_tensors(), 2)}
+    new = [StageRunner(s, 0, 3, 1, OPT, cuts=(2,)), StageRunner(s, 3, 4, 1, OPT, cuts=(2,))]
+    for r in new:
+        r.load_state_tensors(rename(select(held, r.first, r.last, 4), -r.first))
+    assert (new[0].model.width_out, new[1].model.width_in) == (32, 32)
+    assert new[0].model.cuts == (2,) and not new[1].model.boundaries
+    x = tokens(7)[:, :-1]
+    with torch.no_grad():
+        want = old[1].model(old[0].model(x))
+        torch.testing.assert_close(new[1].model(new[0].model(x)), want, rtol=0, atol=0)
+        # the learned maps, not a fresh identity: the old cut's down-projection moved
+        assert not torch.equal(new[0].model.boundaries["2"].down.weight, torch.eye(8, 32))
+    # the one-stage reference with the same positions is the same function
+    whole = StageRunner(s, 0, 4, 1, OPT, cuts=(2,))
+    whole.load_state_tensors(select(held, 0, 4, 4))
+    with torch.no_grad():
+        torch.testing.assert_close(whole.model(x), want, rtol=1e-6, atol=1e-6)

@@ -104,6 +104,21 @@ def test_layerwise_gradients_equal_the_stage_runner() -> None:
     assert torch.equal(a.grad_vector(), b.grad_vector())
 
 
+def test_layerwise_run_applies_the_bottleneck_positions_inside_the_stage() -> None:
+    """A whole-model wave of a bottleneck job (positions 1 and 2, held inside the stage) runs what
+    the stage's forward runs; without the maps its loss would differ (rank 4 of 32)."""
+    spec = SPEC.model_copy(update={"bottleneck_rank": 4})
+    a = StageRunner(spec, 0, 3, 0, OptimizerSpec(), cuts=(1, 2))
+    b = StageRunner(spec, 0, 3, 0, OptimizerSpec(), cuts=(1, 2))
+    plain = StageRunner(SPEC, 0, 3, 0, OptimizerSpec())
+    x = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    loss = float(a.forward(0, x[:, :-1], x[:, 1:], 0.5))
+    a.backward(0)
+    assert stage_layers(b.model).run(x[:, :-1], x[:, 1:], 0.5) == loss
+    assert torch.equal(a.grad_vector(), b.grad_vector())
+    assert stage_layers(plain.model).run(x[:, :-1], x[:, 1:], 0.5) != loss
+
+
 def test_measured_profile_of_a_small_transformer_meets_w1() -> None:
     torch.manual_seed(0)
     spec = ModelSpec(n_layers=4, d_model=64, n_heads=4, vocab_size=64, seq_len=64)

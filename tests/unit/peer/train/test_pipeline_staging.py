@@ -46,7 +46,7 @@ def _micro(job, runner_first: bool, runner_last: bool) -> list[MicroBatch]:
                 y if runner_last else None,
                 n / per_step,
                 n / per_step,
-                (n, x.shape[1], job.model.d_model),
+                (n, x.shape[1]),
             )
         )
     return out
