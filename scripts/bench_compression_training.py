@@ -277,6 +277,7 @@ def main() -> None:
     pipe.add_argument("--outer", default="int2:block=512|zstd", help="compression.outer")
     pipe.add_argument("--outer-ef-decay", type=float, default=1.0, help="compression.outer_ef_decay")
     pipe.add_argument("--act-codec", default="int8:block=64", help='compression.activations ("none": skip)')
+    pipe.add_argument("--rank", type=int, help="model.bottleneck_rank of the job run (activations and outer)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)  # tiny models: one thread is faster than two on shared cores
@@ -338,10 +339,18 @@ def pipeline_main(args: argparse.Namespace, commit: str) -> None:
     comp = CompressionSpec(sync_every=args.sync_every, outer=args.outer, outer_ef_decay=args.outer_ef_decay)
     t0 = time.time()
     result: dict[str, Any] = {
-        "models": pipeline_bench(args.pipeline, args.seeds, args.pipe_steps, comp, opt, args.act_codec)
+        "models": pipeline_bench(
+            args.pipeline, args.seeds, args.pipe_steps, comp, opt, args.act_codec, args.rank
+        )
     }
     result["meta"] = run_meta(
-        commit, t0, args.pipe_steps, args.seeds, compression=comp.model_dump(), act_codec=args.act_codec
+        commit,
+        t0,
+        args.pipe_steps,
+        args.seeds,
+        compression=comp.model_dump(),
+        act_codec=args.act_codec,
+        rank=args.rank,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -370,6 +379,7 @@ def pipeline_main(args: argparse.Namespace, commit: str) -> None:
             "seeds": args.seeds,
             "sync_every": args.sync_every,
             "outer": args.outer,
+            "rank": args.rank,
         }
         print(json.dumps(line))
 

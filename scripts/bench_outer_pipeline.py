@@ -45,9 +45,13 @@ EVAL_SEQUENCES = 64
 CORPUS_CHARS = 400_000
 
 
-def _spec(name: str) -> tuple[ModelSpec, int]:
+def _spec(name: str, rank: int | None = None) -> tuple[ModelSpec, int]:
+    """The model (with ``model.bottleneck_rank = rank`` at the cut when given) and its sequences a step."""
     layers, d, heads, per_step, seq = PIPE_MODELS[name]
-    return ModelSpec(n_layers=layers, d_model=d, n_heads=heads, vocab_size=256, seq_len=seq), per_step
+    spec = ModelSpec(
+        n_layers=layers, d_model=d, n_heads=heads, vocab_size=256, seq_len=seq, bottleneck_rank=rank
+    )
+    return spec, per_step
 
 
 def _data(seed: int, seq: int) -> tuple[TokenDataset, torch.Tensor]:
@@ -109,10 +113,16 @@ def _eval(stages: list[StageRunner], held: torch.Tensor, link: Boundary) -> floa
 
 
 def run_pipeline(
-    model: str, seed: int, steps: int, opt: OptimizerSpec, comp: CompressionSpec | None
+    model: str,
+    seed: int,
+    steps: int,
+    opt: OptimizerSpec,
+    comp: CompressionSpec | None,
+    rank: int | None = None,
 ) -> dict[str, Any]:
-    """One run: ``comp`` None is the fp32 data-parallel baseline; else the job's compression settings."""
-    spec, per_step = _spec(model)
+    """One run: ``comp`` None is the fp32 data-parallel baseline; else the job's compression settings;
+    ``rank``: a learned bottleneck of that rank at the cut (``model.bottleneck_rank``)."""
+    spec, per_step = _spec(model, rank)
     train, held = _data(seed, spec.seq_len)
     link = Boundary("none" if comp is None else comp.activations)
     tokens = steps * per_step * spec.seq_len
@@ -170,17 +180,24 @@ def run_pipeline(
 
 
 def pipeline_bench(
-    models: list[str], seeds: list[int], steps: int, comp: CompressionSpec, opt: OptimizerSpec, act: str
+    models: list[str],
+    seeds: list[int],
+    steps: int,
+    comp: CompressionSpec,
+    opt: OptimizerSpec,
+    act: str,
+    rank: int | None = None,
 ) -> dict[str, Any]:
     """Per model and seed: the baseline, the coded outer sync alone (fp32 activations) and, with ``act``
-    other than "none", the same with the activation codec; and the summary figures."""
+    other than "none", the same with the activation codec (behind a bottleneck of ``rank`` when given:
+    the whole job, both ends compressed); and the summary figures."""
     result: dict[str, Any] = {}
     grad_only = comp.model_copy(update={"activations": "none"})
     job = comp.model_copy(update={"activations": act})
     for model in models:
         base = {s: run_pipeline(model, s, steps, opt, None) for s in seeds}
         grad = {s: run_pipeline(model, s, steps, opt, grad_only) for s in seeds}
-        both = {s: run_pipeline(model, s, steps, opt, job) for s in seeds} if act != "none" else {}
+        both = {s: run_pipeline(model, s, steps, opt, job, rank) for s in seeds} if act != "none" else {}
         gaps = [(grad[s]["loss"] - base[s]["loss"]) / base[s]["loss"] for s in seeds]
         res: dict[str, Any] = {
             "baseline": base,
@@ -212,7 +229,8 @@ def pipeline_bench(
                 "act_encode_share": max(r["act_encode_share"] for r in both.values()),
             }
             line += (
-                f"; with {act} activations ({res['act_fwd_ratio']:.1f}x fwd, "
+                f"; with {act} activations{'' if rank is None else f' behind rank {rank}'} "
+                f"({res['act_fwd_ratio']:.1f}x fwd, "
                 f"{res['act_bwd_ratio']:.1f}x bwd): "
                 f"gaps {[f'{100 * g:+.2f}%' for g in job_gaps]} (worst {100 * res['job_gap_worst']:+.2f}%)"
             )

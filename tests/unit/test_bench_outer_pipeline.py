@@ -32,3 +32,7 @@ def test_a_short_2x2_run_counts_bytes_per_link_and_keeps_replicas_identical(monk
     assert coded["sync_bytes_per_token"] < base["sync_bytes_per_token"] / 16
     assert coded["act_fwd_bytes_per_token"] < base["act_fwd_bytes_per_token"] / 3  # int8 + a scale per 32
     assert coded["loss"] > 0 and base["loss"] > 0
+    # the whole job: a rank-4 bottleneck before the int8 codec sends 4 of 32 numbers a token
+    ranked = bench.run_pipeline("t", 0, 4, opt, comp, rank=4)
+    assert ranked["act_fwd_bytes_per_token"] < coded["act_fwd_bytes_per_token"] / 4  # 8x fewer, headers aside
+    assert ranked["params"] == coded["params"] + 2 * 4 * 32 and ranked["replicas_identical"]
