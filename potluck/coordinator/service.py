@@ -442,6 +442,7 @@ class CoordinatorService:
             get_dht_time(),
             time.monotonic(),
             typical_step_s(self.progress.latest.values(), default=0.0),  # 0: not measured yet
+            self.ratios.update(self.plan, self.job, self.progress.latest.values()),
         )
         logger.info("newcomer(s) %s: %s", ", ".join(p[:12] for p in newcomers), reason)
         still = self.plan is not None and self.plan.epoch == plan.epoch  # no re-plan meanwhile

@@ -130,15 +130,23 @@ def newcomer_speeds(
     return out
 
 
-def predicted_step_s(plan: TrainPlan, job: JobSpec, state: SwarmState, speeds: Mapping[str, float]) -> float:
-    """The step-time model on ``plan`` as it stands, with ``speeds`` (TFLOP/s) over probes (seconds)."""
+def predicted_step_s(
+    plan: TrainPlan,
+    job: JobSpec,
+    state: SwarmState,
+    speeds: Mapping[str, float],
+    measured_ratios: Mapping[str, float] | None = None,
+) -> float:
+    """The step-time model on ``plan`` as it stands, with ``speeds`` (TFLOP/s) over probes and the
+    links priced at ``measured_ratios`` where peers measured them (seconds)."""
     order = sorted({p for st in plan.stages for p in st.peers})
     devices = {}
     for p in order:
         dev = device_of(state.peers[p].record)
         devices[p] = DeviceSpec(speeds[p], dev.memory_gb) if speeds.get(p, 0.0) > 0 else dev
     net, _ = network(state, order)
-    return float(predict_step(plan, job, devices, net, order, pair_speedups(state, order)).total)
+    speedups = pair_speedups(state, order)
+    return float(predict_step(plan, job, devices, net, order, speedups, measured_ratios).total)
 
 
 def full_reason(job: JobSpec, plan: TrainPlan) -> str:
@@ -173,15 +181,19 @@ def evaluate_join(
     cfg: ImproveConfig | None = None,
     plan_cfg: JobPlanConfig | None = None,
     measured_s: float = 0.0,
+    measured_ratios: Mapping[str, float] | None = None,
 ) -> JoinEvaluation:
     """Plan with everyone usable in ``state`` (two searches: seconds of CPU) and price the move.
     ``speeds``: the placed peers' measured TFLOP/s (``calibrated_tflops``); ``step``: where the swarm
     stands; ``measured_s``: its measured step time (s; 0: unknown). The model counts compute and
     transfers but not the waits of a real step, so with a measured step both predictions are scaled to
-    it: the model's ratio applied to the step the swarm actually takes."""
+    it: the model's ratio applied to the step the swarm actually takes. ``measured_ratios``: the
+    activation codecs' ratios the peers measured on the job; the plans and both predictions price
+    the links at them, as the re-plan itself will."""
     cfg = cfg or ImproveConfig()
     speeds = newcomer_speeds(state, speeds, newcomers, job.trust.claim_cap)
-    current_s = predicted_step_s(plan, job, state, speeds)
+    ratios = measured_ratios
+    current_s = predicted_step_s(plan, job, state, speeds, ratios)
     remaining = max(0, job.steps - step)
     best: tuple[float, TrainPlan, PlacementPlan] | None = None
     fresh: TrainPlan | None = None
@@ -189,19 +201,20 @@ def evaluate_join(
         if shaped is None:
             continue
         cand, placement, _ = make_train_plan(
-            state, shaped, now, plan.epoch + 1, step, None, plan_cfg, dict(speeds)
+            state, shaped, now, plan.epoch + 1, step, None, plan_cfg, dict(speeds), measured_ratios=ratios
         )
         if cand is None or placement is None:
             continue
         fresh = cand if shaped is job else fresh
-        cost = predicted_step_s(cand, job, state, speeds)
+        cost = predicted_step_s(cand, job, state, speeds, ratios)
         places = any(cand.position(p) is not None for p in newcomers)
         if places and (best is None or cost < best[0]):
             best = (cost, cand, placement)
     if best is None:
         why = full_reason(job, fresh or plan)
         if fresh is not None and not why.startswith("the plan is full"):
-            why = f"{why} ({predicted_step_s(fresh, job, state, speeds):.3f} s vs now {current_s:.3f} s)"
+            fresh_s = predicted_step_s(fresh, job, state, speeds, ratios)
+            why = f"{why} ({fresh_s:.3f} s vs now {current_s:.3f} s)"
         return JoinEvaluation(JoinOffer(step, remaining, current_s, current_s, 0.0, (), why), None, None)
     new_s, cand, placement = best
     if measured_s > 0 and current_s > 0:

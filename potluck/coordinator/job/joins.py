@@ -76,11 +76,16 @@ class JoinDesk:
         dht_now: float,
         now: float,
         measured_s: float = 0.0,
+        measured_ratios: Mapping[str, float] | None = None,
     ) -> tuple[str, str, JoinEvaluation]:
         """(decision, reason, evaluation): "improve" to re-plan with the newcomers, else "keep" and
-        each newcomer is told ``reason``. Seconds of CPU: run it off the event loop."""
+        each newcomer is told ``reason``. Seconds of CPU: run it off the event loop.
+        ``measured_ratios``: the activation codecs' ratios measured on the job (``MeasuredRatios``)."""
         self.checked_at, self.checked_for = now, frozenset(newcomers)
-        ev = evaluate_join(state, job, plan, step, speeds, newcomers, dht_now, self.improve, None, measured_s)
+        ratios = measured_ratios
+        ev = evaluate_join(
+            state, job, plan, step, speeds, newcomers, dht_now, self.improve, None, measured_s, ratios
+        )
         decision, reason = join_verdict(ev.offer, self.improve)
         if decision == "keep":
             for p in newcomers:

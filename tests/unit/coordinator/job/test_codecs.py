@@ -15,6 +15,8 @@ from potluck.coordinator.job.codecs import (
     measured_chain_ratios,
     select_link_codecs,
 )
+from potluck.coordinator.job.improve import ImproveConfig, evaluate_join, predicted_step_s
+from potluck.coordinator.job.joins import JoinDesk
 from potluck.coordinator.job.plan import make_train_plan, network, step_job
 from potluck.coordinator.placement.costmodel import directed_bandwidth, link_weight
 from potluck.coordinator.placement.netmodel import from_matrices
@@ -211,3 +213,21 @@ def test_local_steps_and_a_coded_outer_sync_price_the_replica_sync_per_step():
     coded = codec_ratios(CompressionSpec(gradients="int8", sync_every=8, outer="int2:block=32|zstd"))
     assert coded.gradient_wan == pytest.approx(estimated_ratio("int2:block=32|zstd") / 8)
     assert coded.gradient_wan < local.gradient_wan
+
+
+def test_a_join_offer_prices_the_links_at_the_measured_ratios():
+    """Pricing a newcomer uses what the peers measured, as the re-plan itself will: a chain measured at
+    8x its estimate makes the slow links, and so the running plan's predicted step, cheaper."""
+    state = slow_swarm(5, 0.05)
+    job = JOB.model_copy(update={"min_peers": 4, "limits": JOB.limits.model_copy(update={"replicas": None})})
+    running, _, reason = make_train_plan(state.without([ids(5)[4]]), job, 100.0, epoch=1, start_step=0)
+    assert running is not None, reason
+    newcomer = [ids(5)[4]]
+    estimated = evaluate_join(state, job, running, 10, {}, newcomer, 100.0)
+    measured = {FAST: 8 * estimated_ratio(FAST)}
+    priced = evaluate_join(state, job, running, 10, {}, newcomer, 100.0, measured_ratios=measured)
+    assert priced.offer.current_s < estimated.offer.current_s
+    assert priced.offer.current_s == pytest.approx(predicted_step_s(running, job, state, {}, measured))
+    desk = JoinDesk(10.0, 60.0, ImproveConfig())
+    _, _, ev = desk.evaluate(state, job, running, 10, {}, newcomer, 100.0, 0.0, 0.0, measured)
+    assert ev.offer.current_s == pytest.approx(priced.offer.current_s)
