@@ -72,6 +72,7 @@ class Stream(IntEnum):
     AUDIT_EVIDENCE = 15  # shard owner -> auditor: the sealed rows of an audited chunk; index = tree
     GONE = 16  # mailbox -> its plan's peers: this peer's stream ended and it refuses connections
     GATHER = 17  # DiLoCo coded outer sync, replica -> each other replica of its stage; chunk = part
+    GATHER_ECHO = 18  # robust outer sync: a replica's digests of every member's gathered payloads
 
 
 class Direction(IntEnum):

@@ -327,11 +327,12 @@ class JobSpec(Record):
                 f"sync.policy = 'deadline' needs compression.sync_every = 1 "
                 f"(got {self.compression.sync_every}: DiLoCo local steps)"
             )
-        if self.compression.outer is not None and self.trust.aggregation != "mean":
-            # the coded pseudo-gradients are averaged as they are; the robust rules run on the tree
-            # all-reduce's one-hop rows, which the all-gather of compression.outer does not build
+        if self.compression.outer is not None and self.trust.aggregation == "centered_clip":
+            # every replica aggregates the gathered payloads itself and must land on the same bits;
+            # centered clipping's norms are reductions whose order may differ between CPUs
             raise ValueError(
-                f"compression.outer needs trust.aggregation = 'mean' (got '{self.trust.aggregation}')"
+                "compression.outer combines by trust.aggregation = 'mean' or 'trimmed_mean' "
+                "(got 'centered_clip')"
             )
         return self
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from potluck.compression import Codec, DecodeError, ErrorFeedback, all_finite, get_codec
+from potluck.peer.collectives.robust import ordered_trimmed_mean
 from potluck.peer.config import DiLoCoConfig
 from potluck.peer.errors import OuterDecodeError
 
@@ -46,9 +47,15 @@ class OuterCodec:
     spec: str  # any potluck.compression chain, e.g. "topk:density=0.03,method=chunk|int2|zstd"
     ef_decay: float = 1.0  # residual kept per sync; < 1 makes the residual the outer momentum
     part_elements: int = 1 << 20  # one payload per this many elements (keys name (sync, part))
+    # How the decoded contributions combine: "mean", or "trimmed_mean" (per coordinate, drop the
+    # ``trim`` fraction of largest and of smallest values; the job's trust.aggregation and trim)
+    rule: str = "mean"
+    trim: float = 0.2
 
     def __post_init__(self) -> None:
         get_codec(self.spec)  # raises SpecError on a bad chain
+        if self.rule not in ("mean", "trimmed_mean"):
+            raise ValueError(f"an outer sync combines by 'mean' or 'trimmed_mean', not {self.rule!r}")
         if not 0.0 <= self.ef_decay <= 1.0:
             raise ValueError(f"ef_decay must be in [0, 1], not {self.ef_decay}")
         if self.part_elements < 1:
@@ -77,6 +84,9 @@ class DiLoCo:
         decay = outer_codec.ef_decay if outer_codec is not None else 1.0
         self.feedback = [ErrorFeedback(decay=decay) for _ in self.parts]
         self.last_sent: list[bytes] = []  # this replica's payloads of the current sync
+        # the last robust decode: contributors refused (undecodable, NaN/Inf) and trimmed away
+        self.refused: list[int] = []
+        self.outliers: list[int] = []
 
     async def after_inner_step(self, allreduce: AllReduce, allgather: AllGather | None = None) -> bool:
         """Count an inner step; every ``inner_steps`` of them, sync. Returns whether it synced."""
@@ -122,6 +132,9 @@ class DiLoCo:
             raise ValueError("decode_outer needs an OuterCodec")
         if not contributions:
             raise DecodeError("no contribution to the outer step")
+        assert self.outer_codec is not None
+        if self.outer_codec.rule != "mean":
+            return self._decode_robust(contributions)
         acc = torch.zeros(self.numel, dtype=torch.float32)
         for who, payloads in enumerate(contributions):
             if len(payloads) != len(self.parts):
@@ -138,6 +151,38 @@ class DiLoCo:
             if not all_finite(acc):  # a forged payload's NaN or Inf scale would poison every replica
                 raise OuterDecodeError(who, f"contribution {who} decodes to NaN or Inf")
         return acc.div_(len(contributions))
+
+    def _decode_robust(self, contributions: Sequence[Sequence[bytes]]) -> torch.Tensor:
+        """The trimmed mean of the contributions, part by part. Only after an ``echo`` (gather.py) has
+        shown every replica holds the same payloads: then a payload that does not decode, or decodes to
+        NaN or Inf, is left out of its part on every replica alike (``refused``) instead of failing the
+        sync, and the rule trims what is left."""
+        assert self.codec is not None and self.outer_codec is not None
+        k, acc = len(contributions), torch.empty(self.numel, dtype=torch.float32)
+        refused = {who for who, payloads in enumerate(contributions) if len(payloads) != len(self.parts)}
+        outliers: set[int] = set()
+        for i, (o, n) in enumerate(self.parts):
+            rows, ok = torch.zeros((k, n), dtype=torch.float32), []
+            for who, payloads in enumerate(contributions):
+                if who in refused:
+                    continue
+                try:
+                    self.codec.decode_into(payloads[i], rows[who], accumulate=False)
+                except DecodeError as exc:
+                    logger.warning("outer sync: contribution %d, part at %d refused: %s", who, o, exc)
+                    refused.add(who)
+                    continue
+                if not all_finite(rows[who]):
+                    refused.add(who)
+                    continue
+                ok.append(who)
+            if not ok:
+                raise OuterDecodeError(min(refused), f"no contribution to part at {o} decodes")
+            mean, trimmed = ordered_trimmed_mean(rows[ok], self.outer_codec.trim)
+            acc[o : o + n] = mean
+            outliers |= {ok[j] for j, out in enumerate(trimmed.tolist()) if out}
+        self.refused, self.outliers = sorted(refused), sorted(outliers - refused)
+        return acc
 
     def left_out(self) -> None:
         """This replica's payloads did not make it into the outer step (a relaxed round dropped them):

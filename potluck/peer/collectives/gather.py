@@ -20,11 +20,23 @@ on every replica that sees the fault, the step is not completed and the job resu
 checkpoint under a new plan, like a failed dense outer all-reduce. Leaving the faulty replica out of the
 mean instead would need every replica to agree on who was left out (a forger can send different bytes
 to different replicas); failing is what keeps the replicas identical without another round of votes.
+
+Robust rules (``trust.aggregation`` trimmed_mean or centered_clip) weigh the decoded contributions
+against each other, so every replica must weigh the *same* bytes. ``echo`` adds that check: each member
+sends every other member the SHA-256 of each member's payloads as it received them (32 bytes per member),
+and a member whose view differs from another's on any payload fails the sync (``CollectiveError``). Two
+honest members always see each other's true view, so a forger that sends different bytes to different
+replicas cannot split them without both noticing; a member that lies in its echo can only make the sync
+fail, which costs the step, as any fault does. Which of two members lied cannot be told from one view,
+except when a member's echo of its own payload contradicts what it sent: then it is named
+(``ContributionError``). After a passed echo, every honest member holds the same
+payloads, so a robust rule may leave out undecodable ones and still give every replica the same bits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import time
@@ -53,6 +65,75 @@ def payload_bound(codec: Codec, numel: int) -> int:
 
 def gather_tag(round_no: int, part: int) -> Tag:
     return make_tag(round_no, Stream.GATHER, chunk=part)
+
+
+DIGEST_BYTES = 32  # SHA-256
+
+
+def digests(gathered: Sequence[Sequence[bytes]]) -> bytes:
+    """One SHA-256 per member over its parts (each length-prefixed), concatenated in group order."""
+    out = bytearray()
+    for parts in gathered:
+        h = hashlib.sha256()
+        for data in parts:
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+        out += h.digest()
+    return bytes(out)
+
+
+async def echo(
+    box: Mailbox, peers: Sequence[str], round_no: int, gathered: Sequence[Sequence[bytes]], timeout_s: float
+) -> None:
+    """Check that every member gathered the same payloads as this one (see the module docstring): send
+    our digests of ``gathered`` to every other member and compare theirs. Raises ``CollectiveError``
+    naming the payload the views differ on, or the member whose echo did not come or is malformed."""
+    me, mine = box.peer_id, digests(gathered)
+    others = [p for p in peers if p != me]
+    tag = make_tag(round_no, Stream.GATHER_ECHO)
+    deadline = time.monotonic() + timeout_s
+
+    async def send(peer: str) -> None:
+        try:
+            await box.send(peer, tag, mine)
+        except WireError as e:
+            raise CollectiveError(f"outer sync: sending our echo to {peer} failed: {e}") from None
+
+    async def check(peer: str) -> None:
+        try:
+            theirs = await box.recv(peer, tag, max(0.0, deadline - time.monotonic()))
+        except WireError as e:
+            raise CollectiveError(f"outer sync: the echo of {peer} did not come: {e}") from None
+        if len(theirs) != len(mine):
+            raise ContributionError(
+                peer, f"outer sync: the echo of {peer} holds {len(theirs)} bytes, not {len(mine)}"
+            )
+        for c, sender in enumerate(peers):
+            at = slice(c * DIGEST_BYTES, (c + 1) * DIGEST_BYTES)
+            if theirs[at] != mine[at] and sender == peer:  # both from the same peer: it is the liar
+                raise ContributionError(
+                    peer, f"outer sync: the echo of {peer} contradicts the payload it sent this replica"
+                )
+            if theirs[at] != mine[at]:
+                raise CollectiveError(
+                    f"outer sync: {peer} received other bytes from {sender} than this replica did "
+                    f"({sender} sent different payloads to different replicas, or {peer} misreports them)"
+                )
+
+    tasks = [asyncio.create_task(send(p)) for p in others] + [asyncio.create_task(check(p)) for p in others]
+    try:
+        done, pending = await asyncio.wait(
+            tasks, timeout=timeout_s + GRACE_S, return_when=asyncio.FIRST_EXCEPTION
+        )
+        errors = [e for e in (t.exception() for t in done) if e is not None]
+        if errors:
+            raise errors[0]
+        if pending:
+            raise CollectiveError(f"outer sync: the echo took over {timeout_s:.1f} s")
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
 
 
 async def allgather(

@@ -151,6 +151,23 @@ def _trimmed_mean(stack: torch.Tensor, trim: float) -> tuple[torch.Tensor, torch
     return result, share > 0.5 + 0.5 * (2 * b / k)  # well above the share trimming gives every row
 
 
+def ordered_trimmed_mean(stack: torch.Tensor, trim: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``trimmed_mean`` computed so that any machine gives the same bits: per coordinate the values are
+    sorted (exact) and the kept ones added one row after another (``plain_sum``), not by a vectorised
+    reduction whose order may differ between CPUs. For a coded outer sync, where every replica
+    aggregates the gathered payloads itself and must land on the same weights."""
+    k = stack.shape[0]
+    b = min(int(trim * k), (k - 1) // 2) if k > 2 else 0
+    if b == 0:
+        return plain_sum(stack) / k, torch.zeros(k, dtype=torch.bool)
+    ordered, order = stack.sort(dim=0, stable=True)
+    trimmed = torch.zeros_like(stack, dtype=torch.bool)
+    trimmed.scatter_(0, order[:b], True)
+    trimmed.scatter_(0, order[k - b :], True)
+    share = trimmed.sum(dim=1) / stack.shape[1]  # counts: exact
+    return plain_sum(ordered[b : k - b]) / (k - 2 * b), share > 0.5 + 0.5 * (2 * b / k)
+
+
 SMALL_GROUP = 16  # up to this many rows, a sorting network finds the median faster than torch.median
 
 

@@ -14,6 +14,12 @@ agree, so a resume never mixes residuals of different replicas into the weights.
 
 With ``outer_ef_decay`` < 1 the decaying residual plays the part of the outer momentum (SparseLoCo), so
 the outer step then runs without Nesterov momentum.
+
+Untrusted swarms (``trust.aggregation = "trimmed_mean"``): after the all-gather the replicas compare
+digests of what they gathered (``gather.echo``), then each takes the coordinate-wise trimmed mean of the
+decoded contributions, summed in a fixed order so every machine gets the same bits. A replica that sends
+inflated or garbage payloads to everyone is trimmed (or, undecodable, left out) on every replica alike;
+one that sends different payloads to different replicas fails the sync.
 """
 
 from __future__ import annotations
@@ -29,20 +35,23 @@ from potluck.compression import get_codec
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Phase, Round
 from potluck.peer.collectives.diloco import AllGather, AllReduce, DiLoCo, OuterCodec
-from potluck.peer.collectives.gather import allgather, payload_bound
+from potluck.peer.collectives.gather import allgather, echo, payload_bound
+from potluck.peer.collectives.robust import Audit
 from potluck.peer.config import DiLoCoConfig
 from potluck.peer.errors import ContributionError, OuterDecodeError
 from potluck.peer.train.pipeline import Timing
-from potluck.protocol.jobspec import CompressionSpec
+from potluck.protocol.jobspec import CompressionSpec, TrustSpec
 
 logger = logging.getLogger(__name__)
 
 
-def outer_codec(comp: CompressionSpec) -> OuterCodec | None:
-    """The job's outer codec, or None (dense all-reduce); ``SpecError`` names a bad chain."""
+def outer_codec(comp: CompressionSpec, trust: TrustSpec | None = None) -> OuterCodec | None:
+    """The job's outer codec, combining by its ``trust.aggregation`` (mean by default), or None (dense
+    all-reduce); ``SpecError`` names a bad chain."""
     if comp.outer is None:
         return None
-    return OuterCodec(comp.outer, comp.outer_ef_decay)
+    rule, trim = (trust.aggregation, trust.trim) if trust is not None else ("mean", 0.2)
+    return OuterCodec(comp.outer, comp.outer_ef_decay, rule=rule, trim=trim)
 
 
 def outer_config(comp: CompressionSpec) -> DiLoCoConfig:
@@ -53,9 +62,11 @@ def outer_config(comp: CompressionSpec) -> DiLoCoConfig:
     return cfg
 
 
-def make_diloco(params: Iterable[torch.nn.Parameter], comp: CompressionSpec) -> DiLoCo:
+def make_diloco(
+    params: Iterable[torch.nn.Parameter], comp: CompressionSpec, trust: TrustSpec | None = None
+) -> DiLoCo:
     """A fresh DiLoCo over ``params`` (its snapshot: their current values; an empty residual)."""
-    return DiLoCo(params, outer_config(comp), outer_codec(comp))
+    return DiLoCo(params, outer_config(comp), outer_codec(comp, trust))
 
 
 def part_bounds(diloco: DiLoCo) -> list[int]:
@@ -81,10 +92,15 @@ def stage_gather(
     bounds = part_bounds(diloco)
     round_no = rnd.at(Phase.OUTER).pack()
 
+    robust = diloco.outer_codec.rule != "mean"
+
     async def gather(payloads: list[bytes]) -> list[list[bytes]]:
         t0 = time.perf_counter()
         try:
-            return await allgather(box, peers, round_no, payloads, bounds, timeout_s)
+            got = await allgather(box, peers, round_no, payloads, bounds, timeout_s)
+            if robust:  # a robust rule weighs the payloads: every replica must hold the same ones
+                await echo(box, peers, round_no, got, max(1.0, timeout_s - (time.perf_counter() - t0)))
+            return got
         finally:
             timing.allreduce += time.perf_counter() - t0
 
@@ -92,12 +108,27 @@ def stage_gather(
 
 
 async def outer_step(
-    diloco: DiLoCo, allreduce: AllReduce, gather: AllGather | None, peers: Sequence[str]
+    diloco: DiLoCo,
+    allreduce: AllReduce,
+    gather: AllGather | None,
+    peers: Sequence[str],
+    audit: Audit | None = None,
 ) -> bool:
     """Count an inner step and sync every H of them (``DiLoCo.after_inner_step``); a replica's payload
-    that cannot be decoded fails the sync with a ``ContributionError`` naming that replica's peer."""
+    that cannot be decoded fails the sync with a ``ContributionError`` naming that replica's peer (under
+    the mean; a robust rule leaves it out). ``audit`` counts, per peer, the contributions seen, refused
+    and trimmed away by a robust rule, which the trainer reports as its witness of the others."""
     try:
-        return await diloco.after_inner_step(allreduce, gather)
+        synced = await diloco.after_inner_step(allreduce, gather)
     except OuterDecodeError as e:
         peer = peers[e.who] if 0 <= e.who < len(peers) else "?"
         raise ContributionError(peer, f"outer sync: the payload of {peer} is refused: {e}") from e
+    if synced and audit is not None and diloco.outer_codec is not None and diloco.outer_codec.rule != "mean":
+        for who, peer in enumerate(peers):
+            audit.seen[peer] += 1
+            audit.refused[peer] += who in diloco.refused
+            audit.clipped[peer] += who in diloco.outliers
+        if diloco.refused or diloco.outliers:
+            named = [peers[w] for w in sorted({*diloco.refused, *diloco.outliers}) if w < len(peers)]
+            logger.warning("outer sync: left out or trimmed the contributions of %s", ", ".join(named))
+    return synced

@@ -137,7 +137,7 @@ class Trainer:
         self.schedule = records_to_schedule(self.assignment.trees, self.assignment.peers)  # or one-hop
         self.diloco: DiLoCo | None = None
         if comp.sync_every > 1:  # compression.outer: a coded outer sync (outer.py)
-            self.diloco = make_diloco(self.runner.params, comp)
+            self.diloco = make_diloco(self.runner.params, comp, job.trust)
         self.audit = Audit()  # contributions this replica refused or found outlying, per peer
         self.deadline: DeadlineSync | None = None  # the job's sync.policy = "deadline"
         if job.sync.policy == "deadline" and self.diloco is None and plan.n_replicas > 1:
@@ -242,7 +242,7 @@ class Trainer:
         tensors = load_layers(root, step, first, last, self.job.model.n_layers)
         self.runner.load_state_tensors(tensors)
         if self.diloco is not None:  # the snapshot is the loaded weights; the residual starts empty
-            self.diloco = make_diloco(self.runner.params, self.job.compression)
+            self.diloco = make_diloco(self.runner.params, self.job.compression, self.job.trust)
         logger.info("stage %d resumed from %s", self.stage, step_dir(root, step))
 
     def want(self) -> StateWant:
@@ -258,7 +258,7 @@ class Trainer:
             self.took = (fetched.source, time.perf_counter() - t0, nbytes)
             await asyncio.to_thread(self.runner.load_state_tensors, fetched.tensors)
             if self.diloco is not None:
-                self.diloco = make_diloco(self.runner.params, self.job.compression)
+                self.diloco = make_diloco(self.runner.params, self.job.compression, self.job.trust)
             logger.info("stage %d resumed at step %d from %s", self.stage, fetched.step, fetched.source)
         else:
             await asyncio.to_thread(self.restore)
@@ -425,7 +425,8 @@ class Trainer:
         if self.diloco is not None:
             peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
             gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing)
-            await outer_step(self.diloco, lambda t: self._outer_allreduce(t, rnd, timing), gather, peers)
+            sync = lambda t: self._outer_allreduce(t, rnd, timing)  # noqa: E731
+            await outer_step(self.diloco, sync, gather, peers, self.audit)
         self.step = step + 1
         self._consistent = True
         checkpoint = await self._maybe_checkpoint()

@@ -40,9 +40,9 @@ def test_the_outer_codec_parses(tmp_path):
         ),
         ('[compression]\nsync_every = 4\nouter = ""\n', "compression.outer", "at least 1"),
         (
-            '[compression]\nsync_every = 4\nouter = "int2"\n[trust]\naggregation = "trimmed_mean"\n',
+            '[compression]\nsync_every = 4\nouter = "int2"\n[trust]\naggregation = "centered_clip"\n',
             "(top level)",
-            "compression.outer needs trust.aggregation = 'mean'",
+            "combines by trust.aggregation = 'mean' or 'trimmed_mean'",
         ),
     ],
 )
@@ -50,6 +50,13 @@ def test_bad_outer_settings_name_the_field(tmp_path, extra, field, words):
     with pytest.raises(JobSpecError) as err:
         job(tmp_path, extra)
     assert f"`{field}" in str(err.value) and words in str(err.value)
+
+
+def test_an_untrusted_swarm_may_code_its_outer_sync_with_the_trimmed_mean(tmp_path):
+    spec = job(
+        tmp_path, '[compression]\nsync_every = 4\nouter = "int2"\n[trust]\naggregation = "trimmed_mean"\n'
+    )
+    assert spec.trust.aggregation == "trimmed_mean" and spec.compression.outer == "int2"
 
 
 def test_defaults_are_left_out_of_the_signed_form(tmp_path):

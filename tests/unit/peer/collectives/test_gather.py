@@ -16,7 +16,7 @@ from potluck.peer.errors import CollectiveError, ContributionError
 from potluck.peer.train.outer import make_diloco, outer_config, outer_step, part_bounds, stage_gather
 from potluck.peer.train.pipeline import Timing
 from potluck.protocol.errors import WireError
-from potluck.protocol.jobspec import CompressionSpec
+from potluck.protocol.jobspec import CompressionSpec, TrustSpec
 
 PEERS = ["peer-a", "peer-b", "peer-c"]
 ROUND = Round(1, 7, 1).pack()
@@ -128,11 +128,11 @@ def test_the_bound_holds_what_honest_encoders_produce():
 COMP = CompressionSpec(sync_every=2, outer="int2:block=64|zstd")
 
 
-def stage(n: int, comp: CompressionSpec = COMP):
+def stage(n: int, comp: CompressionSpec = COMP, trust: TrustSpec | None = None):
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Linear(30, 5))
     models = [copy.deepcopy(base) for _ in range(n)]
-    return models, [make_diloco(list(m.parameters()), comp) for m in models]
+    return models, [make_diloco(list(m.parameters()), comp, trust) for m in models]
 
 
 async def no_allreduce(_t: torch.Tensor) -> torch.Tensor:
