@@ -550,6 +550,7 @@ class CoordinatorService:
                 speeds,
                 frozenset(self.speeds.distrusted),
                 self.ratios.update(self.plan, self.job, self.progress.latest.values()),
+                self.plan.bottleneck_cuts if self.plan is not None else None,  # fixed by earlier plans
             )
         if plan is None:
             if reason != self.last_reason:

@@ -15,7 +15,7 @@ the steps actually left instead of a fixed horizon.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from potluck.coordinator.job.colocation import pair_speedups
@@ -136,9 +136,11 @@ def predicted_step_s(
     state: SwarmState,
     speeds: Mapping[str, float],
     measured_ratios: Mapping[str, float] | None = None,
+    positions: Sequence[int] | None = None,
 ) -> float:
     """The step-time model on ``plan`` as it stands, with ``speeds`` (TFLOP/s) over probes and the
-    links priced at ``measured_ratios`` where peers measured them (seconds)."""
+    links priced at ``measured_ratios`` where peers measured them, a bottleneck job's cuts at the
+    width they carry given its ``positions`` (seconds)."""
     order = sorted({p for st in plan.stages for p in st.peers})
     devices = {}
     for p in order:
@@ -146,7 +148,7 @@ def predicted_step_s(
         devices[p] = DeviceSpec(speeds[p], dev.memory_gb) if speeds.get(p, 0.0) > 0 else dev
     net, _ = network(state, order)
     speedups = pair_speedups(state, order)
-    return float(predict_step(plan, job, devices, net, order, speedups, measured_ratios).total)
+    return float(predict_step(plan, job, devices, net, order, speedups, measured_ratios, positions).total)
 
 
 def full_reason(job: JobSpec, plan: TrainPlan) -> str:
@@ -192,8 +194,8 @@ def evaluate_join(
     the links at them, as the re-plan itself will."""
     cfg = cfg or ImproveConfig()
     speeds = newcomer_speeds(state, speeds, newcomers, job.trust.claim_cap)
-    ratios = measured_ratios
-    current_s = predicted_step_s(plan, job, state, speeds, ratios)
+    ratios, fixed = measured_ratios, plan.bottleneck_cuts  # the running plan's bottleneck positions
+    current_s = predicted_step_s(plan, job, state, speeds, ratios, fixed)
     remaining = max(0, job.steps - step)
     best: tuple[float, TrainPlan, PlacementPlan] | None = None
     fresh: TrainPlan | None = None
@@ -201,19 +203,28 @@ def evaluate_join(
         if shaped is None:
             continue
         cand, placement, _ = make_train_plan(
-            state, shaped, now, plan.epoch + 1, step, None, plan_cfg, dict(speeds), measured_ratios=ratios
+            state,
+            shaped,
+            now,
+            plan.epoch + 1,
+            step,
+            None,
+            plan_cfg,
+            dict(speeds),
+            measured_ratios=ratios,
+            positions=plan.bottleneck_cuts,
         )
         if cand is None or placement is None:
             continue
         fresh = cand if shaped is job else fresh
-        cost = predicted_step_s(cand, job, state, speeds, ratios)
+        cost = predicted_step_s(cand, job, state, speeds, ratios, fixed)
         places = any(cand.position(p) is not None for p in newcomers)
         if places and (best is None or cost < best[0]):
             best = (cost, cand, placement)
     if best is None:
         why = full_reason(job, fresh or plan)
         if fresh is not None and not why.startswith("the plan is full"):
-            fresh_s = predicted_step_s(fresh, job, state, speeds, ratios)
+            fresh_s = predicted_step_s(fresh, job, state, speeds, ratios, fixed)
             why = f"{why} ({fresh_s:.3f} s vs now {current_s:.3f} s)"
         return JoinEvaluation(JoinOffer(step, remaining, current_s, current_s, 0.0, (), why), None, None)
     new_s, cand, placement = best

@@ -10,7 +10,7 @@ packed over their measured links.
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -25,6 +25,7 @@ from potluck.coordinator.job.colocation import (
     unfold,
     why_not,
 )
+from potluck.coordinator.job.positions import keep_positions
 from potluck.coordinator.placement import PlacementPlan, PlannerConfig, PlanningState, plan
 from potluck.coordinator.placement.costmodel import (
     BatchSpec,
@@ -33,6 +34,7 @@ from potluck.coordinator.placement.costmodel import (
     StepBreakdown,
     StepJob,
     layer_memory,
+    link_weight,
     micro_batch_flops,
     micro_batches,
     step_time,
@@ -219,6 +221,7 @@ def make_train_plan(
     measured_tflops: dict[str, float] | None = None,
     distrusted: frozenset[str] = frozenset(),
     measured_ratios: Mapping[str, float] | None = None,
+    positions: Sequence[int] | None = None,
 ) -> tuple[TrainPlan | None, PlacementPlan | None, str]:
     """(plan, the planner's placement, reason). None when the swarm cannot run the job yet.
 
@@ -226,7 +229,9 @@ def make_train_plan(
     it replaces their start-up probe, which a busy machine or a cold device can get badly wrong, and a
     hostile peer's lie. Unmeasured claims are capped (``claims.believed_tflops``); ``distrusted``: peers
     whose claims proved false, believed no faster than the median until measured. ``measured_ratios``:
-    the activation codecs' ratios measured on the job (``codecs.measured_chain_ratios``)."""
+    the activation codecs' ratios measured on the job (``codecs.measured_chain_ratios``);
+    ``positions``: a bottleneck job's positions fixed by earlier plans (``TrainPlan.bottlenecks``): the
+    split may move onto them where that is faster (``positions.keep_positions``)."""
     cfg = cfg or JobPlanConfig()
     sj = step_job(job, measured_ratios)
     usable, spares = usable_peers(state, job)
@@ -309,12 +314,21 @@ def make_train_plan(
     devices = {p: device(p) for p in usable}
     memory = [min(devices[p].memory_gb for p in st.peers) for st in train.stages]
     speedups = pair_speedups(state, usable)
-    br = predict_step(train, job, devices, net, usable, speedups, measured_ratios)
+    fixed = positions if job.model.bottleneck_rank is not None else None
+
+    def predict(p: TrainPlan) -> StepBreakdown:
+        return predict_step(p, job, devices, net, usable, speedups, measured_ratios, fixed)
+
+    br = predict(train)
+    if fixed is not None and len(train.stages) > 1:  # each cut priced at the width it carries
+        train, note = keep_positions(train, fixed, sj, memory, lambda p: predict(p).total)
+        reason += note
+        br = predict(train)
+        train = train.model_copy(update={"predicted_step_s": float(min(br.total, 1e9))})
     ahead = run_ahead_for(br, train.micro_batches, sj, memory)
     if ahead:
         train = train.model_copy(update={"run_ahead": ahead})
-        predicted = predict_step(train, job, devices, net, usable, speedups, measured_ratios).total
-        train = train.model_copy(update={"predicted_step_s": float(min(predicted, 1e9))})
+        train = train.model_copy(update={"predicted_step_s": float(min(predict(train).total, 1e9))})
     return train, placement, f"{reason}; {net_note}"
 
 
@@ -361,11 +375,14 @@ def predict_step(
     order: list[str],
     speedups: Mapping[str, float] | None = None,
     measured_ratios: Mapping[str, float] | None = None,
+    positions: Collection[int] | None = None,
 ) -> StepBreakdown:
     """The step-time model evaluated on a fixed plan (its placement and layer split), for checking the
     model against measured steps. ``order`` names the peers of ``net``'s rows; a peer running two waves
     counts as two slots sharing its device (``speedups``: the pair speedups peers measured);
-    ``measured_ratios``: the codec ratios peers measured (``step_job``)."""
+    ``measured_ratios``: the codec ratios peers measured (``step_job``); ``positions``: a bottleneck
+    job's positions (``TrainPlan.bottlenecks``), where a cut is priced at the rank; a cut elsewhere
+    carries d_model-wide hidden states and is priced so (None: every cut at the rank)."""
     sj = step_job(job, measured_ratios)
     rows, devices, net, order = unfold(plan, devices, net, order, sj, speedups or {})
     index = {p: i for i, p in enumerate(order)}
@@ -374,6 +391,12 @@ def predict_step(
     pairs = [zip(rows[j], rows[j + 1], strict=True) for j in range(len(rows) - 1)]
     matched = [[(index[a], index[b]) for a, b in pair] for pair in pairs]
     edges = np.array([max(obj.link[a, b] for a, b in pair) for pair in matched])
+    if positions is not None and job.model.bottleneck_rank is not None:
+        plain = job.model_copy(update={"model": job.model.model_copy(update={"bottleneck_rank": None})})
+        wide = link_weight(net, step_job(plain))  # the codec's estimate on full-width states
+        for j, pair in enumerate(matched):
+            if plan.stages[j + 1].first_layer not in positions:
+                edges[j] = max(wide[a, b] for a, b in pair)
     one_way = np.maximum(net.latency_ms, net.latency_ms.T) / 1e3
     latency = np.array([max(one_way[a, b] for a, b in pair) for pair in matched])
     speed = np.array([s[0] for s in stats])
