@@ -25,9 +25,11 @@ from potluck.protocol.training import StepTiming, TrainPlan
 
 def plan_table(plan: TrainPlan, reason: str) -> Table:
     shards = f" ({plan.data_replicas} with tick-tock waves)" if plan.data_replicas != plan.n_replicas else ""
+    # a bottleneck job's positions (model/bottleneck.py), when the plan names them
+    at = f"; bottlenecks at layer(s) {', '.join(map(str, plan.bottlenecks))}" if plan.bottlenecks else ""
     table = Table(
         title=f"plan epoch {plan.epoch}: {len(plan.stages)} stages x {plan.n_replicas} replicas{shards}, "
-        f"from step {plan.start_step}",
+        f"from step {plan.start_step}{at}",
         caption=reason[:200],
     )
     table.add_column("stage")

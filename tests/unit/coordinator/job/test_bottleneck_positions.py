@@ -7,6 +7,7 @@ import itertools
 import pytest
 from pydantic import ValidationError
 
+from potluck.cli.jobview import plan_table
 from potluck.coordinator.job.plan import keep_bottlenecks
 from potluck.protocol.training import StageAssignment, TrainPlan
 from tests.unit.protocol.conftest import NOW, make_job
@@ -50,3 +51,9 @@ def test_the_coordinator_keeps_the_first_plans_positions():
     assert moved.bottlenecks == [2] and moved.cuts == (1, 3)
     assert keep_bottlenecks(ranked, moved, cut_at()).bottlenecks == [2]
     assert keep_bottlenecks(job, first, cut_at(3)).bottlenecks is None  # no bottleneck: nothing to keep
+
+
+def test_the_plan_table_names_the_positions():
+    title = str(plan_table(cut_at(3, bottlenecks=[2]), "why").title)
+    assert title.endswith("from step 0; bottlenecks at layer(s) 2")
+    assert "bottlenecks" not in str(plan_table(cut_at(2), "why").title)
