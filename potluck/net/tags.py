@@ -73,6 +73,7 @@ class Stream(IntEnum):
     GONE = 16  # mailbox -> its plan's peers: this peer's stream ended and it refuses connections
     GATHER = 17  # DiLoCo coded outer sync, replica -> each other replica of its stage; chunk = part
     GATHER_ECHO = 18  # robust outer sync: a replica's digests of every member's gathered payloads
+    GATHER_DECISION = 19  # outer sync under a deadline: the leader's bitmask of the replicas in it
 
 
 class Direction(IntEnum):

@@ -320,12 +320,13 @@ class JobSpec(Record):
             )
         if self.limits.stages is not None and self.limits.stages > self.model.n_layers:
             raise ValueError(f"limits.stages ({self.limits.stages}) exceeds model.n_layers")
-        if self.sync.policy == "deadline" and self.compression.sync_every > 1:
-            # DiLoCo replicas drift apart between syncs: a left-out replica could not apply the others'
-            # outer step to its own inner steps, so the two do not combine.
+        comp = self.compression
+        if self.sync.policy == "deadline" and comp.sync_every > 1 and comp.outer is None:
+            # the dense outer all-reduce has no deadline; the coded one does: a replica left out of an
+            # outer sync keeps its payload in its residual (peer/collectives/partial.py)
             raise ValueError(
-                f"sync.policy = 'deadline' needs compression.sync_every = 1 "
-                f"(got {self.compression.sync_every}: DiLoCo local steps)"
+                f"sync.policy = 'deadline' with DiLoCo local steps (compression.sync_every = "
+                f"{comp.sync_every}) needs compression.outer: its deadline is on the coded outer sync"
             )
         if self.compression.outer is not None and self.trust.aggregation == "centered_clip":
             # every replica aggregates the gathered payloads itself and must land on the same bits;

@@ -83,11 +83,18 @@ def digests(gathered: Sequence[Sequence[bytes]]) -> bytes:
 
 
 async def echo(
-    box: Mailbox, peers: Sequence[str], round_no: int, gathered: Sequence[Sequence[bytes]], timeout_s: float
+    box: Mailbox,
+    peers: Sequence[str],
+    round_no: int,
+    gathered: Sequence[Sequence[bytes]],
+    timeout_s: float,
+    senders: Sequence[str] | None = None,
 ) -> None:
     """Check that every member gathered the same payloads as this one (see the module docstring): send
-    our digests of ``gathered`` to every other member and compare theirs. Raises ``CollectiveError``
-    naming the payload the views differ on, or the member whose echo did not come or is malformed."""
+    our digests of ``gathered`` (the payloads of ``senders``, by default every member) to every other
+    member and compare theirs. Raises ``CollectiveError`` naming the payload the views differ on, or
+    the member whose echo did not come or is malformed."""
+    senders = peers if senders is None else senders
     me, mine = box.peer_id, digests(gathered)
     others = [p for p in peers if p != me]
     tag = make_tag(round_no, Stream.GATHER_ECHO)
@@ -108,7 +115,7 @@ async def echo(
             raise ContributionError(
                 peer, f"outer sync: the echo of {peer} holds {len(theirs)} bytes, not {len(mine)}"
             )
-        for c, sender in enumerate(peers):
+        for c, sender in enumerate(senders):
             at = slice(c * DIGEST_BYTES, (c + 1) * DIGEST_BYTES)
             if theirs[at] != mine[at] and sender == peer:  # both from the same peer: it is the liar
                 raise ContributionError(
@@ -136,6 +143,43 @@ async def echo(
                 task.cancel()
 
 
+def check_own(payloads: Sequence[bytes], bounds: Sequence[int]) -> None:
+    """``ValueError`` / ``CollectiveError`` when our own payloads do not fit the parts' bounds (our own
+    encoder broke its codec's bound: the others would refuse them)."""
+    if len(payloads) != len(bounds):
+        raise ValueError(f"{len(payloads)} payloads for {len(bounds)} parts")
+    for i, (data, bound) in enumerate(zip(payloads, bounds, strict=True)):
+        if len(data) > bound:
+            raise CollectiveError(f"own part {i} holds {len(data)} bytes, over its {bound}-byte bound")
+
+
+async def send_parts(box: Mailbox, peer: str, round_no: int, payloads: Sequence[bytes]) -> None:
+    """Our payloads to ``peer``, one message per part."""
+    for i, data in enumerate(payloads):
+        try:
+            await box.send(peer, gather_tag(round_no, i), data)
+        except WireError as e:
+            raise CollectiveError(f"outer sync: sending part {i} to {peer} failed: {e}") from None
+
+
+async def receive_parts(
+    box: Mailbox, peer: str, round_no: int, bounds: Sequence[int], deadline: float
+) -> list[bytes]:
+    """``peer``'s payloads, each refused over its part's bound, all by ``deadline`` (monotonic)."""
+    got = []
+    for i, bound in enumerate(bounds):
+        left = max(0.0, deadline - time.monotonic())
+        try:
+            data = await box.recv(peer, gather_tag(round_no, i), left)
+        except WireError as e:
+            raise CollectiveError(f"outer sync: part {i} from {peer} did not come: {e}") from None
+        if len(data) > bound:
+            why = f"outer sync: part {i} from {peer} holds {len(data)} bytes, over its {bound}-byte bound"
+            raise ContributionError(peer, why)
+        got.append(data)
+    return got
+
+
 async def allgather(
     box: Mailbox,
     peers: Sequence[str],
@@ -152,37 +196,11 @@ async def allgather(
     me = box.peer_id
     if me not in peers:
         raise CollectiveError(f"peer {me} is not in this all-gather group")
-    if len(payloads) != len(bounds):
-        raise ValueError(f"{len(payloads)} payloads for {len(bounds)} parts")
-    for i, (data, bound) in enumerate(zip(payloads, bounds, strict=True)):
-        if len(data) > bound:  # our own encoder broke its codec's bound: the others would refuse it
-            raise CollectiveError(f"own part {i} holds {len(data)} bytes, over its {bound}-byte bound")
+    check_own(payloads, bounds)
     deadline = time.monotonic() + timeout_s
     others = [p for p in peers if p != me]
-
-    async def send(peer: str) -> None:
-        for i, data in enumerate(payloads):
-            try:
-                await box.send(peer, gather_tag(round_no, i), data)
-            except WireError as e:
-                raise CollectiveError(f"outer sync: sending part {i} to {peer} failed: {e}") from None
-
-    async def receive(peer: str) -> list[bytes]:
-        got = []
-        for i, bound in enumerate(bounds):
-            left = max(0.0, deadline - time.monotonic())
-            try:
-                data = await box.recv(peer, gather_tag(round_no, i), left)
-            except WireError as e:
-                raise CollectiveError(f"outer sync: part {i} from {peer} did not come: {e}") from None
-            if len(data) > bound:
-                why = f"outer sync: part {i} from {peer} holds {len(data)} bytes, over its {bound}-byte bound"
-                raise ContributionError(peer, why)
-            got.append(data)
-        return got
-
-    sends = {p: asyncio.create_task(send(p)) for p in others}
-    recvs = {p: asyncio.create_task(receive(p)) for p in others}
+    sends = {p: asyncio.create_task(send_parts(box, p, round_no, payloads)) for p in others}
+    recvs = {p: asyncio.create_task(receive_parts(box, p, round_no, bounds, deadline)) for p in others}
     tasks = [*sends.values(), *recvs.values()]
     try:
         # the receives end by the deadline on their own (and name the missing peer); the grace lets

@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -36,9 +37,10 @@ from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Phase, Round
 from potluck.peer.collectives.diloco import AllGather, AllReduce, DiLoCo, OuterCodec
 from potluck.peer.collectives.gather import allgather, echo, payload_bound
+from potluck.peer.collectives.partial import allgather_by_deadline
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.config import DiLoCoConfig
-from potluck.peer.errors import ContributionError, OuterDecodeError
+from potluck.peer.errors import ContributionError, OuterDecodeError, StragglerError
 from potluck.peer.train.pipeline import Timing
 from potluck.protocol.jobspec import CompressionSpec, TrustSpec
 
@@ -77,6 +79,22 @@ def part_bounds(diloco: DiLoCo) -> list[int]:
     return [payload_bound(codec, n) for _o, n in diloco.parts]
 
 
+@dataclass
+class Lateness:
+    """A replica's record under the deadline policy (``collectives/partial.py``): syncs it was left out
+    of, in all and in a row; ``StragglerError`` after ``max_misses`` in a row, as ``straggle.py``."""
+
+    max_misses: int
+    missed: int = 0
+    in_a_row: int = 0
+
+    def note(self, left_out: bool) -> None:
+        self.missed += left_out
+        self.in_a_row = self.in_a_row + 1 if left_out else 0
+        if self.in_a_row >= self.max_misses:
+            raise StragglerError(f"left out of {self.in_a_row} outer syncs in a row (sync.max_misses)")
+
+
 def stage_gather(
     box: Mailbox,
     peers: Sequence[str],
@@ -84,22 +102,39 @@ def stage_gather(
     rnd: Round,
     timeout_s: float,
     timing: Timing,
+    deadline_s: float | None = None,
+    lateness: Lateness | None = None,
 ) -> AllGather | None:
     """The all-gather of step ``rnd``'s outer sync among the stage's replicas ``peers`` (None without an
-    outer codec); its seconds count as the step's all-reduce time in ``timing``."""
+    outer codec); its seconds count as the step's all-reduce time in ``timing``. With ``deadline_s``
+    (the job's ``sync.policy = "deadline"``) the stage's leader takes in only the payloads that came
+    within it; a replica left out keeps its own in its residual and counts it in ``lateness``."""
     if diloco.outer_codec is None:
         return None
     bounds = part_bounds(diloco)
     round_no = rnd.at(Phase.OUTER).pack()
-
     robust = diloco.outer_codec.rule != "mean"
+
+    async def exchange(payloads: list[bytes]) -> tuple[list[str], list[list[bytes]]]:
+        if deadline_s is None:
+            return list(peers), await allgather(box, peers, round_no, payloads, bounds, timeout_s)
+        members, got = await allgather_by_deadline(
+            box, peers, round_no, payloads, bounds, timeout_s, deadline_s
+        )
+        left_out = peers.index(box.peer_id) not in members
+        if left_out:
+            diloco.left_out()  # what it sent goes back into its residual: sent at the next sync
+        if lateness is not None:
+            lateness.note(left_out)
+        return [peers[i] for i in members], got
 
     async def gather(payloads: list[bytes]) -> list[list[bytes]]:
         t0 = time.perf_counter()
         try:
-            got = await allgather(box, peers, round_no, payloads, bounds, timeout_s)
+            senders, got = await exchange(payloads)
             if robust:  # a robust rule weighs the payloads: every replica must hold the same ones
-                await echo(box, peers, round_no, got, max(1.0, timeout_s - (time.perf_counter() - t0)))
+                left = max(1.0, timeout_s - (time.perf_counter() - t0))
+                await echo(box, peers, round_no, got, left, senders)
             return got
         finally:
             timing.allreduce += time.perf_counter() - t0

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +55,11 @@ from potluck.peer.train.audit import ShardAudits
 from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.commit import Ready, commit_step
-from potluck.peer.train.outer import make_diloco, outer_step, stage_gather
+from potluck.peer.train.outer import Lateness, make_diloco, outer_step, stage_gather
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
 from potluck.peer.train.recheck import GradientChecks
 from potluck.peer.train.spot import SpotChecks
-from potluck.peer.train.straggle import DeadlineSync, slowdown_s
+from potluck.peer.train.straggle import WINDOW, DeadlineSync, deadline_s, slowdown_s
 from potluck.peer.train.waves import Waves
 from potluck.protocol.checkpoints import StageMeta, plan_stage_meta
 from potluck.protocol.checks import audited, gradients_rechecked, spot_checked
@@ -138,6 +139,12 @@ class Trainer:
         self.diloco: DiLoCo | None = None
         if comp.sync_every > 1:  # compression.outer: a coded outer sync (outer.py)
             self.diloco = make_diloco(self.runner.params, comp, job.trust)
+        # partial participation in the coded outer sync (collectives/partial.py): the job's deadline
+        # policy, over this replica's recent compute seconds per step
+        self.lateness: Lateness | None = None
+        self._compute_s: deque[float] = deque(maxlen=WINDOW)
+        if job.sync.policy == "deadline" and comp.outer is not None and plan.n_replicas > 1:
+            self.lateness = Lateness(job.sync.max_misses)
         self.audit = Audit()  # contributions this replica refused or found outlying, per peer
         self.deadline: DeadlineSync | None = None  # the job's sync.policy = "deadline"
         if job.sync.policy == "deadline" and self.diloco is None and plan.n_replicas > 1:
@@ -424,7 +431,12 @@ class Trainer:
         timing.compute += time.perf_counter() - t0
         if self.diloco is not None:
             peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
-            gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing)
+            self._compute_s.append(timing.compute)
+            wait_s = None
+            if self.lateness is not None:
+                pol = self.job.sync
+                wait_s = deadline_s(list(self._compute_s), pol.deadline_factor, pol.min_deadline_s, timeout)
+            gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing, wait_s, self.lateness)
             sync = lambda t: self._outer_allreduce(t, rnd, timing)  # noqa: E731
             await outer_step(self.diloco, sync, gather, peers, self.audit)
         self.step = step + 1

@@ -49,9 +49,12 @@ def test_bad_values_name_the_field(tmp_path, text, field):
         job(tmp_path, f"[sync]\n{text}\n")
 
 
-def test_deadline_with_diloco_is_rejected(tmp_path):
-    with pytest.raises(JobSpecError, match=r"sync\.policy = 'deadline' needs compression\.sync_every = 1"):
+def test_deadline_with_dense_local_steps_is_rejected_and_with_the_coded_sync_taken(tmp_path):
+    with pytest.raises(JobSpecError, match=r"sync_every = 4\) needs compression\.outer"):
         job(tmp_path, '[sync]\npolicy = "deadline"\n[compression]\nsync_every = 4\n')
+    # the coded outer sync has a deadline of its own (peer/collectives/partial.py)
+    coded = job(tmp_path, '[sync]\npolicy = "deadline"\n[compression]\nsync_every = 4\nouter = "int2"\n')
+    assert coded.sync.policy == "deadline" and coded.compression.outer == "int2"
     assert (
         job(tmp_path, '[sync]\npolicy = "strict"\n[compression]\nsync_every = 4\n').compression.sync_every
         == 4
