@@ -91,6 +91,8 @@ class Lateness:
     def note(self, left_out: bool) -> None:
         self.missed += left_out
         self.in_a_row = self.in_a_row + 1 if left_out else 0
+        if left_out:
+            logger.info("left out of the outer sync (%d in a row): what it sent waits", self.in_a_row)
         if self.in_a_row >= self.max_misses:
             raise StragglerError(f"left out of {self.in_a_row} outer syncs in a row (sync.max_misses)")
 
