@@ -35,38 +35,33 @@ def test_bottleneck_2x2_equals_the_reference_cut_at_the_same_layer(tmp_path):
     assert 7.0 < reports[(0, 0)][-1].activation_ratio <= 8.0
 
 
-def test_bottleneck_resume_continues_the_loss_curve(tmp_path):
+def test_bottleneck_resume_continues_the_loss_curve_also_cut_elsewhere(tmp_path):
+    """Epoch 1 cuts at 2 (the bottleneck's position) and stops at step 6. Resumed with the same cut, the
+    loss curve and the maps are the uninterrupted run's. Resumed cut at 3 with the position kept
+    (``TrainPlan.bottlenecks``): stage [0, 3) applies U D at 2 in place, the new cut carries full-width
+    states, and the curve is still the uninterrupted run's. Without the kept position (the plan's own
+    cut, as before) the maps restart at the identity and the curve departs."""
     job = tiny_job(steps=12, model={"bottleneck_rank": 4}, checkpoint={"interval": 6})
     full, whole = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path / "full"))
+    want = [r.loss for r in full[(1, 0)][6:]]
     root = tmp_path / "resumed"
     first, _ = asyncio.run(train_swarm(job, 2, 2, SPLITS, root, stop_after=6))
     assert first[(0, 0)][-1].checkpoint is not None
+    for copy in ("kept", "moved"):
+        shutil.copytree(root, tmp_path / copy)
     rest, trainers = asyncio.run(train_swarm(job, 2, 2, SPLITS, root, start_step=6, epoch=2))
-    assert [r.loss for r in rest[(1, 0)]] == pytest.approx(
-        [r.loss for r in full[(1, 0)][6:]], rel=1e-4, abs=1e-5
-    )
+    assert [r.loss for r in rest[(1, 0)]] == pytest.approx(want, rel=1e-4, abs=1e-5)
     for key, tr in trainers.items():  # the maps came back from the checkpoint and went on training
-        got, want = parameters_by_global_name(tr.runner), parameters_by_global_name(whole[key].runner)
-        for name in [n for n in want if n.startswith("boundaries.")]:
-            torch.testing.assert_close(got[name], want[name], rtol=1e-3, atol=2e-5, msg=f"{key} {name}")
+        got, expect = parameters_by_global_name(tr.runner), parameters_by_global_name(whole[key].runner)
+        for name in [n for n in expect if n.startswith("boundaries.")]:
+            torch.testing.assert_close(got[name], expect[name], rtol=1e-3, atol=2e-5, msg=f"{key} {name}")
 
-
-def test_a_resume_cut_elsewhere_keeps_the_bottleneck_and_its_learned_maps(tmp_path):
-    """Epoch 1 cuts at 2 (the bottleneck's position); epoch 2 resumes at step 6 cut at 3 with the
-    position kept: stage [0, 3) applies U D at 2 in place, the new cut carries full-width states, and
-    the loss curve is the uninterrupted run's. Without the kept position (the plan's own cut, as before
-    ``TrainPlan.bottlenecks``) the maps restart at the identity and the curve departs."""
-    job = tiny_job(steps=12, model={"bottleneck_rank": 4}, checkpoint={"interval": 6})
-    full, _ = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path / "full"))
-    asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path / "first", stop_after=6))
     recut = [(0, 3), (3, 4)]
-    shutil.copytree(tmp_path / "first", tmp_path / "kept")
     kept, trainers = asyncio.run(
         train_swarm(job, 2, 2, recut, tmp_path / "kept", start_step=6, epoch=2, bottlenecks=[2])
     )
-    want = [r.loss for r in full[(1, 0)][6:]]
     assert [r.loss for r in kept[(1, 0)]] == pytest.approx(want, rel=1e-4, abs=1e-5)
     assert trainers[(0, 0)].runner.model.cuts == (2,) and not trainers[(1, 0)].runner.model.boundaries
     assert 0.9 < kept[(0, 0)][-1].activation_ratio <= 1.0  # the new cut sends all 32 numbers a token
-    moved, _ = asyncio.run(train_swarm(job, 2, 2, recut, tmp_path / "first", start_step=6, epoch=2))
+    moved, _ = asyncio.run(train_swarm(job, 2, 2, recut, tmp_path / "moved", start_step=6, epoch=2))
     assert [r.loss for r in moved[(1, 0)]] != pytest.approx(want, rel=1e-4, abs=1e-5)
