@@ -276,6 +276,10 @@ def main() -> None:
     pipe.add_argument("--sync-every", type=int, default=24, help="compression.sync_every (H)")
     pipe.add_argument("--outer", default="int2:block=512|zstd", help="compression.outer")
     pipe.add_argument("--outer-ef-decay", type=float, default=1.0, help="compression.outer_ef_decay")
+    pipe.add_argument("--outer-lr", type=float, default=0.7, help="compression.outer_lr (outer SGD)")
+    pipe.add_argument(
+        "--outer-momentum", type=float, default=0.9, help="compression.outer_momentum (Nesterov)"
+    )
     pipe.add_argument("--act-codec", default="int8:block=64", help='compression.activations ("none": skip)')
     pipe.add_argument("--rank", type=int, help="model.bottleneck_rank of the job run (activations and outer)")
     args = ap.parse_args()
@@ -336,7 +340,13 @@ def run_meta(commit: str, t0: float, steps: int, seeds: list[int], **extra: Any)
 def pipeline_main(args: argparse.Namespace, commit: str) -> None:
     """``--pipeline``: the 2 x 2 measurement; the JSON line carries one model's figures per key prefix."""
     opt = OptimizerSpec(lr=3e-3, warmup_steps=10, min_lr_ratio=0.1)  # the demo job's optimizer
-    comp = CompressionSpec(sync_every=args.sync_every, outer=args.outer, outer_ef_decay=args.outer_ef_decay)
+    comp = CompressionSpec(
+        sync_every=args.sync_every,
+        outer=args.outer,
+        outer_ef_decay=args.outer_ef_decay,
+        outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum,
+    )
     t0 = time.time()
     result: dict[str, Any] = {
         "models": pipeline_bench(
@@ -380,6 +390,8 @@ def pipeline_main(args: argparse.Namespace, commit: str) -> None:
             "sync_every": args.sync_every,
             "outer": args.outer,
             "rank": args.rank,
+            "outer_lr": args.outer_lr,
+            "outer_momentum": args.outer_momentum,
         }
         print(json.dumps(line))
 

@@ -11,7 +11,8 @@ the codec to stage 0.
 - Coded outer sync, what a job with ``compression.outer`` runs (first with fp32 activations, so its gap
   is the gradient side's alone, then with the activation codec as well): each replica takes
   ``sync_every`` AdamW steps on its own half of the global batch, then per stage ``DiLoCo`` with the
-  job's ``OuterCodec`` (``peer/train/outer.py``'s ``make_diloco``: outer SGD lr 0.7, Nesterov 0.9), both
+  job's ``OuterCodec`` (``peer/train/outer.py``'s ``make_diloco``: outer SGD with the job's ``outer_lr``
+  and Nesterov ``outer_momentum``, 0.7 and 0.9 by default), both
   replicas decoding the same payloads in the same order.
 
 Bytes per token, per link kind: activations forward, activation gradients backward (payload bytes over

@@ -148,7 +148,14 @@ class OptimizerSpec(_Section):
 
 
 # CompressionSpec fields left out of the signed job at these defaults (older releases sign without them)
-_LEFT_OUT_AT = (("activations_slow", None), ("slow_link_gbps", 1.0), ("outer", None), ("outer_ef_decay", 1.0))
+_LEFT_OUT_AT = (
+    ("activations_slow", None),
+    ("slow_link_gbps", 1.0),
+    ("outer", None),
+    ("outer_ef_decay", 1.0),
+    ("outer_lr", 0.7),
+    ("outer_momentum", 0.9),
+)
 
 
 class CompressionSpec(_Section):
@@ -170,6 +177,11 @@ class CompressionSpec(_Section):
     # sync). Both are written only when set, so a job without them signs as releases without the fields.
     outer: CodecSpec | None = Field(default=None, min_length=1, max_length=256)
     outer_ef_decay: float = Field(default=1.0, ge=0.0, le=1.0)
+    # DiLoCo's outer step for any job with sync_every > 1, coded or not: SGD with this lr on the mean
+    # pseudo-gradient (1.0 adds it as is) and this Nesterov momentum. The defaults are DiLoCo's; left out
+    # of the signed job at them, so older specs keep their hashes.
+    outer_lr: float = Field(default=0.7, gt=0.0, le=10.0)
+    outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
 
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
@@ -188,6 +200,13 @@ class CompressionSpec(_Section):
             )
         if self.outer is None and self.outer_ef_decay != 1.0:
             raise ValueError("compression.outer_ef_decay applies to compression.outer, which is not set")
+        if self.outer is not None and self.outer_ef_decay < 1.0 and self.outer_momentum != 0.9:
+            # the decaying residual stands in for the outer momentum, which is then off (peer/train/outer.py)
+            raise ValueError(
+                f"compression.outer_momentum cannot be set with compression.outer_ef_decay < 1 "
+                f"(got {self.outer_momentum} and {self.outer_ef_decay}): the decaying residual replaces "
+                f"the outer momentum, which is then 0"
+            )
         return self
 
 

@@ -12,8 +12,9 @@ resume or a new plan starts with an empty one, so it drops at most what the code
 with d = 1, all that top-k has not sent). Checkpoints are only taken right after a sync, when replicas
 agree, so a resume never mixes residuals of different replicas into the weights.
 
-With ``outer_ef_decay`` < 1 the decaying residual plays the part of the outer momentum (SparseLoCo), so
-the outer step then runs without Nesterov momentum.
+The outer step is SGD with ``compression.outer_lr`` and Nesterov ``compression.outer_momentum`` (0.7 and
+0.9 by default), for a coded or an uncoded sync alike. With ``outer_ef_decay`` < 1 the decaying residual
+plays the part of the outer momentum (SparseLoCo), so the outer step then runs without Nesterov momentum.
 
 Untrusted swarms (``trust.aggregation = "trimmed_mean"``): after the all-gather the replicas compare
 digests of what they gathered (``gather.echo``), then each takes the coordinate-wise trimmed mean of the
@@ -57,8 +58,11 @@ def outer_codec(comp: CompressionSpec, trust: TrustSpec | None = None) -> OuterC
 
 
 def outer_config(comp: CompressionSpec) -> DiLoCoConfig:
-    """The DiLoCo settings of a job: H = ``sync_every``; no outer momentum under a decaying residual."""
-    cfg = DiLoCoConfig(inner_steps=comp.sync_every)
+    """The DiLoCo settings of a job: H = ``sync_every``, the outer step's ``outer_lr`` and Nesterov
+    ``outer_momentum``; no outer momentum under a decaying residual (the spec refuses setting both)."""
+    cfg = DiLoCoConfig(
+        inner_steps=comp.sync_every, outer_lr=comp.outer_lr, outer_momentum=comp.outer_momentum
+    )
     if comp.outer is not None and comp.outer_ef_decay < 1.0:
         return dataclasses.replace(cfg, outer_momentum=0.0)
     return cfg

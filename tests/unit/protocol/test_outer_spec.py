@@ -72,3 +72,47 @@ def test_defaults_are_left_out_of_the_signed_form(tmp_path):
     decayed = job(tmp_path, '[compression]\nsync_every = 4\nouter = "int2"\nouter_ef_decay = 0.9\n')
     back = JobSpec.model_validate(decayed.model_dump(mode="json"))
     assert back == decayed and back.canonical_bytes() == decayed.canonical_bytes()
+
+
+def test_the_outer_step_parses_and_defaults(tmp_path):
+    comp = job(tmp_path, "[compression]\nsync_every = 4\nouter_lr = 0.4\nouter_momentum = 0.8\n").compression
+    assert (comp.outer_lr, comp.outer_momentum) == (0.4, 0.8)
+    plain = job(tmp_path, "").compression
+    assert (plain.outer_lr, plain.outer_momentum) == (0.7, 0.9)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "words"),
+    [
+        ("[compression]\nsync_every = 4\nouter_lr = 0.0\n", "compression.outer_lr", "greater than 0"),
+        ("[compression]\nsync_every = 4\nouter_lr = 10.5\n", "compression.outer_lr", "less than or equal"),
+        (
+            "[compression]\nsync_every = 4\nouter_momentum = 1.0\n",
+            "compression.outer_momentum",
+            "less than 1",
+        ),
+        ("[compression]\nsync_every = 4\nouter_momentum = -0.1\n", "compression.outer_momentum", "greater"),
+        (
+            '[compression]\nsync_every = 4\nouter = "int2"\nouter_ef_decay = 0.9\nouter_momentum = 0.5\n',
+            "compression",
+            "outer_momentum cannot be set with compression.outer_ef_decay < 1",
+        ),
+    ],
+)
+def test_bad_outer_step_settings_name_the_field(tmp_path, extra, field, words):
+    with pytest.raises(JobSpecError) as err:
+        job(tmp_path, extra)
+    assert f"`{field}" in str(err.value) and words in str(err.value)
+
+
+def test_the_outer_step_is_left_out_at_defaults(tmp_path):
+    plain = job(tmp_path, "[compression]\nsync_every = 4\n")
+    spelled = job(tmp_path, "[compression]\nsync_every = 4\nouter_lr = 0.7\nouter_momentum = 0.9\n")
+    comp = plain.model_dump(mode="json")["compression"]
+    assert "outer_lr" not in comp and "outer_momentum" not in comp
+    assert spelled.canonical_bytes() == plain.canonical_bytes()
+    tuned = job(tmp_path, "[compression]\nsync_every = 4\nouter_lr = 1.0\nouter_momentum = 0.0\n")
+    dumped = tuned.model_dump(mode="json")["compression"]
+    assert (dumped["outer_lr"], dumped["outer_momentum"]) == (1.0, 0.0)
+    back = JobSpec.model_validate(tuned.model_dump(mode="json"))
+    assert back == tuned and back.canonical_bytes() == tuned.canonical_bytes()
