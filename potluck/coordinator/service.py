@@ -29,7 +29,7 @@ from potluck.coordinator.job.handoff import handoff_step, typical_step_s
 from potluck.coordinator.job.improve import ImproveConfig
 from potluck.coordinator.job.joins import JoinDesk
 from potluck.coordinator.job.lease import leased_state, pause_reason, pause_step, paused_action
-from potluck.coordinator.job.plan import device_of, keep_bottlenecks, make_train_plan, usable_peers
+from potluck.coordinator.job.plan import device_of, make_train_plan, usable_peers
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
 from potluck.coordinator.job.resume import choose_resume
 from potluck.coordinator.job.speeds import MeasuredSpeeds
@@ -550,14 +550,14 @@ class CoordinatorService:
                 speeds,
                 frozenset(self.speeds.distrusted),
                 self.ratios.update(self.plan, self.job, self.progress.latest.values()),
-                self.plan.bottleneck_cuts if self.plan is not None else None,  # fixed by earlier plans
+                # a bottleneck job's positions, fixed by earlier plans: a moved cut keeps its maps
+                self.plan.bottleneck_cuts if self.plan is not None else None,
             )
         if plan is None:
             if reason != self.last_reason:
                 logger.info("not planning yet: %s", reason)
             self.last_reason = reason
             return
-        plan = keep_bottlenecks(self.job, self.plan, plan)  # a moved cut keeps the learned maps
         plan = plan.model_copy(update={"resume_from": self.resume_from})  # where peers look first
         if excluded:
             why = "suspected: unreachable, and no heartbeat since"

@@ -94,16 +94,9 @@ def stage_layers(model: StageModel, device: torch.device | None = None, precisio
     def block(k: int) -> Layer:
         def run(x: torch.Tensor) -> torch.Tensor:
             with autocast(dev, dtype):
-                if k == 0 and model.embed is not None:
-                    x = model.embed(x)
-                if k == 0 and model.codes_in:  # bottleneck codes in (model/bottleneck.py)
-                    x = model.boundary_at(model.first).decode(x)
-                h = blocks[k](x, model.cos, model.sin)
-                if model.first + k + 1 in model.cuts:  # a bottleneck inside the stage: U D in place
-                    cut = model.boundary_at(model.first + k + 1)
-                    h = cut.decode(cut.encode(h))
-                if k == len(blocks) - 1 and model.codes_out:
-                    h = model.boundary_at(model.last).encode(h)
+                if k == 0:
+                    x = model.enter(x)  # embedding, or received codes up-projected
+                h = model.after_layer(k, blocks[k](x, model.cos, model.sin))  # and its bottleneck
                 if k == len(blocks) - 1 and model.norm is not None and model.head is not None:
                     h = model.head(model.norm(h))
                 return h

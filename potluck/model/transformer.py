@@ -137,29 +137,39 @@ class StageModel(nn.Module):
         """Token ids (b, t) on the first stage, hidden states (b, t, d) elsewhere; returns hidden states,
         or logits (b, t, vocab) on the last stage. With a bottleneck, what crosses a cut is its codes
         (b, t, r) instead of hidden states, both ways."""
-        h = self.embed(x) if self.embed is not None else x
-        if self.codes_in:
-            h = self.boundary_at(self.first).decode(h)
+        h = self.enter(x)
         for offset, block in enumerate(self.layers):
-            h = block(h, self.cos, self.sin)
-            if self.first + offset + 1 in self.cuts:
-                cut = self.boundary_at(self.first + offset + 1)
-                h = cut.decode(cut.encode(h))
-        if self.codes_out:
-            h = self.boundary_at(self.last).encode(h)
+            h = self.after_layer(offset, block(h, self.cos, self.sin))
         if self.norm is not None and self.head is not None:
             h = self.head(self.norm(h))
+        return h
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """What the first layer of the stage takes: embedded tokens, or received hidden states (from a
+        bottleneck's codes, up-projected)."""
+        h = self.embed(x) if self.embed is not None else x
+        return self.boundary_at(self.first).decode(h) if self.codes_in else h
+
+    def after_layer(self, offset: int, h: torch.Tensor) -> torch.Tensor:
+        """``h`` after the stage's layer ``offset``, through the bottleneck at the boundary after it: U D
+        in place at a position inside the stage, the down-projection at a position it ends at."""
+        k = self.first + offset + 1
+        if k in self.cuts:
+            cut = self.boundary_at(k)
+            return cut.decode(cut.encode(h))
+        if k == self.last and self.codes_out:
+            return self.boundary_at(k).encode(h)
         return h
 
     @property
     def width_in(self) -> int:
         """Numbers per token this stage receives (a stage after the first): r at a bottleneck, else d."""
-        return self.spec.bottleneck_rank or 0 if self.codes_in else self.spec.d_model
+        return (self.spec.bottleneck_rank or 0) if self.codes_in else self.spec.d_model
 
     @property
     def width_out(self) -> int:
         """Numbers per token this stage sends (a stage before the last): r at a bottleneck, else d."""
-        return self.spec.bottleneck_rank or 0 if self.codes_out else self.spec.d_model
+        return (self.spec.bottleneck_rank or 0) if self.codes_out else self.spec.d_model
 
     def boundary_at(self, k: int) -> Boundary:
         """The maps this stage holds of the bottleneck at position ``k``."""

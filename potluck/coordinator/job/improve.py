@@ -212,7 +212,7 @@ def evaluate_join(
             plan_cfg,
             dict(speeds),
             measured_ratios=ratios,
-            positions=plan.bottleneck_cuts,
+            positions=fixed,
         )
         if cand is None or placement is None:
             continue

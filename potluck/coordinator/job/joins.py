@@ -82,9 +82,18 @@ class JoinDesk:
         each newcomer is told ``reason``. Seconds of CPU: run it off the event loop.
         ``measured_ratios``: the activation codecs' ratios measured on the job (``MeasuredRatios``)."""
         self.checked_at, self.checked_for = now, frozenset(newcomers)
-        ratios = measured_ratios
         ev = evaluate_join(
-            state, job, plan, step, speeds, newcomers, dht_now, self.improve, None, measured_s, ratios
+            state,
+            job,
+            plan,
+            step,
+            speeds,
+            newcomers,
+            dht_now,
+            self.improve,
+            None,
+            measured_s,
+            measured_ratios,
         )
         decision, reason = join_verdict(ev.offer, self.improve)
         if decision == "keep":

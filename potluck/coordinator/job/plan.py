@@ -106,14 +106,14 @@ class JobPlanConfig:
     max_trees_per_stage: int = 8
 
 
-def keep_bottlenecks(job: JobSpec, previous: TrainPlan | None, plan: TrainPlan) -> TrainPlan:
+def keep_bottlenecks(job: JobSpec, positions: Sequence[int] | None, plan: TrainPlan) -> TrainPlan:
     """``plan`` with the job's bottleneck positions (``TrainPlan.bottlenecks``, model/bottleneck.py):
-    the previous plan's, so a re-plan that moves the cuts keeps the maps the swarm has learned; the
-    first plan's own cuts. Unchanged for a job without ``model.bottleneck_rank``."""
+    ``positions``, those earlier plans fixed, so a re-plan that moves the cuts keeps the maps the swarm
+    has learned; None (the first plan): its own cuts. Unchanged for a job without
+    ``model.bottleneck_rank``."""
     if job.model.bottleneck_rank is None:
         return plan
-    positions = plan.cuts if previous is None else previous.bottleneck_cuts
-    return plan.model_copy(update={"bottlenecks": list(positions)})
+    return plan.model_copy(update={"bottlenecks": list(plan.cuts if positions is None else positions)})
 
 
 def step_job(job: JobSpec, measured_ratios: Mapping[str, float] | None = None) -> StepJob:
@@ -231,7 +231,8 @@ def make_train_plan(
     whose claims proved false, believed no faster than the median until measured. ``measured_ratios``:
     the activation codecs' ratios measured on the job (``codecs.measured_chain_ratios``);
     ``positions``: a bottleneck job's positions fixed by earlier plans (``TrainPlan.bottlenecks``): the
-    split may move onto them where that is faster (``positions.keep_positions``)."""
+    plan keeps them, and its split may move onto them where that is faster
+    (``positions.keep_positions``); None: the plan's own cuts become the positions."""
     cfg = cfg or JobPlanConfig()
     sj = step_job(job, measured_ratios)
     usable, spares = usable_peers(state, job)
@@ -325,6 +326,7 @@ def make_train_plan(
         reason += note
         br = predict(train)
         train = train.model_copy(update={"predicted_step_s": float(min(br.total, 1e9))})
+    train = keep_bottlenecks(job, positions, train)
     ahead = run_ahead_for(br, train.micro_batches, sj, memory)
     if ahead:
         train = train.model_copy(update={"run_ahead": ahead})

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from potluck.coordinator.placement.costmodel import GB, StepJob, layer_memory, micro_batches
+from potluck.coordinator.placement.costmodel import StepJob, memory_caps, micro_batches
 from potluck.protocol.training import TrainPlan
 
 MAX_SPLITS = 256  # position splits priced at most (each is one step-model evaluation, ~1 ms)
@@ -41,18 +41,11 @@ def resplit(plan: TrainPlan, cuts: Sequence[int]) -> TrainPlan:
 
 def fits_memory(plan: TrainPlan, sj: StepJob, memory_gb: Sequence[float]) -> bool:
     """Whether every stage's layers, with the micro-batches it keeps in flight, fit the smallest free
-    memory among its peers (``memory_gb``, per stage), as the planner's own layer split checks it."""
-    state, act = layer_memory(sj)
+    memory among its peers (``memory_gb``, per stage), by the planner's own rule (``memory_caps``)."""
     s = len(plan.stages)
-    mb = micro_batches(sj, plan.data_replicas)
-    embed = sj.model.embed_params * sj.bytes_per_param
-    for j, (st, mem) in enumerate(zip(plan.stages, memory_gb, strict=True)):
-        in_flight = min(mb, s - j) + plan.run_ahead
-        extra = embed * ((j == 0) + (j == s - 1))
-        need = (st.last_layer - st.first_layer) * (state + act * in_flight) + extra
-        if need > mem * GB * sj.memory_headroom:
-            return False
-    return True
+    in_flight = np.minimum(micro_batches(sj, plan.data_replicas), s - np.arange(s)) + plan.run_ahead
+    layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
+    return bool((layers <= memory_caps(sj, np.asarray(memory_gb, dtype=float), in_flight)).all())
 
 
 def keep_positions(

@@ -225,6 +225,21 @@ def layer_memory(job: StepJob) -> tuple[float, float]:
     return state, act
 
 
+def memory_caps(job: StepJob, memory_gb: np.ndarray, in_flight: np.ndarray) -> np.ndarray:
+    """The most layers each stage (pipeline order) holds in memory: its state and activations for
+    ``in_flight`` micro-batches per layer, after the embedding (first stage) and head (last), within
+    ``memory_headroom`` of ``memory_gb``; -1 where not even the embedding or head fits."""
+    m = job.model
+    state, act = layer_memory(job)
+    mem_extra = np.zeros(len(memory_gb))
+    mem_extra[0] += m.embed_params * job.bytes_per_param
+    mem_extra[-1] += m.embed_params * job.bytes_per_param
+    budget = memory_gb * GB * job.memory_headroom - mem_extra
+    # No stage holds more than the whole model: capping here keeps every count in int64 whatever
+    # memory peers claim.
+    return np.clip(np.floor(budget / (state + act * in_flight)), -1, m.layers).astype(np.int64)
+
+
 def split_layers(
     job: StepJob, speed_tflops: np.ndarray, memory_gb: np.ndarray, in_flight: np.ndarray
 ) -> np.ndarray | None:
@@ -238,14 +253,8 @@ def split_layers(
     work, head = micro_batch_flops(job)
     extra = np.zeros(s)  # embedding on the first stage, LM head on the last (FLOPs per micro-batch)
     extra[-1] += head
-    state, act = layer_memory(job)
-    mem_extra = np.zeros(s)
-    mem_extra[0] += m.embed_params * job.bytes_per_param
-    mem_extra[-1] += m.embed_params * job.bytes_per_param
-    budget = memory_gb * GB * job.memory_headroom - mem_extra
-    # No stage holds more than the whole model: capping here keeps every count below in int64 and the
-    # give-back loop below short (<= stages x layers rounds), whatever memory and speed peers claim.
-    mem_cap = np.clip(np.floor(budget / (state + act * in_flight)), -1, m.layers).astype(np.int64)
+    # capped at the whole model, which also keeps the give-back loop below short (<= stages x layers)
+    mem_cap = memory_caps(job, memory_gb, in_flight)
     if (mem_cap < 1).any() or mem_cap.sum() < m.layers:
         return None
     rate = speed_tflops * 1e12

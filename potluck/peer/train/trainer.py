@@ -431,9 +431,9 @@ class Trainer:
         timing.compute += time.perf_counter() - t0
         if self.diloco is not None:
             peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
-            self._compute_s.append(timing.compute)
             wait_s = None
             if self.lateness is not None:
+                self._compute_s.append(timing.compute)
                 pol = self.job.sync
                 wait_s = deadline_s(list(self._compute_s), pol.deadline_factor, pol.min_deadline_s, timeout)
             gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing, wait_s, self.lateness)

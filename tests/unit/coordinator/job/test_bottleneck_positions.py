@@ -47,10 +47,12 @@ def test_the_coordinator_keeps_the_first_plans_positions():
     ranked = job.model_copy(update={"model": job.model.model_copy(update={"bottleneck_rank": 4})})
     first = keep_bottlenecks(ranked, None, cut_at(2))
     assert first.bottlenecks == [2]
-    moved = keep_bottlenecks(ranked, first, cut_at(1, 3))
+    moved = keep_bottlenecks(ranked, first.bottleneck_cuts, cut_at(1, 3))
     assert moved.bottlenecks == [2] and moved.cuts == (1, 3)
-    assert keep_bottlenecks(ranked, moved, cut_at()).bottlenecks == [2]
-    assert keep_bottlenecks(job, first, cut_at(3)).bottlenecks is None  # no bottleneck: nothing to keep
+    assert keep_bottlenecks(ranked, moved.bottleneck_cuts, cut_at()).bottlenecks == [2]
+    assert (
+        keep_bottlenecks(job, first.bottleneck_cuts, cut_at(3)).bottlenecks is None
+    )  # no bottleneck: nothing to keep
 
 
 def test_the_plan_table_names_the_positions():
