@@ -282,6 +282,11 @@ def main() -> None:
     )
     pipe.add_argument("--act-codec", default="int8:block=64", help='compression.activations ("none": skip)')
     pipe.add_argument("--rank", type=int, help="model.bottleneck_rank of the job run (activations and outer)")
+    pipe.add_argument(
+        "--bottleneck-tokens",
+        action="store_true",
+        help="model.bottleneck_tokens: the cut's token side path (with --rank)",
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)  # tiny models: one thread is faster than two on shared cores
@@ -350,7 +355,14 @@ def pipeline_main(args: argparse.Namespace, commit: str) -> None:
     t0 = time.time()
     result: dict[str, Any] = {
         "models": pipeline_bench(
-            args.pipeline, args.seeds, args.pipe_steps, comp, opt, args.act_codec, args.rank
+            args.pipeline,
+            args.seeds,
+            args.pipe_steps,
+            comp,
+            opt,
+            args.act_codec,
+            args.rank,
+            args.bottleneck_tokens,
         )
     }
     result["meta"] = run_meta(
@@ -361,6 +373,7 @@ def pipeline_main(args: argparse.Namespace, commit: str) -> None:
         compression=comp.model_dump(),
         act_codec=args.act_codec,
         rank=args.rank,
+        bottleneck_tokens=args.bottleneck_tokens,
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -390,6 +403,7 @@ def pipeline_main(args: argparse.Namespace, commit: str) -> None:
             "sync_every": args.sync_every,
             "outer": args.outer,
             "rank": args.rank,
+            "bottleneck_tokens": args.bottleneck_tokens,
             "outer_lr": args.outer_lr,
             "outer_momentum": args.outer_momentum,
         }

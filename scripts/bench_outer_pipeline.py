@@ -46,11 +46,18 @@ EVAL_SEQUENCES = 64
 CORPUS_CHARS = 400_000
 
 
-def _spec(name: str, rank: int | None = None) -> tuple[ModelSpec, int]:
-    """The model (with ``model.bottleneck_rank = rank`` at the cut when given) and its sequences a step."""
+def _spec(name: str, rank: int | None = None, tokens: bool = False) -> tuple[ModelSpec, int]:
+    """The model (with ``model.bottleneck_rank = rank`` at the cut when given, and its token side path
+    with ``tokens``) and its sequences a step."""
     layers, d, heads, per_step, seq = PIPE_MODELS[name]
     spec = ModelSpec(
-        n_layers=layers, d_model=d, n_heads=heads, vocab_size=256, seq_len=seq, bottleneck_rank=rank
+        n_layers=layers,
+        d_model=d,
+        n_heads=heads,
+        vocab_size=256,
+        seq_len=seq,
+        bottleneck_rank=rank,
+        bottleneck_tokens=tokens and rank is not None,
     )
     return spec, per_step
 
@@ -95,7 +102,7 @@ def _train_step(
 ) -> None:
     s0, s1 = stages
     h = s0.forward(0, batch[:, :-1])
-    s1.forward(0, link.send(h, True), batch[:, 1:])
+    s1.forward(0, link.send(h, True), batch[:, 1:], tokens=batch[:, :-1])
     g = s1.backward(0)
     assert g is not None
     s0.backward(0, link.send(g, False))
@@ -110,7 +117,7 @@ def _eval(stages: list[StageRunner], held: torch.Tensor, link: Boundary) -> floa
         h = s0.model(held[:, :-1])
         if link.codec is not None:
             h = link.codec.decode(link.codec.encode(h))
-        return float(StageModel.loss(s1.model(h), held[:, 1:]))
+        return float(StageModel.loss(s1.model(h, held[:, :-1]), held[:, 1:]))
 
 
 def run_pipeline(
@@ -120,10 +127,12 @@ def run_pipeline(
     opt: OptimizerSpec,
     comp: CompressionSpec | None,
     rank: int | None = None,
+    tokens: bool = False,
 ) -> dict[str, Any]:
     """One run: ``comp`` None is the fp32 data-parallel baseline; else the job's compression settings;
-    ``rank``: a learned bottleneck of that rank at the cut (``model.bottleneck_rank``)."""
-    spec, per_step = _spec(model, rank)
+    ``rank``: a learned bottleneck of that rank at the cut (``model.bottleneck_rank``), with its token
+    side path when ``tokens`` (``model.bottleneck_tokens``)."""
+    spec, per_step = _spec(model, rank, tokens)
     train, held = _data(seed, spec.seq_len)
     link = Boundary("none" if comp is None else comp.activations)
     tokens = steps * per_step * spec.seq_len
@@ -188,6 +197,7 @@ def pipeline_bench(
     opt: OptimizerSpec,
     act: str,
     rank: int | None = None,
+    tokens: bool = False,
 ) -> dict[str, Any]:
     """Per model and seed: the baseline, the coded outer sync alone (fp32 activations) and, with ``act``
     other than "none", the same with the activation codec (behind a bottleneck of ``rank`` when given:
@@ -198,7 +208,9 @@ def pipeline_bench(
     for model in models:
         base = {s: run_pipeline(model, s, steps, opt, None) for s in seeds}
         grad = {s: run_pipeline(model, s, steps, opt, grad_only) for s in seeds}
-        both = {s: run_pipeline(model, s, steps, opt, job, rank) for s in seeds} if act != "none" else {}
+        both = {}
+        if act != "none":
+            both = {s: run_pipeline(model, s, steps, opt, job, rank, tokens) for s in seeds}
         gaps = [(grad[s]["loss"] - base[s]["loss"]) / base[s]["loss"] for s in seeds]
         res: dict[str, Any] = {
             "baseline": base,

@@ -18,6 +18,18 @@ among replicas with the other gradients, checkpointed and resumed with the stage
 global and stable, ``boundaries.<k>.down.weight`` and ``boundaries.<k>.up.weight``, whatever layers
 the stage holds.
 
+Token side path (``model.bottleneck_tokens``): every peer reads the job's data itself (no shared
+disk), so the stage receiving a cut already knows the micro-batch's token ids, and the part of the
+residual stream that is each token's own embedding need not cross the wire at all. With it, the
+receiving side adds a learned table of its own, ``x' = c U^T + T[tokens]``. ``T`` starts as the
+model's initial embedding (the same seeded draw the first stage makes) with the kept coordinates
+zeroed, so at init an embedded token crosses a cut exactly: its first r coordinates in the codes, the
+rest from ``T``; what the layers before the cut added outside the kept coordinates is what the cut
+drops, and training moves ``D``, ``U`` and ``T`` to what the loss needs. Without it a cut of rank r
+starts by dropping (d - r) / d of each token's identity as well, and the model spends its first
+hundreds of steps re-learning to route it (docs/benchmarks.md, issue 22). No extra bytes: the ids
+never travel.
+
 Where the bottlenecks sit is part of the model, not of the plan: the first plan's cuts fix the
 positions (``TrainPlan.bottlenecks``) and later plans keep them, wherever they cut the pipeline. A
 stage holds the maps of every position in its range: the up-projection of one it starts at, the
@@ -35,18 +47,21 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-_NAME = re.compile(r"^(?:model|optim)\.boundaries\.(\d+)\.(down|up)\.")
+_NAME = re.compile(r"^(?:model|optim)\.boundaries\.(\d+)\.(down|up|tokens)\.")
 
 
 class Boundary(nn.Module):
-    """The maps of one cut that a stage holds: ``down`` (it sends) and/or ``up`` (it receives)."""
+    """The maps of one cut that a stage holds: ``down`` (it sends) and/or ``up`` (it receives), and with
+    ``vocab`` the receiving side's token table ``tokens`` (vocab x d)."""
 
-    def __init__(self, d_model: int, rank: int, down: bool, up: bool) -> None:
+    def __init__(self, d_model: int, rank: int, down: bool, up: bool, vocab: int | None = None) -> None:
         super().__init__()
         if not 1 <= rank <= d_model:
             raise ValueError(f"bottleneck rank {rank} outside [1, d_model = {d_model}]")
+        self.rank = rank
         self.down = nn.Linear(d_model, rank, bias=False) if down else None
         self.up = nn.Linear(rank, d_model, bias=False) if up else None
+        self.tokens = nn.Embedding(vocab, d_model) if up and vocab is not None else None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -64,19 +79,34 @@ class Boundary(nn.Module):
         out: torch.Tensor = self.down(x)
         return out
 
-    def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """(..., r) codes -> (..., d) hidden states."""
+    @torch.no_grad()
+    def init_tokens(self, embedding: torch.Tensor) -> None:
+        """``tokens`` = the model's initial embedding table with the kept coordinates (the first r, where
+        ``D`` starts) zeroed: those arrive through the codes."""
+        if self.tokens is None:
+            raise ValueError("this side of the cut has no token table")
+        self.tokens.weight.copy_(embedding)
+        self.tokens.weight[:, : self.rank] = 0.0
+
+    def decode(self, codes: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., r) codes -> (..., d) hidden states; with a token table, plus the tokens' rows of it
+        (``tokens``: the ids of the same (..., ) positions)."""
         if self.up is None:
             raise ValueError("this stage does not hold the up-projection of the cut")
         out: torch.Tensor = self.up(codes)
+        if self.tokens is not None:
+            if tokens is None:
+                raise ValueError("this cut re-embeds the tokens: the stage needs the micro-batch's token ids")
+            out = out + self.tokens(tokens)
         return out
 
 
 def boundary_of(name: str) -> tuple[int, str] | None:
     """(cut k, "down" or "up") of a checkpoint tensor name ("model." or "optim." prefixed) of a
-    bottleneck map; None for any other tensor."""
+    bottleneck map (a token table counts as "up": the receiving side holds it); None for any other
+    tensor."""
     m = _NAME.match(name)
-    return None if m is None else (int(m.group(1)), m.group(2))
+    return None if m is None else (int(m.group(1)), "down" if m.group(2) == "down" else "up")
 
 
 def stage_holds(name: str, first: int, last: int) -> bool:

@@ -43,6 +43,9 @@ class Layerwise:
         self.layers = list(layers)
         self.loss = loss
         self.last_loss: torch.Tensor | None = None
+        # the running micro-batch's token ids (its inputs, when they are ids): layers that re-embed
+        # them at a bottleneck (model.bottleneck_tokens) read them here
+        self.tokens: torch.Tensor | None = None
 
     def ops(self, inputs: torch.Tensor, targets: torch.Tensor | None, weight: float) -> Iterator[Op]:
         """Yield each op before running it; after the last, parameter gradients hold this micro-batch's
@@ -51,6 +54,7 @@ class Layerwise:
         ins: list[torch.Tensor | None] = []
         outs: list[torch.Tensor | None] = []
         x = inputs
+        self.tokens = None if inputs.is_floating_point() else inputs
         for i, layer in enumerate(self.layers):
             yield Op("forward", i)
             if i > 0 or x.is_floating_point():
@@ -95,12 +99,13 @@ def stage_layers(model: StageModel, device: torch.device | None = None, precisio
         def run(x: torch.Tensor) -> torch.Tensor:
             with autocast(dev, dtype):
                 if k == 0:
-                    x = model.enter(x)  # embedding, or received codes up-projected
-                h = model.after_layer(k, blocks[k](x, model.cos, model.sin))  # and its bottleneck
+                    x = model.enter(x, lw.tokens)  # embedding, or received codes up-projected
+                h = model.after_layer(k, blocks[k](x, model.cos, model.sin), lw.tokens)  # and its bottleneck
                 if k == len(blocks) - 1 and model.norm is not None and model.head is not None:
                     h = model.head(model.norm(h))
                 return h
 
         return run
 
-    return Layerwise([block(k) for k in range(len(blocks))], StageModel.loss if model.is_last else None)
+    lw = Layerwise([block(k) for k in range(len(blocks))], StageModel.loss if model.is_last else None)
+    return lw

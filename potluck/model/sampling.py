@@ -116,9 +116,10 @@ def generate(
     gen = torch.Generator(device=device).manual_seed(seed)
     ids = list(prompt_ids)
     for _ in range(max_new_tokens):
-        h: torch.Tensor = torch.tensor([ids[-spec.seq_len :]], dtype=torch.long, device=device)
+        context = torch.tensor([ids[-spec.seq_len :]], dtype=torch.long, device=device)
+        h: torch.Tensor = context
         for stage in stages:
-            h = stage(h)
+            h = stage(h, context)  # the ids too: a stage may re-embed them at a bottleneck
         logits = h[0, -1].float()  # (vocab,): the next-token scores after the last context position
         if temperature == 0:
             token = int(logits.argmax())

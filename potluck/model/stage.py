@@ -86,16 +86,29 @@ class StageRunner:
 
     # ---- micro-batches -------------------------------------------------------------------------------
 
+    @property
+    def needs_tokens(self) -> bool:
+        """Whether micro-batches must bring their token ids to this stage (not the first) as ``tokens``:
+        it re-embeds them at a bottleneck (``model.bottleneck_tokens``)."""
+        return self.model.needs_tokens
+
     def forward(
-        self, m: int, inputs: torch.Tensor, targets: torch.Tensor | None = None, weight: float = 1.0
+        self,
+        m: int,
+        inputs: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        weight: float = 1.0,
+        tokens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run micro-batch ``m``. Returns the activations to send on, or (last stage) the unweighted
-        mean loss as a 0-d tensor. Keeps what the backward needs until ``backward(m)``."""
+        mean loss as a 0-d tensor. Keeps what the backward needs until ``backward(m)``. ``tokens``: the
+        micro-batch's ids, for a stage that ``needs_tokens``."""
         x = self.staging.to_device(inputs)
         if not self.is_first:
             x = x.detach().requires_grad_(True)
+        ids = self.staging.to_device(tokens) if tokens is not None else None
         with self._cast():
-            out = self.model(x)
+            out = self.model(x, ids)
         if self.is_last:
             if targets is None:
                 raise ValueError("the last stage needs targets")
@@ -154,6 +167,7 @@ class StageRunner:
         targets: torch.Tensor | None = None,
         weight: float = 1.0,
         grad_output: torch.Tensor | None = None,
+        tokens: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Micro-batch forward (and backward) on ``model`` exactly as ``forward``/``backward`` run it:
         (the output sent on, None on the last stage; the input gradient sent back, None on the first
@@ -163,9 +177,10 @@ class StageRunner:
         x = inputs.to(device)
         if not self.is_first:
             x = x.detach().requires_grad_(backward)
+        ids = tokens.to(device) if tokens is not None else None
         with torch.set_grad_enabled(backward):
             with self._cast(device):
-                out = model(x)
+                out = model(x, ids)
             if self.is_last:
                 if targets is None:
                     raise ValueError("the last stage needs targets")

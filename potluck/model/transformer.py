@@ -100,12 +100,12 @@ class StageModel(nn.Module):
         self.codes_in = self.codes_out = False  # whether r-wide codes, not hidden states, cross an end
         self.cuts: tuple[int, ...] = ()  # positions inside the stage: U D applied in place
         if spec.bottleneck_rank is not None:
-            r = spec.bottleneck_rank
+            r, vocab = spec.bottleneck_rank, spec.vocab_size if spec.bottleneck_tokens else None
             self.codes_in, self.cuts, self.codes_out = maps_held(positions, first, last)
             if self.codes_in:
-                self.boundaries[str(first)] = Boundary(d, r, down=False, up=True)
+                self.boundaries[str(first)] = Boundary(d, r, down=False, up=True, vocab=vocab)
             for k in self.cuts:
-                self.boundaries[str(k)] = Boundary(d, r, down=True, up=True)
+                self.boundaries[str(k)] = Boundary(d, r, down=True, up=True, vocab=vocab)
             if self.codes_out:
                 self.boundaries[str(last)] = Boundary(d, r, down=True, up=False)
         self.embed = nn.Embedding(spec.vocab_size, d) if self.is_first else None
@@ -132,31 +132,48 @@ class StageModel(nn.Module):
             block.down.weight.normal_(0.0, out_std, generator=gen)
         if self.head is not None:
             self.head.weight.normal_(0.0, std, generator=layer_generator(seed, HEAD))
+        receiving = [b for b in self.boundaries.values() if isinstance(b, Boundary) and b.tokens is not None]
+        if receiving:
+            # the token side path's tables (model/bottleneck.py) start from the very embedding the
+            # first stage draws, whichever stage holds them
+            embedding = torch.empty(self.spec.vocab_size, self.spec.d_model)
+            embedding.normal_(0.0, std, generator=layer_generator(seed, EMBED))
+            for b in receiving:
+                b.init_tokens(embedding)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids (b, t) on the first stage, hidden states (b, t, d) elsewhere; returns hidden states,
         or logits (b, t, vocab) on the last stage. With a bottleneck, what crosses a cut is its codes
-        (b, t, r) instead of hidden states, both ways."""
-        h = self.enter(x)
+        (b, t, r) instead of hidden states, both ways. ``tokens``: the micro-batch's ids (b, t), which a
+        stage after the first needs when ``needs_tokens`` (the token side path); the first stage's are
+        ``x``."""
+        tokens = x if self.is_first else tokens
+        h = self.enter(x, tokens)
         for offset, block in enumerate(self.layers):
-            h = self.after_layer(offset, block(h, self.cos, self.sin))
+            h = self.after_layer(offset, block(h, self.cos, self.sin), tokens)
         if self.norm is not None and self.head is not None:
             h = self.head(self.norm(h))
         return h
 
-    def enter(self, x: torch.Tensor) -> torch.Tensor:
-        """What the first layer of the stage takes: embedded tokens, or received hidden states (from a
-        bottleneck's codes, up-projected)."""
-        h = self.embed(x) if self.embed is not None else x
-        return self.boundary_at(self.first).decode(h) if self.codes_in else h
+    @property
+    def needs_tokens(self) -> bool:
+        """Whether this stage, not being the first, must be given the token ids with its inputs: it
+        re-embeds them at a bottleneck it receives or holds inside (``model.bottleneck_tokens``)."""
+        return self.spec.bottleneck_tokens and not self.is_first and (self.codes_in or bool(self.cuts))
 
-    def after_layer(self, offset: int, h: torch.Tensor) -> torch.Tensor:
+    def enter(self, x: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """What the first layer of the stage takes: embedded tokens, or received hidden states (from a
+        bottleneck's codes, up-projected, plus the token table's rows of ``tokens`` with one)."""
+        h = self.embed(x) if self.embed is not None else x
+        return self.boundary_at(self.first).decode(h, tokens) if self.codes_in else h
+
+    def after_layer(self, offset: int, h: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
         """``h`` after the stage's layer ``offset``, through the bottleneck at the boundary after it: U D
         in place at a position inside the stage, the down-projection at a position it ends at."""
         k = self.first + offset + 1
         if k in self.cuts:
             cut = self.boundary_at(k)
-            return cut.decode(cut.encode(h))
+            return cut.decode(cut.encode(h), tokens)
         if k == self.last and self.codes_out:
             return self.boundary_at(k).encode(h)
         return h

@@ -43,6 +43,11 @@ class ModelSpec(_Section):
     # a cut instead of d_model, both ways. None (the default): no bottleneck, and the field is left out
     # of the signed record, byte for byte what releases without it sign.
     bottleneck_rank: int | None = Field(default=None, ge=1, le=65536)
+    # The token side path of the bottleneck (model/bottleneck.py): the stage after a cut re-adds a
+    # learned embedding of the token ids it reads itself, and the layers before the cut start writing
+    # into the kept subspace, so the cut starts exact instead of dropping most of each token's identity.
+    # False (the default) is left out of the signed record, as the rank is.
+    bottleneck_tokens: bool = False
 
     @field_validator("n_heads")
     @classmethod
@@ -58,6 +63,8 @@ class ModelSpec(_Section):
             raise ValueError(
                 f"bottleneck_rank ({self.bottleneck_rank}) must be at most d_model ({self.d_model})"
             )
+        if self.bottleneck_tokens and self.bottleneck_rank is None:
+            raise ValueError("bottleneck_tokens needs a bottleneck: set bottleneck_rank too")
         return self
 
     @model_serializer(mode="wrap")
@@ -65,6 +72,8 @@ class ModelSpec(_Section):
         out: dict[str, object] = handler(self)
         if out.get("bottleneck_rank", 0) is None:
             del out["bottleneck_rank"]
+        if out.get("bottleneck_tokens") is False:
+            del out["bottleneck_tokens"]
         return out
 
     @property

@@ -16,8 +16,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 SPLITS = [(0, 2), (2, 4)]
 
 
-def test_bottleneck_2x2_equals_the_reference_cut_at_the_same_layer(tmp_path):
-    job = tiny_job(steps=8, model={"bottleneck_rank": 4})
+@pytest.mark.parametrize("side", [False, True], ids=["maps", "token-side-path"])
+def test_bottleneck_2x2_equals_the_reference_cut_at_the_same_layer(tmp_path, side):
+    """With ``bottleneck_tokens`` the stage after the cut reads the ids from its own copy of the data
+    (no extra bytes: the ratio below is the same) and its token table trains like any weight."""
+    job = tiny_job(steps=8, model={"bottleneck_rank": 4, "bottleneck_tokens": side})
     reports, trainers = asyncio.run(train_swarm(job, 2, 2, SPLITS, tmp_path))
     swarm_losses = [r.loss for r in reports[(1, 0)]]
     ref_losses, ref = reference_run(job, tiny_dataset(job), n_replicas=2, cuts=(2,))
@@ -26,6 +29,7 @@ def test_bottleneck_2x2_equals_the_reference_cut_at_the_same_layer(tmp_path):
     assert uncut != pytest.approx(ref_losses, rel=1e-4, abs=1e-5)
     want = parameters_by_global_name(ref)
     assert "boundaries.2.down.weight" in want and "boundaries.2.up.weight" in want
+    assert ("boundaries.2.tokens.weight" in want) == side
     for (stage, replica), tr in trainers.items():
         for name, tensor in parameters_by_global_name(tr.runner).items():
             torch.testing.assert_close(

@@ -66,11 +66,12 @@ class JoinEvaluation:
 
 def layer_state_bytes(job: JobSpec, first: int, last: int) -> float:
     """Bytes of layers [first, last) with their optimizer state (the planner's bytes per parameter),
-    the embedding with the first layer and the LM head with the last."""
+    the embedding with the first layer, the LM head with the last, a token table after a cut."""
     sj = step_job(job)
     m = sj.model
     params = m.params_per_layer * (last - first)
     params += m.embed_params * ((first == 0) + (last == job.model.n_layers))
+    params += m.side_params * (first > 0)  # a bottleneck's token table (model.bottleneck_tokens)
     return params * sj.bytes_per_param
 
 

@@ -285,6 +285,7 @@ def make_train_plan(
         params = sj.model.params_per_layer * n_layers + sj.model.embed_params * (
             (first == 0) + (row is placement.stages[-1])
         )
+        params += sj.model.side_params * (first > 0)  # a bottleneck's token table
         nbytes = 2.0 * params * sj.codecs.gradient_wan  # fp16 bytes x the codec's ratio to fp16
         rule = job.trust.aggregation
         # A robust rule needs every contribution unsummed at its shard owner: one-hop trees (an empty list).

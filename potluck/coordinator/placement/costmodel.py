@@ -122,6 +122,13 @@ class ModelShape:
         """One vocab x d table: the embedding, and again the LM head."""
         return float(self.spec.embed_params if self.spec is not None else self.vocab * self.d_model)
 
+    @property
+    def side_params(self) -> float:
+        """The token table a stage after the first holds at a bottleneck it receives
+        (``model.bottleneck_tokens``: one more vocab x d table); 0 without one. Counted for every
+        stage after the first, an upper bound where a cut falls at no position."""
+        return self.embed_params if self.spec is not None and self.spec.bottleneck_tokens else 0.0
+
 
 @dataclass(frozen=True)
 class BatchSpec:
@@ -234,6 +241,7 @@ def memory_caps(job: StepJob, memory_gb: np.ndarray, in_flight: np.ndarray) -> n
     mem_extra = np.zeros(len(memory_gb))
     mem_extra[0] += m.embed_params * job.bytes_per_param
     mem_extra[-1] += m.embed_params * job.bytes_per_param
+    mem_extra[1:] += m.side_params * job.bytes_per_param
     budget = memory_gb * GB * job.memory_headroom - mem_extra
     # No stage holds more than the whole model: capping here keeps every count in int64 whatever
     # memory peers claim.
@@ -328,6 +336,7 @@ def step_time(
     # backward (2/3 of compute) and the gradient transfers back to do, which hides part of the sync.
     grad_bytes = 2.0 * (m.params_per_layer * layers + np.where(np.arange(s) == 0, m.embed_params, 0.0))
     grad_bytes[-1] += m.embed_params if s > 1 else 0.0
+    grad_bytes[1:] += 2.0 * m.side_params
     shard = grad_bytes / n_replicas
     sync = (sync_lat + shard[:, None] * sync_per_byte).max(axis=1)
     hidden = np.concatenate([[0.0], np.cumsum(compute * 2.0 / 3.0 + np.append(links, 0.0))[:-1]])

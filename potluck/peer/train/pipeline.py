@@ -47,7 +47,9 @@ class Neighbours:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    inputs: torch.Tensor | None  # token ids (first stage only)
+    # token ids: on the first stage its input, on a stage that re-embeds them at a bottleneck
+    # (StageRunner.needs_tokens) a side input each peer reads from its own copy of the data; else None
+    inputs: torch.Tensor | None
     targets: torch.Tensor | None  # next-token ids (last stage only)
     weight: float  # gradient scale: share of the batch this replica's gradient averages over
     share: float  # loss scale: share of the global batch (the reported loss sums these)
@@ -204,7 +206,7 @@ async def pipeline_step(
         return result
 
     def forward(m: int, x: torch.Tensor, mb: MicroBatch) -> torch.Tensor | Outgoing:
-        out = runner.forward(m, x, mb.targets, mb.weight)
+        out = runner.forward(m, x, mb.targets, mb.weight, None if runner.is_first else mb.inputs)
         return out if where.next is None else staging.to_host(out)  # the copy starts right here
 
     def backward(m: int, grad: torch.Tensor | None) -> Outgoing | None:

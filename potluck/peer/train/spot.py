@@ -208,7 +208,10 @@ class SpotChecks(Duty):
         inputs = mb.inputs if x is None else x
         if inputs is None:
             raise Inconclusive("no input to replay")
-        y2, g_in2 = await asyncio.to_thread(self.runner.replay, model, inputs, mb.targets, mb.weight, g_out)
+        tokens = None if x is None else mb.inputs  # a stage re-embedding the ids at a bottleneck gets them
+        y2, g_in2 = await asyncio.to_thread(
+            self.runner.replay, model, inputs, mb.targets, mb.weight, g_out, tokens
+        )
         problems = []
         tol = self.trust.spot_tolerance
         if y is not None and y2 is not None and (err := mismatch(y, y2, links.acts_out, tol)) is not None:

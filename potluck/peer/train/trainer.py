@@ -316,7 +316,7 @@ class Trainer:
             n = inputs.shape[0]
             out.append(
                 MicroBatch(
-                    inputs if self.runner.is_first else None,
+                    inputs if self.runner.is_first or self.runner.needs_tokens else None,
                     targets if self.runner.is_last else None,
                     weight=n / denom,
                     share=n / per_step,

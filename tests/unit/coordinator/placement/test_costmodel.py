@@ -14,6 +14,7 @@ from potluck.coordinator.placement.costmodel import (
     ModelShape,
     StepJob,
     dtfm_cost,
+    memory_caps,
     micro_batches,
     split_layers,
     step_time,
@@ -131,3 +132,18 @@ def test_shape_from_a_spec_is_the_spec_arithmetic(shape: tuple[int, int, int, in
         }
     )
     assert step_job(job).model == m
+
+
+def test_a_bottleneck_token_table_costs_the_stages_after_the_first_memory() -> None:
+    """``model.bottleneck_tokens``: each stage after the first holds one more vocab x d table, so a
+    memory-bound plan fits fewer layers there, and the real tables are that size."""
+    base = {"n_layers": 8, "d_model": 512, "n_heads": 8, "vocab_size": 50_000, "seq_len": 256}
+    plain = ModelSpec(**base, bottleneck_rank=64)
+    side = ModelSpec(**base, bottleneck_rank=64, bottleneck_tokens=True)
+    assert ModelShape.from_spec(plain).side_params == 0.0
+    assert ModelShape.from_spec(side).side_params == side.embed_params
+    batch = BatchSpec(sequences_per_step=8, micro_batch=1)
+    memory, in_flight = np.array([0.7, 0.7, 0.7]), np.array([3.0, 2.0, 1.0])
+    caps_plain = memory_caps(StepJob(ModelShape.from_spec(plain), batch), memory, in_flight)
+    caps_side = memory_caps(StepJob(ModelShape.from_spec(side), batch), memory, in_flight)
+    assert caps_side[0] == caps_plain[0] and (caps_side[1:] < caps_plain[1:]).all()

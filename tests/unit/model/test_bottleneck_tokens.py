@@ -1,0 +1,156 @@
+"""The bottleneck's token side path (``model.bottleneck_tokens``, model/bottleneck.py): the cut starts
+exact, the stages after a cut take the token ids and say so when they lack them, and every path that
+runs a stage (pipeline, reference, spot-check replay, tick-tock layers, sampling, checkpoints) gives
+the same function."""
+
+import json
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from potluck.model.bottleneck import boundary_of, stage_holds
+from potluck.model.layerwise import stage_layers
+from potluck.model.optim import clip_coefficient
+from potluck.model.reference import parameters_by_global_name
+from potluck.model.sampling import generate
+from potluck.model.stage import StageRunner
+from potluck.model.transformer import StageModel
+from potluck.protocol.jobspec import JobSpec, ModelSpec, OptimizerSpec
+from potluck.transfer.snapshot import rename, select
+
+BASE = {"n_layers": 4, "d_model": 32, "n_heads": 2, "vocab_size": 64, "seq_len": 16}
+OPT = OptimizerSpec(lr=1e-2, warmup_steps=0)
+
+
+def spec(rank: int = 4, side: bool = True) -> ModelSpec:
+    return ModelSpec(**BASE, bottleneck_rank=rank, bottleneck_tokens=side)
+
+
+def tokens(seed: int = 0, batch: int = 3) -> torch.Tensor:
+    return torch.randint(0, 64, (batch, 17), generator=torch.Generator().manual_seed(seed))
+
+
+def run_pipeline(runners: list[StageRunner], batch: torch.Tensor) -> float:
+    """One micro-batch through chained runners as the pipeline moves it: each stage after the first
+    is given the ids from its own copy of the data (here: the same batch), never over the wire."""
+    ids, x = batch[:, :-1], batch[:, :-1]
+    for r in runners[:-1]:
+        x = r.forward(0, x, tokens=ids if r.needs_tokens else None)
+    loss = float(runners[-1].forward(0, x, batch[:, 1:], tokens=ids))
+    grad = runners[-1].backward(0)
+    for r in reversed(runners[:-1]):
+        grad = r.backward(0, grad)
+    return loss
+
+
+def test_an_embedded_token_crosses_a_cut_exactly_at_init_and_mostly_not_without_the_side_path():
+    x = tokens()[:, :-1]
+    with torch.no_grad():
+        side = StageModel(spec(4), 0, 4, 5, cuts=(2,))
+        assert side.embed is not None
+        h, cut = side.embed(x), side.boundary_at(2)
+        torch.testing.assert_close(cut.decode(cut.encode(h), x), h, rtol=0, atol=1e-7)
+        # the table is the first stage's embedding draw less the kept coordinates, on any stage
+        assert cut.tokens is not None and not cut.tokens.weight[:, :4].any()
+        torch.testing.assert_close(cut.tokens.weight[:, 4:], side.embed.weight[:, 4:], rtol=0, atol=0)
+        far = StageModel(spec(4), 2, 4, 5).boundary_at(2).tokens
+        assert far is not None and torch.equal(far.weight, cut.tokens.weight)
+        # without the side path a rank-4 cut of d=32 keeps an eighth of each token's embedding
+        plain = StageModel(spec(4, side=False), 0, 4, 5, cuts=(2,))
+        assert plain.embed is not None
+        hp, cp = plain.embed(x), plain.boundary_at(2)
+        assert (cp.decode(cp.encode(hp)) - hp).norm() / hp.norm() > 0.8
+
+
+def test_the_chained_stages_equal_the_reference_through_training():
+    s = spec(8)
+    ref = StageRunner(s, 0, 4, 3, OPT, cuts=(1, 3))
+    stages = [StageRunner(s, 0, 1, 3, OPT), StageRunner(s, 1, 3, 3, OPT), StageRunner(s, 3, 4, 3, OPT)]
+    assert [r.needs_tokens for r in stages] == [False, True, True] and not ref.needs_tokens
+    for step in range(3):
+        batch = tokens(step)
+        loss = run_pipeline(stages, batch)
+        ref_loss = float(ref.forward(0, batch[:, :-1], batch[:, 1:]))
+        ref.backward(0)
+        assert abs(loss - ref_loss) < 1e-5
+        norm = sum(r.grad_sq_norm() for r in stages) ** 0.5
+        for r in stages:
+            r.step(1e-2, clip_coefficient(OPT, norm))
+        ref.step(1e-2, clip_coefficient(OPT, ref.grad_sq_norm() ** 0.5))
+    merged = {k: v for r in stages for k, v in parameters_by_global_name(r).items()}
+    want = parameters_by_global_name(ref)
+    assert merged.keys() == want.keys()
+    assert {"boundaries.1.tokens.weight", "boundaries.3.tokens.weight"} <= want.keys()
+    for k, v in want.items():
+        torch.testing.assert_close(merged[k], v, rtol=1e-4, atol=1e-5)
+    # the tables learn: they moved from their init
+    init = StageModel(s, 3, 4, 3).boundary_at(3).tokens
+    assert init is not None and not torch.equal(want["boundaries.3.tokens.weight"], init.weight)
+
+
+def test_a_stage_after_a_cut_without_the_ids_fails_clearly():
+    r = StageRunner(spec(4), 2, 4, 1, OPT)
+    codes = torch.randn(2, 16, 4)
+    with pytest.raises(ValueError, match="token ids"):
+        r.forward(0, codes, tokens()[:2, 1:])
+    assert not StageRunner(spec(4, side=False), 2, 4, 1, OPT).needs_tokens
+
+
+def test_names_state_transfer_and_a_moved_cut():
+    s = spec(8)
+    old = [StageRunner(s, 0, 2, 1, OPT, cuts=(2,)), StageRunner(s, 2, 4, 1, OPT, cuts=(2,))]
+    name = "model.boundaries.2.tokens.weight"
+    assert name in old[1].state_tensors() and name not in old[0].state_tensors()
+    assert boundary_of(name) == (2, "up") and stage_holds(name, 2, 4) and not stage_holds(name, 0, 2)
+    for step in range(2):
+        run_pipeline(old, tokens(step))
+        for r in old:
+            r.step(1e-2)
+    held = {**rename(old[0].state_tensors(), 0), **rename(old[1].state_tensors(), 2)}
+    # re-cut at 3: the table moves with the up-projection into stage [0, 3), which applies U D in place
+    new = [StageRunner(s, 0, 3, 1, OPT, cuts=(2,)), StageRunner(s, 3, 4, 1, OPT, cuts=(2,))]
+    for r in new:
+        r.load_state_tensors(rename(select(held, r.first, r.last, 4), -r.first))
+    assert [r.needs_tokens for r in new] == [False, False]
+    x = tokens(7)[:, :-1]
+    with torch.no_grad():
+        want = old[1].model(old[0].model(x), x)
+        torch.testing.assert_close(new[1].model(new[0].model(x)), want, rtol=0, atol=0)
+
+
+def test_replay_layers_and_sampling_take_the_ids():
+    s = spec(8)
+    r = StageRunner(s, 2, 4, 1, OPT)
+    with torch.no_grad():
+        r.model.boundary_at(2).tokens.weight.add_(0.1)  # type: ignore[union-attr]
+    codes, batch = torch.randn(2, 16, 8, generator=torch.Generator().manual_seed(1)), tokens(batch=2)
+    r.forward(0, codes, batch[:, 1:], tokens=batch[:, :-1])
+    want = r.backward(0)
+    _, got = r.replay(r.frozen_copy(on_cpu=True), codes, batch[:, 1:], tokens=batch[:, :-1])
+    assert got is not None and want is not None
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # the tick-tock executor's layers of a whole model with a position inside
+    whole = StageRunner(s, 0, 4, 1, OPT, cuts=(2,))
+    expected = float(whole.forward(0, batch[:, :-1], batch[:, 1:]))
+    assert stage_layers(whole.model).run(batch[:, :-1], batch[:, 1:]) == pytest.approx(expected, abs=1e-6)
+    # sampling chains the stages with the context's ids
+    a, b = StageModel(s, 0, 2, 1), StageModel(s, 2, 4, 1)
+    ids = generate([a, b], [1, 2, 3], 5, 0.0, None, 0)
+    assert ids == generate([StageModel(s, 0, 4, 1, cuts=(2,))], [1, 2, 3], 5, 0.0, None, 0)
+
+
+def test_spec_field_needs_a_rank_and_is_left_out_when_off():
+    with pytest.raises(ValidationError, match="bottleneck_rank"):
+        ModelSpec(**BASE, bottleneck_tokens=True)
+    job = {
+        "name": "j",
+        "model": {**BASE, "bottleneck_rank": 8},
+        "batch": {"tokens_per_step": 64, "micro_batch_size": 2},
+    }
+    ranked = JobSpec.model_validate(job)
+    assert "bottleneck_tokens" not in json.dumps(ranked.model_dump(mode="json"))
+    side = JobSpec.model_validate({**job, "model": {**job["model"], "bottleneck_tokens": True}})
+    body = side.model_dump(mode="json")
+    assert body["model"]["bottleneck_tokens"] is True and JobSpec.model_validate(body) == side
+    assert side.canonical_bytes() != ranked.canonical_bytes()
