@@ -15,6 +15,16 @@ def test_example_job_loads():
     assert job.model.n_params > 0
 
 
+def test_home_uplinks_example_has_the_measured_whole_job_settings():
+    """examples/home-uplinks.toml is the configuration docs/benchmarks.md measured (issue 22)."""
+    job = load_job(ROOT / "examples" / "home-uplinks.toml")
+    assert (job.model.bottleneck_rank, job.model.bottleneck_tokens) == (16, True)
+    c = job.compression
+    assert (c.activations, c.outer, c.sync_every) == ("int4:block=64|zstd", "int2:block=64|zstd", 24)
+    assert (c.outer_lr, c.outer_momentum, job.sync.policy) == (0.8, 0.0, "deadline")
+    assert job.sequences_per_step == 32 and job.model.seq_len == 64  # the bench's demo batch
+
+
 def test_errors_name_the_field(tmp_path):
     f = tmp_path / "job.toml"
     f.write_text(
