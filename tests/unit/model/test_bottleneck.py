@@ -34,12 +34,14 @@ def tokens(seed: int = 0, batch: int = 3) -> torch.Tensor:
 
 def run_pipeline(runners: list[StageRunner], batch: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
     """One micro-batch forward and backward through chained runners, as the pipeline moves it; returns
-    the loss and what crossed each cut forward."""
-    x, sent = batch[:, :-1], []
+    the loss and what crossed each cut forward. A stage that re-embeds the ids at a bottleneck
+    (``model.bottleneck_tokens``) gets them from its own copy of the data, as a peer does."""
+    ids = batch[:, :-1]
+    x, sent = ids, []
     for r in runners[:-1]:
-        x = r.forward(0, x)
+        x = r.forward(0, x, tokens=ids if r.needs_tokens else None)
         sent.append(x)
-    loss = float(runners[-1].forward(0, x, batch[:, 1:]))
+    loss = float(runners[-1].forward(0, x, batch[:, 1:], tokens=ids if runners[-1].needs_tokens else None))
     grad = runners[-1].backward(0)
     for r in reversed(runners[:-1]):
         grad = r.backward(0, grad)
@@ -86,10 +88,12 @@ def test_low_rank_sends_rank_numbers_per_token_both_ways():
     assert not torch.equal(before, down.detach())
 
 
-def test_reference_with_cuts_equals_the_chained_stages_through_training():
-    s = spec(8)
+@pytest.mark.parametrize("side", [False, True], ids=["maps", "token-side-path"])
+def test_reference_with_cuts_equals_the_chained_stages_through_training(side):
+    s = ModelSpec(**BASE, bottleneck_rank=8, bottleneck_tokens=side)
     ref = StageRunner(s, 0, 4, 3, OPT, cuts=(1, 3))
     stages = [StageRunner(s, 0, 1, 3, OPT), StageRunner(s, 1, 3, 3, OPT), StageRunner(s, 3, 4, 3, OPT)]
+    assert [r.needs_tokens for r in stages] == [False, side, side] and not ref.needs_tokens
     for step in range(3):
         batch = tokens(step)
         loss, _ = run_pipeline(stages, batch)
@@ -103,8 +107,12 @@ def test_reference_with_cuts_equals_the_chained_stages_through_training():
     merged = {k: v for r in stages for k, v in parameters_by_global_name(r).items()}
     want = parameters_by_global_name(ref)
     assert merged.keys() == want.keys()
+    assert ({"boundaries.1.tokens.weight", "boundaries.3.tokens.weight"} <= want.keys()) == side
     for k, v in want.items():
         torch.testing.assert_close(merged[k], v, rtol=1e-4, atol=1e-5)
+    if side:  # the tables learn: they moved from their init
+        init = StageModel(s, 3, 4, 3).boundary_at(3).tokens
+        assert init is not None and not torch.equal(want["boundaries.3.tokens.weight"], init.weight)
 
 
 def test_a_whole_model_without_cuts_has_no_bottleneck():

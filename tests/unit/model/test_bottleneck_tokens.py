@@ -1,7 +1,7 @@
 """The bottleneck's token side path (``model.bottleneck_tokens``, model/bottleneck.py): the cut starts
 exact, the stages after a cut take the token ids and say so when they lack them, and every path that
 runs a stage (pipeline, reference, spot-check replay, tick-tock layers, sampling, checkpoints) gives
-the same function."""
+the same function (the chained stages against the reference: ``test_bottleneck.py``)."""
 
 import json
 
@@ -11,13 +11,12 @@ from pydantic import ValidationError
 
 from potluck.model.bottleneck import boundary_of, stage_holds
 from potluck.model.layerwise import stage_layers
-from potluck.model.optim import clip_coefficient
-from potluck.model.reference import parameters_by_global_name
 from potluck.model.sampling import generate
 from potluck.model.stage import StageRunner
 from potluck.model.transformer import StageModel
 from potluck.protocol.jobspec import JobSpec, ModelSpec, OptimizerSpec
 from potluck.transfer.snapshot import rename, select
+from tests.unit.model.test_bottleneck import run_pipeline
 
 BASE = {"n_layers": 4, "d_model": 32, "n_heads": 2, "vocab_size": 64, "seq_len": 16}
 OPT = OptimizerSpec(lr=1e-2, warmup_steps=0)
@@ -29,19 +28,6 @@ def spec(rank: int = 4, side: bool = True) -> ModelSpec:
 
 def tokens(seed: int = 0, batch: int = 3) -> torch.Tensor:
     return torch.randint(0, 64, (batch, 17), generator=torch.Generator().manual_seed(seed))
-
-
-def run_pipeline(runners: list[StageRunner], batch: torch.Tensor) -> float:
-    """One micro-batch through chained runners as the pipeline moves it: each stage after the first
-    is given the ids from its own copy of the data (here: the same batch), never over the wire."""
-    ids, x = batch[:, :-1], batch[:, :-1]
-    for r in runners[:-1]:
-        x = r.forward(0, x, tokens=ids if r.needs_tokens else None)
-    loss = float(runners[-1].forward(0, x, batch[:, 1:], tokens=ids))
-    grad = runners[-1].backward(0)
-    for r in reversed(runners[:-1]):
-        grad = r.backward(0, grad)
-    return loss
 
 
 def test_an_embedded_token_crosses_a_cut_exactly_at_init_and_mostly_not_without_the_side_path():
@@ -61,32 +47,6 @@ def test_an_embedded_token_crosses_a_cut_exactly_at_init_and_mostly_not_without_
         assert plain.embed is not None
         hp, cp = plain.embed(x), plain.boundary_at(2)
         assert (cp.decode(cp.encode(hp)) - hp).norm() / hp.norm() > 0.8
-
-
-def test_the_chained_stages_equal_the_reference_through_training():
-    s = spec(8)
-    ref = StageRunner(s, 0, 4, 3, OPT, cuts=(1, 3))
-    stages = [StageRunner(s, 0, 1, 3, OPT), StageRunner(s, 1, 3, 3, OPT), StageRunner(s, 3, 4, 3, OPT)]
-    assert [r.needs_tokens for r in stages] == [False, True, True] and not ref.needs_tokens
-    for step in range(3):
-        batch = tokens(step)
-        loss = run_pipeline(stages, batch)
-        ref_loss = float(ref.forward(0, batch[:, :-1], batch[:, 1:]))
-        ref.backward(0)
-        assert abs(loss - ref_loss) < 1e-5
-        norm = sum(r.grad_sq_norm() for r in stages) ** 0.5
-        for r in stages:
-            r.step(1e-2, clip_coefficient(OPT, norm))
-        ref.step(1e-2, clip_coefficient(OPT, ref.grad_sq_norm() ** 0.5))
-    merged = {k: v for r in stages for k, v in parameters_by_global_name(r).items()}
-    want = parameters_by_global_name(ref)
-    assert merged.keys() == want.keys()
-    assert {"boundaries.1.tokens.weight", "boundaries.3.tokens.weight"} <= want.keys()
-    for k, v in want.items():
-        torch.testing.assert_close(merged[k], v, rtol=1e-4, atol=1e-5)
-    # the tables learn: they moved from their init
-    init = StageModel(s, 3, 4, 3).boundary_at(3).tokens
-    assert init is not None and not torch.equal(want["boundaries.3.tokens.weight"], init.weight)
 
 
 def test_a_stage_after_a_cut_without_the_ids_fails_clearly():
