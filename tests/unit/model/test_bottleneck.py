@@ -223,11 +223,12 @@ def test_a_spot_check_replay_on_a_frozen_copy_reproduces_the_stage():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_moved_cut_keeps_the_positions_and_their_learned_maps():
+@pytest.mark.parametrize("side", [False, True], ids=["maps", "token-side-path"])
+def test_a_moved_cut_keeps_the_positions_and_their_learned_maps(side):
     """Positions fixed at {2}: the pipeline re-cut at 3 (its state moved by ``select`` as a transfer
     moves it) computes exactly what the one cut at 2 computed; stage [3, 4) receives full-width hidden
-    states, stage [0, 3) applies U D at 2 in place."""
-    s = spec(8)
+    states, stage [0, 3) applies U D at 2 in place (with the side path, its token table too)."""
+    s = ModelSpec(**BASE, bottleneck_rank=8, bottleneck_tokens=side)
     old = [StageRunner(s, 0, 2, 1, OPT, cuts=(2,)), StageRunner(s, 2, 4, 1, OPT, cuts=(2,))]
     for step in range(2):
         run_pipeline(old, tokens(step))
@@ -239,9 +240,10 @@ def test_a_moved_cut_keeps_the_positions_and_their_learned_maps():
         r.load_state_tensors(rename(select(held, r.first, r.last, 4), -r.first))
     assert (new[0].model.width_out, new[1].model.width_in) == (32, 32)
     assert new[0].model.cuts == (2,) and not new[1].model.boundaries
+    assert [r.needs_tokens for r in (*old, *new)] == [False, side, False, False]
     x = tokens(7)[:, :-1]
     with torch.no_grad():
-        want = old[1].model(old[0].model(x))
+        want = old[1].model(old[0].model(x), x)
         torch.testing.assert_close(new[1].model(new[0].model(x)), want, rtol=0, atol=0)
         # the learned maps, not a fresh identity: the old cut's down-projection moved
         assert not torch.equal(new[0].model.boundaries["2"].down.weight, torch.eye(8, 32))

@@ -16,7 +16,6 @@ from potluck.model.stage import StageRunner
 from potluck.model.transformer import StageModel
 from potluck.protocol.jobspec import JobSpec, ModelSpec, OptimizerSpec
 from potluck.transfer.snapshot import rename, select
-from tests.unit.model.test_bottleneck import run_pipeline
 
 BASE = {"n_layers": 4, "d_model": 32, "n_heads": 2, "vocab_size": 64, "seq_len": 16}
 OPT = OptimizerSpec(lr=1e-2, warmup_steps=0)
@@ -57,26 +56,15 @@ def test_a_stage_after_a_cut_without_the_ids_fails_clearly():
     assert not StageRunner(spec(4, side=False), 2, 4, 1, OPT).needs_tokens
 
 
-def test_names_state_transfer_and_a_moved_cut():
+def test_the_table_is_named_and_held_with_the_up_projection():
     s = spec(8)
-    old = [StageRunner(s, 0, 2, 1, OPT, cuts=(2,)), StageRunner(s, 2, 4, 1, OPT, cuts=(2,))]
     name = "model.boundaries.2.tokens.weight"
+    old = [StageRunner(s, 0, 2, 1, OPT, cuts=(2,)), StageRunner(s, 2, 4, 1, OPT, cuts=(2,))]
     assert name in old[1].state_tensors() and name not in old[0].state_tensors()
     assert boundary_of(name) == (2, "up") and stage_holds(name, 2, 4) and not stage_holds(name, 0, 2)
-    for step in range(2):
-        run_pipeline(old, tokens(step))
-        for r in old:
-            r.step(1e-2)
-    held = {**rename(old[0].state_tensors(), 0), **rename(old[1].state_tensors(), 2)}
-    # re-cut at 3: the table moves with the up-projection into stage [0, 3), which applies U D in place
-    new = [StageRunner(s, 0, 3, 1, OPT, cuts=(2,)), StageRunner(s, 3, 4, 1, OPT, cuts=(2,))]
-    for r in new:
-        r.load_state_tensors(rename(select(held, r.first, r.last, 4), -r.first))
-    assert [r.needs_tokens for r in new] == [False, False]
-    x = tokens(7)[:, :-1]
-    with torch.no_grad():
-        want = old[1].model(old[0].model(x), x)
-        torch.testing.assert_close(new[1].model(new[0].model(x)), want, rtol=0, atol=0)
+    # a re-cut at 3 moves it into stage [0, 3) (test_bottleneck.py: the function is unchanged)
+    held = rename(old[1].state_tensors(), 2)
+    assert name in select(held, 0, 3, 4)
 
 
 def test_replay_layers_and_sampling_take_the_ids():
