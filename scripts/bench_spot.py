@@ -85,7 +85,7 @@ def run(job, replicas: int, attack: bool, tmp: Path) -> dict[str, object]:  # ty
         if attack:
             runner = trainers[liar].runner
             forward = runner.forward
-            runner.forward = lambda m, x, t=None, w=1.0: forward(m, x, t, w) * 1.5
+            runner.forward = lambda m, x, t=None, w=1.0, ids=None: forward(m, x, t, w, ids) * 1.5
 
     def on_step(key, report, trainers) -> None:  # type: ignore[no-untyped-def]
         if key == (0, 0):

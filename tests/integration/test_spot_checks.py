@@ -26,7 +26,7 @@ def corrupt(trainers: dict[tuple[int, int], Trainer]) -> None:
     as any peer can: x1.5 activations forward, sign-flipped input gradients backward."""
     fwd = trainers[FORWARD_LIAR].runner
     forward = fwd.forward
-    fwd.forward = lambda m, x, t=None, w=1.0: forward(m, x, t, w) * 1.5  # type: ignore[method-assign]
+    fwd.forward = lambda m, x, t=None, w=1.0, ids=None: forward(m, x, t, w, ids) * 1.5  # type: ignore[method-assign]
     bwd = trainers[BACKWARD_LIAR].runner
     backward = bwd.backward
 
