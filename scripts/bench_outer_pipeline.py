@@ -46,9 +46,9 @@ EVAL_SEQUENCES = 64
 CORPUS_CHARS = 400_000
 
 
-def _spec(name: str, rank: int | None = None, tokens: bool = False) -> tuple[ModelSpec, int]:
+def _spec(name: str, rank: int | None = None, side_path: bool = False) -> tuple[ModelSpec, int]:
     """The model (with ``model.bottleneck_rank = rank`` at the cut when given, and its token side path
-    with ``tokens``) and its sequences a step."""
+    with ``side_path``) and its sequences a step."""
     layers, d, heads, per_step, seq = PIPE_MODELS[name]
     spec = ModelSpec(
         n_layers=layers,
@@ -57,7 +57,7 @@ def _spec(name: str, rank: int | None = None, tokens: bool = False) -> tuple[Mod
         vocab_size=256,
         seq_len=seq,
         bottleneck_rank=rank,
-        bottleneck_tokens=tokens and rank is not None,
+        bottleneck_tokens=side_path and rank is not None,
     )
     return spec, per_step
 
@@ -127,12 +127,12 @@ def run_pipeline(
     opt: OptimizerSpec,
     comp: CompressionSpec | None,
     rank: int | None = None,
-    tokens: bool = False,
+    side_path: bool = False,
 ) -> dict[str, Any]:
     """One run: ``comp`` None is the fp32 data-parallel baseline; else the job's compression settings;
     ``rank``: a learned bottleneck of that rank at the cut (``model.bottleneck_rank``), with its token
-    side path when ``tokens`` (``model.bottleneck_tokens``)."""
-    spec, per_step = _spec(model, rank, tokens)
+    side path when ``side_path`` (``model.bottleneck_tokens``)."""
+    spec, per_step = _spec(model, rank, side_path)
     train, held = _data(seed, spec.seq_len)
     link = Boundary("none" if comp is None else comp.activations)
     tokens = steps * per_step * spec.seq_len
@@ -197,7 +197,7 @@ def pipeline_bench(
     opt: OptimizerSpec,
     act: str,
     rank: int | None = None,
-    tokens: bool = False,
+    side_path: bool = False,
 ) -> dict[str, Any]:
     """Per model and seed: the baseline, the coded outer sync alone (fp32 activations) and, with ``act``
     other than "none", the same with the activation codec (behind a bottleneck of ``rank`` when given:
@@ -210,7 +210,7 @@ def pipeline_bench(
         grad = {s: run_pipeline(model, s, steps, opt, grad_only) for s in seeds}
         both = {}
         if act != "none":
-            both = {s: run_pipeline(model, s, steps, opt, job, rank, tokens) for s in seeds}
+            both = {s: run_pipeline(model, s, steps, opt, job, rank, side_path) for s in seeds}
         gaps = [(grad[s]["loss"] - base[s]["loss"]) / base[s]["loss"] for s in seeds]
         res: dict[str, Any] = {
             "baseline": base,

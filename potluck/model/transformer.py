@@ -135,9 +135,12 @@ class StageModel(nn.Module):
         receiving = [b for b in self.boundaries.values() if isinstance(b, Boundary) and b.tokens is not None]
         if receiving:
             # the token side path's tables (model/bottleneck.py) start from the very embedding the
-            # first stage draws, whichever stage holds them
-            embedding = torch.empty(self.spec.vocab_size, self.spec.d_model)
-            embedding.normal_(0.0, std, generator=layer_generator(seed, EMBED))
+            # first stage draws, whichever stage holds them (drawn again where the stage has none)
+            if self.embed is not None:
+                embedding = self.embed.weight
+            else:
+                embedding = torch.empty(self.spec.vocab_size, self.spec.d_model)
+                embedding.normal_(0.0, std, generator=layer_generator(seed, EMBED))
             for b in receiving:
                 b.init_tokens(embedding)
 

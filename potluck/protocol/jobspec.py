@@ -43,10 +43,10 @@ class ModelSpec(_Section):
     # a cut instead of d_model, both ways. None (the default): no bottleneck, and the field is left out
     # of the signed record, byte for byte what releases without it sign.
     bottleneck_rank: int | None = Field(default=None, ge=1, le=65536)
-    # The token side path of the bottleneck (model/bottleneck.py): the stage after a cut re-adds a
-    # learned embedding of the token ids it reads itself, and the layers before the cut start writing
-    # into the kept subspace, so the cut starts exact instead of dropping most of each token's identity.
-    # False (the default) is left out of the signed record, as the rank is.
+    # The token side path of the bottleneck (model/bottleneck.py): the stage after a cut adds a learned
+    # embedding of the token ids it reads itself, so an embedded token crosses the cut exactly at init
+    # instead of losing most of its identity. False (the default) is left out of the signed record, as
+    # the rank is.
     bottleneck_tokens: bool = False
 
     @field_validator("n_heads")
