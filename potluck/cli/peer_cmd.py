@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +14,7 @@ import typer
 from rich.markup import escape
 
 from potluck.aio import dump_tasks_on, stop_on_signals
+from potluck.cli import cotenant
 from potluck.cli.common import (
     ANNOUNCE_HELP,
     HOST_MADDRS_HELP,
@@ -82,6 +86,14 @@ def peer(
         help="Work slots on your device: 2 lets the swarm give you two replicas' shares, run as "
         "staggered tick-tock waves that share its memory (docs/ticktock.md).",
     ),
+    share_device: bool = typer.Option(
+        False,
+        "--share-device",
+        help="Let two jobs of a multi-job swarm share your device at once: starts a second peer process "
+        "(its state under STATE_DIR/cotenant) that serves a second job only when the swarm leases "
+        "your device to two jobs (docs/multijob.md).",
+    ),
+    cotenant_of: str = typer.Option(None, "--cotenant-of", hidden=True),
     train: bool = typer.Option(
         True, "--train/--no-train", help="Train when the coordinator places this peer."
     ),
@@ -130,6 +142,8 @@ def peer(
             target = MqttTarget.parse(mqtt_url or invite.mqtt or "", mqtt_ca)
         except TelemetryError as e:
             raise fail(str(e)) from None
+    if share_device and cotenant_of is not None:
+        raise fail("--share-device starts a co-tenant; a co-tenant starts none")
     cfg = PeerConfig(
         invite=invite,
         identity_path=identity or state_dir / "identity.pem",
@@ -155,6 +169,7 @@ def peer(
         threads=threads,
         max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
         slots=slots,
+        cotenant_of=cotenant_of,
         train=train,
         worker=WorkerConfig(
             max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
@@ -168,12 +183,30 @@ def peer(
         telemetry=TelemetryConfig(target=target, interval_s=telemetry_interval),
         metrics_bind=(metrics_host, metrics_port) if metrics_port is not None else None,
     )
+    child = None
     try:
-        asyncio.run(_run(PeerDaemon(cfg)))
+        if share_device:
+            cfg, child = _start_cotenant(cfg, state_dir, checkpoint_dir)
+        asyncio.run(_run(PeerDaemon(cfg), child))
     except (BootstrapError, IdentityError, AdmissionError) as e:
         raise fail(str(e)) from None
     except TaskFailed as e:  # its traceback is in the log already
         raise fail(str(e), code=1) from None
+    finally:
+        cotenant.reap(child, cfg.leave_timeout_s + cfg.shutdown_timeout_s)
+
+
+def _start_cotenant(
+    cfg: PeerConfig, state_dir: Path, checkpoint_dir: Path | None
+) -> tuple[PeerConfig, subprocess.Popen[bytes]]:
+    """Start the co-tenant of ``--share-device`` (cli/cotenant.py); this peer's config names it."""
+    from potluck.protocol.identity import Identity
+
+    own = Identity.load_or_create(cfg.identity_path)
+    root = cotenant.prepare(state_dir)
+    other = Identity.load_or_create(root / "identity.pem")
+    args = cotenant.cotenant_argv(sys.argv[1:], state_dir, own.peer_id, checkpoint_dir)
+    return dataclasses.replace(cfg, cotenant=other.peer_id), cotenant.spawn(args)
 
 
 def _check_device(device: str, precision: str) -> None:
@@ -216,12 +249,16 @@ def _parse_bytes(text: str) -> int:
     return value
 
 
-async def _run(daemon: PeerDaemon) -> None:
-    """Run the daemon until SIGINT or SIGTERM; say so once it has joined."""
+async def _run(daemon: PeerDaemon, child: subprocess.Popen[bytes] | None = None) -> None:
+    """Run the daemon until SIGINT or SIGTERM; say so once it has joined. A co-tenant (``child``) is
+    asked to leave when this peer is, each signal passed on."""
     # Ctrl-C twice: leave now; kill -USR1 <pid>: log what every task waits on (a peer that seems stuck)
     daemon.telemetry.on_change = lambda snap: print_status(err_console, snap)
     with stop_on_signals(daemon.stop_event, again=daemon.leave_now), dump_tasks_on():
         task = asyncio.create_task(daemon.run(), name="peer")
+        if child is not None:
+            relay = asyncio.create_task(_pass_on(daemon, child), name="co-tenant")
+            task.add_done_callback(lambda _: relay.cancel())
         ready = asyncio.create_task(daemon.ready.wait())
         await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
         if ready.done() and not task.done():
@@ -236,6 +273,13 @@ async def _run(daemon: PeerDaemon) -> None:
             )
         ready.cancel()
         await task
+
+
+async def _pass_on(daemon: PeerDaemon, child: subprocess.Popen[bytes]) -> None:
+    """Ask the co-tenant to leave when this peer is asked to, and once more when told to leave at once."""
+    for event in (daemon.stop_event, daemon.leave_now):
+        await event.wait()
+        cotenant.signal_leave(child)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from potluck.aio import bounded
 from potluck.coordinator.admit import AdmissionDesk
@@ -23,13 +23,16 @@ from potluck.coordinator.allocation import (
     AllocConfig,
     ChurnStats,
     JobDemand,
+    PairKey,
     PeerInfo,
     RateEstimate,
     allocate,
     classify,
     estimate,
     group,
+    is_cotenant,
     observe,
+    shared_devices,
     watch_churn,
 )
 from potluck.coordinator.config import AllocatorConfig
@@ -67,6 +70,7 @@ class Allocator:
         self.offers: dict[str, JobOffer] = {}  # job -> its owner's newest offer
         self._specs: dict[str, JobSpec] = {}
         self._measured: dict[tuple[str, str], RateEstimate] = {}
+        self._measured_pairs: dict[PairKey, RateEstimate] = {}  # (job, its pair, class): co-located rates
         self._last_step: dict[str, tuple[int, float]] = {}  # job -> (step, DHT time) at the last poll
         self._published_at = -1e9  # monotonic
         self._lapsing: tuple[Allocation, float] | None = None  # the last record, until it expires (DHT time)
@@ -116,7 +120,11 @@ class Allocator:
                 logger.info("one job left on the swarm: leases end, every peer serves %s", self.home.name)
             self.record = None
             return
-        peers = [self._peer_info(swarm, p) for p in sorted(swarm.peers) if p not in swarm.leaving]
+        records = {p: swarm.peers[p].record for p in swarm.peers if p not in swarm.leaving}
+        shared = shared_devices(records)  # device peer -> its co-tenant (both records name each other)
+        peers = [
+            self._peer_info(swarm, p, shared.get(p)) for p in sorted(records) if not is_cotenant(records[p])
+        ]
         self._observe(now)
         self._watch(peers, now)
         demands = [
@@ -131,7 +139,14 @@ class Allocator:
         ]
         classes = group(peers)
         scaled = {d.job: (jobs[d.job].spec, d.scale) for d in demands}
-        tp = estimate(scaled, classes, self._measured, self.churn, self.cfg.handoff_s)
+        tp = estimate(
+            scaled,
+            classes,
+            self._measured,
+            self.churn,
+            self.cfg.handoff_s,
+            measured_pairs=self._measured_pairs,
+        )
         policy = AllocConfig(policy=self.cfg.policy, round_s=self.cfg.round_s, handoff_s=self.cfg.handoff_s)
         prev = self.record if self.record is not None and set(self.record.jobs) else None
         try:
@@ -155,15 +170,14 @@ class Allocator:
     def _scale(self, spec: JobSpec) -> int:
         return job_scale(spec.min_peers, spec.limits.stages, spec.limits.replicas)
 
-    def _peer_info(self, swarm: SwarmState, peer: str) -> PeerInfo:
+    def _peer_info(self, swarm: SwarmState, peer: str, cotenant: str | None) -> PeerInfo:
         record = swarm.peers[peer].record
         report = swarm.links.get(peer)
-        info = PeerInfo.from_record(record, report.access if report is not None else None)
+        info = PeerInfo.from_record(record, report.access if report is not None else None, cotenant)
         if self.cfg.classes == "device":
             hw = record.hardware
-            return PeerInfo(
-                peer, hw, info.uplink_gbps, peer_class=f"{hw.device_kind}:{_slug(hw.device_name)}"
-            )
+            name = f"{hw.device_kind}:{_slug(hw.device_name)}" + ("+shared" if cotenant else "")
+            return replace(info, peer_class=name)
         return info
 
     async def _read_jobs(self) -> dict[str, JobStatus]:
@@ -210,15 +224,23 @@ class Allocator:
     def _observe(self, now: float) -> None:
         """Fold each leased job's steps since the last poll into its measured rate on its lease's class."""
         held = {
-            j: lease.peer_class for lease in (self.record.leases if self.record else []) for j in lease.jobs
+            j: (tuple(sorted(lease.jobs)), lease.peer_class)
+            for lease in (self.record.leases if self.record else [])
+            for j in lease.jobs
         }
         for job, st in self.jobs.items():
             last = self._last_step.get(job)
             self._last_step[job] = (st.step, now)
             if last is None or job not in held or st.step <= last[0]:
                 continue
-            key = (job, held[job])
-            self._measured[key] = observe(self._measured.get(key), st.step - last[0], now - last[1])
+            row, peer_class = held[job]
+            steps, seconds = st.step - last[0], now - last[1]
+            if len(row) == 2:  # a space-shared lease: the job's rate in that pair, on that class
+                pair_key = (job, (row[0], row[1]), peer_class)
+                self._measured_pairs[pair_key] = observe(self._measured_pairs.get(pair_key), steps, seconds)
+                continue
+            key = (job, peer_class)
+            self._measured[key] = observe(self._measured.get(key), steps, seconds)
 
 
 def _slug(text: str) -> str:

@@ -142,6 +142,10 @@ class PeerConfig:
     # Work slots offered on the device (docs/ticktock.md): 2 lets the coordinator give this peer two
     # replicas' shares, run as two staggered waves; the start-up probe then measures the pair speedup.
     slots: int = 1
+    # Space sharing (``--share-device``, docs/multijob.md): the peer id of the co-tenant process this peer
+    # runs on its device for a second job, or (in that co-tenant) the peer id of the device's own peer.
+    cotenant: str | None = None
+    cotenant_of: str | None = None
     train: bool = True  # follow the coordinator's plan and train (False: membership and links only)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     ttl_s: float = 30.0  # heartbeat lifetime in the DHT; refreshed every third of it

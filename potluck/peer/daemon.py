@@ -100,7 +100,10 @@ class PeerDaemon:
         device = pick_device(self.cfg.device)
         # The probe is CPU/GPU-bound: run it off the loop while the node bootstraps.
         probe_task = asyncio.create_task(
-            asyncio.to_thread(probe, device, self.cfg.probe_budget_s, self.cfg.slots), name="probe"
+            asyncio.to_thread(
+                probe, device, self.cfg.probe_budget_s, self.cfg.slots, self.cfg.cotenant is not None
+            ),
+            name="probe",
         )
         try:
             self.node = await SwarmNode.start(
@@ -148,14 +151,17 @@ class PeerDaemon:
                 wcfg,
                 identity=self.identity,
                 owner=peer_id_from_public_key(self.cfg.invite.coordinator_key),
+                cotenant=self.cfg.cotenant_of is not None,
             )
             self.worker.activity.on_event = self.telemetry.event
             tasks["train"] = self.worker.run()
-            # a class-parallel job's part (peer/classpar.py): idle unless the swarm's job is one
+            # a class-parallel job's part (peer/classpar.py): idle unless the swarm's job is one; never in
+            # a co-tenant, which serves only what a lease names
             where = (self.cfg.worker.state_dir, self.cfg.worker.data_dir)  # a job's image folder, if any
-            tasks["classpar"] = ClassParWorker(
-                self.node, self.cfg.invite.swarm_id, self.policy, None, where
-            ).run()
+            if self.cfg.cotenant_of is None:
+                tasks["classpar"] = ClassParWorker(
+                    self.node, self.cfg.invite.swarm_id, self.policy, None, where
+                ).run()
         hw = self.hardware
         self.telemetry.event("joined", f"{hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32", {})
         try:
@@ -181,6 +187,8 @@ class PeerDaemon:
             maddrs=(await self.node.visible_maddrs())[:16],
             issued_at=get_dht_time(),
             behind_nat=self.node.behind_nat,
+            cotenant=self.cfg.cotenant,
+            cotenant_of=self.cfg.cotenant_of,
         )
 
     async def _admit(self, within_s: float) -> None:

@@ -29,9 +29,10 @@ class Move:
 class LeaseFollower:
     """Which job's keys a peer follows, and the move it is making between jobs."""
 
-    def __init__(self, node: SwarmNode, peer_id: str) -> None:
-        self.node, self.peer_id = node, peer_id
-        self.keys: JobKeys | None = HOME  # the job followed (None: idle this round)
+    def __init__(self, node: SwarmNode, peer_id: str, cotenant: bool = False) -> None:
+        """``cotenant``: this peer is the second peer of a shared device (it idles until leased)."""
+        self.node, self.peer_id, self.cotenant = node, peer_id, cotenant
+        self.keys: JobKeys | None = None if cotenant else HOME  # the job followed (None: idle this round)
         self.home: str | None = None  # the swarm's own job's name, once an allocation made it matter
         self.moving: Move | None = None
 
@@ -43,7 +44,7 @@ class LeaseFollower:
             if not jobs:
                 return self.keys  # which job is the swarm's own is not readable yet: no move
             self.home = jobs[0].name
-        return leased_job(allocation, self.peer_id, self.home)
+        return leased_job(allocation, self.peer_id, self.home, self.cotenant)
 
     def keys_of(self, job: str) -> JobKeys:
         return keys_of(job, self.home)

@@ -20,14 +20,18 @@ def keys_of(job: str, home_job: str | None) -> JobKeys:
     return HOME if home_job is None or job == home_job else JobKeys(job, home=False)
 
 
-def leased_job(allocation: Allocation | None, peer_id: str, home_job: str | None) -> JobKeys | None:
-    """The keys of the job ``peer_id`` is to serve under ``allocation`` (None: no lease, idle)."""
+def leased_job(
+    allocation: Allocation | None, peer_id: str, home_job: str | None, cotenant: bool = False
+) -> JobKeys | None:
+    """The keys of the job ``peer_id`` is to serve under ``allocation`` (None: no lease, idle). A
+    co-tenant (the second peer of a shared device, ``potluck peer --share-device``) serves only what a
+    lease names it for: without an allocation it idles, leaving the device to its own peer."""
     if allocation is None:
-        return HOME
+        return None if cotenant else HOME
     jobs = allocation.assignment().get(peer_id)
     if not jobs:
         return None
-    return keys_of(jobs[0], home_job)  # a space-shared lease: the first of its two jobs
+    return keys_of(jobs[0], home_job)  # a shared worker with no co-tenant (a simulation): its first job
 
 
 def describe(keys: JobKeys | None) -> str:

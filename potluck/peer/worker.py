@@ -85,10 +85,12 @@ class PlanWorker(Replans):
         cfg: WorkerConfig,
         identity: Identity | None = None,
         owner: str | None = None,
+        cotenant: bool = False,
     ) -> None:
-        """``owner``: the coordinator's peer id; it keeps the job owner's checkpoint copy and serves it."""
+        """``owner``: the coordinator's peer id; it keeps the job owner's checkpoint copy and serves it.
+        ``cotenant``: this peer is a shared device's second peer; it trains only what a lease names."""
         self.node, self.peer_id, self.cfg, self.swarm_id = node, peer_id, cfg, swarm_id
-        self.lease = LeaseFollower(node, peer_id)  # the job followed on a swarm of several jobs
+        self.lease = LeaseFollower(node, peer_id, cotenant)  # the job followed on a swarm of several jobs
         self.owner = owner
         self.identity = identity  # signs state manifests and (spot-checked jobs) pipeline messages
         self.box = Mailbox(

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from potluck.protocol.records import Name, NonNegFloat, PeerId, Record
 
@@ -61,11 +68,38 @@ class RowShare(_Part):
 
 
 class Lease(_Part):
-    """Peers of one class serving a row until the round's ``lease_end``."""
+    """Peers of one class serving a row until the round's ``lease_end``.
+
+    A space-shared row (two jobs) on devices that run two peers (``PeerRecord.cotenant``): ``peers`` serve
+    ``jobs[0]`` and ``partners[i]``, the co-tenant on ``peers[i]``'s device, serves ``jobs[1]``. Without
+    partners (a simulation's workers) every peer serves both jobs."""
 
     jobs: list[Name] = Field(min_length=1, max_length=2)
     peer_class: ClassId
     peers: list[PeerId] = Field(min_length=1, max_length=4096)
+    partners: list[PeerId] = Field(default_factory=list, max_length=4096)
+
+    @model_serializer(mode="wrap")
+    def _omit_no_partners(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        if out.get("partners") == []:
+            del out["partners"]  # a one-job lease reads byte for byte as before the field
+        return out
+
+    @model_validator(mode="after")
+    def _partners_fit(self) -> Lease:
+        if self.partners and (len(self.jobs) != 2 or len(self.partners) != len(self.peers)):
+            raise ValueError("partners come one per peer, and only on a lease of two jobs")
+        if set(self.partners) & set(self.peers) or len(set(self.partners)) != len(self.partners):
+            raise ValueError("a lease names a peer twice among its peers and partners")
+        return self
+
+    def serving(self) -> dict[str, tuple[str, ...]]:
+        """peer id -> the job(s) it serves under this lease."""
+        if not self.partners:
+            return {p: tuple(self.jobs) for p in self.peers}
+        out: dict[str, tuple[str, ...]] = {p: (self.jobs[0],) for p in self.peers}
+        return out | {p: (self.jobs[1],) for p in self.partners}
 
 
 class Allocation(Record):
@@ -108,12 +142,13 @@ class Allocation(Record):
         for lease in self.leases:
             if lease.peer_class not in known or not set(lease.jobs) <= singles:
                 raise ValueError(f"lease {lease.jobs} names an unknown class or job")
-            if seen_jobs & set(lease.jobs) or seen_peers & set(lease.peers):
+            serving = set(lease.serving())
+            if seen_jobs & set(lease.jobs) or seen_peers & serving:
                 raise ValueError("a job or a peer holds two leases in one round")
             if len(set(lease.peers)) != len(lease.peers):
                 raise ValueError("a lease repeats a peer")
             seen_jobs |= set(lease.jobs)
-            seen_peers |= set(lease.peers)
+            seen_peers |= serving
         size = len(self.canonical_bytes())
         if size > MAX_ALLOCATION_BYTES:
             raise ValueError(f"allocation is {size} bytes, more than {MAX_ALLOCATION_BYTES}")
@@ -125,10 +160,10 @@ class Allocation(Record):
 
     def assignment(self) -> dict[str, tuple[str, ...]]:
         """peer id -> the job(s) it serves this round (two when it is space-shared)."""
-        return {p: tuple(lease.jobs) for lease in self.leases for p in lease.peers}
+        return {p: jobs for lease in self.leases for p, jobs in lease.serving().items()}
 
     def peers_of(self, job: str) -> list[str]:
-        return [p for lease in self.leases if job in lease.jobs for p in lease.peers]
+        return [p for lease in self.leases for p, jobs in lease.serving().items() if job in jobs]
 
     def allocation_of(self, job: str) -> dict[str, float]:
         """Class -> time fraction the policy gives ``job``, its shared rows included."""

@@ -17,6 +17,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
 from potluck import __version__
@@ -69,9 +70,10 @@ class Hardware(BaseModel):
     # it, run tick-tock (docs/ticktock.md). Written only when not 1, so a one-slot peer's record is
     # byte for byte what releases without the field sign and accept.
     slots: int = Field(default=1, ge=1, le=2)
-    # Two waves' throughput over one wave's on this device, measured at start-up by a two-slot peer
-    # (``peer/probe.py``: the matmul probe run alone, then twice at once). The planner prices a second
-    # slot with it; None (not written): not measured.
+    # Two waves' throughput over one wave's on this device, measured at start-up by a two-slot peer or a
+    # peer sharing its device with a co-tenant (``peer/probe.py``: the matmul probe run alone, then twice
+    # at once). The planner prices a second slot with it, the allocator two jobs sharing the device;
+    # None (not written): not measured.
     pair_speedup: float | None = Field(default=None, gt=0.0, le=2.0, allow_inf_nan=False)
 
     @model_serializer(mode="wrap")
@@ -111,6 +113,29 @@ class PeerRecord(Record):
     # Behind a NAT without port forwarding (``--reachability private``): reachable only through the relay
     # circuits among ``maddrs``; it dials public peers itself, and two such peers talk through a relay.
     behind_nat: bool = False
+    # Space sharing (``potluck peer --share-device``, docs/multijob.md): a device that may run two jobs at
+    # once is two peers, the volunteer's own (``cotenant`` names the second) and a co-tenant process it
+    # starts (``cotenant_of`` names the first). The allocator believes a pair only when both records name
+    # each other; a co-tenant serves a job only when a lease names it. Neither field is written when
+    # None, so other peers' records stay byte for byte what releases without them sign.
+    cotenant: PeerId | None = None
+    cotenant_of: PeerId | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_cotenant(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)
+        for key in ("cotenant", "cotenant_of"):
+            if key in out and out[key] is None:
+                del out[key]
+        return out
+
+    @model_validator(mode="after")
+    def _one_side(self) -> PeerRecord:
+        if self.cotenant is not None and self.cotenant_of is not None:
+            raise ValueError("a peer is a device's own peer or its co-tenant, not both")
+        if self.peer_id in (self.cotenant, self.cotenant_of):
+            raise ValueError("a peer cannot be its own co-tenant")
+        return self
 
 
 class LinkSample(BaseModel):

@@ -6,18 +6,27 @@ as linear programs in ``policies.py`` over ``problem.py``'s arrays, and a simula
 See docs/multijob.md.
 """
 
-from potluck.coordinator.allocation.classes import ClassProfile, PeerInfo, classify, group
+from potluck.coordinator.allocation.classes import (
+    ClassProfile,
+    PeerInfo,
+    classify,
+    group,
+    is_cotenant,
+    shared_devices,
+)
 from potluck.coordinator.allocation.errors import AllocationError, SolverError
 from potluck.coordinator.allocation.policies import POLICIES, PolicyResult, evaluate, solve
 from potluck.coordinator.allocation.problem import Problem, agnostic, equal_share, make_problem
 from potluck.coordinator.allocation.rounds import AllocConfig, JobDemand, allocate
 from potluck.coordinator.allocation.throughput import (
     ChurnStats,
+    PairKey,
     RateEstimate,
     Throughput,
     churn_discount,
     estimate,
     observe,
+    pair_prior,
     prior_rate,
     watch_churn,
 )
@@ -29,6 +38,7 @@ __all__ = [
     "ChurnStats",
     "ClassProfile",
     "JobDemand",
+    "PairKey",
     "PeerInfo",
     "PolicyResult",
     "Problem",
@@ -43,9 +53,12 @@ __all__ = [
     "estimate",
     "evaluate",
     "group",
+    "is_cotenant",
     "make_problem",
     "observe",
+    "pair_prior",
     "prior_rate",
+    "shared_devices",
     "solve",
     "watch_churn",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from potluck.protocol.records import AccessLink, Hardware, PeerRecord
@@ -35,13 +35,37 @@ class PeerInfo:
     peer_id: str
     hardware: Hardware | None = None
     uplink_gbps: float | None = None  # declared (AccessLink) or measured upload, Gbit/s
-    shareable: bool = False  # its owner lets two jobs share the device (not in PeerRecord yet)
+    shareable: bool = False  # its owner lets two jobs share the device (space sharing)
     peer_class: str | None = None  # a class named by the caller; else derived from hardware
+    # the co-tenant peer that serves a second job on this device (``PeerRecord.cotenant``); None in a
+    # simulation, where a shareable worker serves both jobs itself
+    cotenant: str | None = None
 
     @classmethod
-    def from_record(cls, record: PeerRecord, access: AccessLink | None = None) -> PeerInfo:
+    def from_record(
+        cls, record: PeerRecord, access: AccessLink | None = None, cotenant: str | None = None
+    ) -> PeerInfo:
+        """``cotenant``: the live co-tenant that names this peer back (``shared_devices``), if any."""
         up = access.upload_gbps if access is not None else None
-        return cls(record.peer_id, record.hardware, up)
+        return cls(record.peer_id, record.hardware, up, shareable=cotenant is not None, cotenant=cotenant)
+
+
+def shared_devices(records: Mapping[str, PeerRecord]) -> dict[str, str]:
+    """Device peer -> its co-tenant, for each pair of live peers whose records name each other.
+
+    One side's word is not enough: a peer naming someone else's co-tenant, or a co-tenant naming a peer
+    that does not name it back, shares nothing (and such a co-tenant is never a worker of its own)."""
+    out = {}
+    for peer_id, record in sorted(records.items()):
+        other = records.get(record.cotenant) if record.cotenant is not None else None
+        if other is not None and other.cotenant_of == peer_id:
+            out[peer_id] = other.peer_id
+    return out
+
+
+def is_cotenant(record: PeerRecord) -> bool:
+    """A co-tenant process serves only the jobs a lease names it for: never a worker of its own."""
+    return record.cotenant_of is not None
 
 
 @dataclass(frozen=True)
@@ -54,6 +78,10 @@ class ClassProfile:
     memory_gb: float  # the smallest free device memory, 1e9 bytes
     uplink_gbps: float | None  # the lowest declared uplink, Gbit/s; None when no peer declared one
     shareable: bool  # every peer of the class allows space sharing
+    # peer -> its co-tenant, for the class's shared devices (empty in a simulation)
+    cotenants: tuple[tuple[str, str], ...] = ()
+    # two jobs' throughput together over one job's, the class's lowest measured (``Hardware.pair_speedup``)
+    pair_speedup: float | None = None
 
     @property
     def workers(self) -> int:
@@ -94,5 +122,7 @@ def group(peers: Sequence[PeerInfo]) -> dict[str, ClassProfile]:
             memory_gb=min((h.memory_free_bytes / 1e9 for h in hws), default=0.0),
             uplink_gbps=min(ups) if ups else None,
             shareable=all(p.shareable for p in ps),
+            cotenants=tuple((p.peer_id, p.cotenant) for p in ps if p.cotenant is not None),
+            pair_speedup=min((h.pair_speedup for h in hws if h.pair_speedup is not None), default=None),
         )
     return out

@@ -135,8 +135,8 @@ def allocate(
                 " (jobs or peers changed)" if changed else f", moved {moved:.3f}"
             )
     x = {k: v for k, v in x.items() if k[0] in set(rows) and k[1] in classes}
-    if prev is not None:
-        prev_lease = prev.assignment()
+    if prev is not None:  # per device: a shared device's row is its lease's, whichever peer serves which
+        prev_lease = {p: tuple(lease.jobs) for lease in prev.leases for p in lease.peers}
     else:
         prev_lease = {p: (j,) for p, j in (incumbents or {}).items() if j in demands}
     if new_round:
@@ -146,7 +146,8 @@ def allocate(
     else:
         assert prev is not None
         number, start, end = prev.round, prev.lease_start, prev.lease_end
-        kept = _surviving(prev, set(demands), {p.peer_id for p in peers})
+        live = {p.peer_id for p in peers} | {p.cotenant for p in peers if p.cotenant is not None}
+        kept = _surviving(prev, set(demands), live)
     leases = _place(x, present, received, demands, classes, kept, prev_lease, new_round, policy)
     moves = sum(
         1
@@ -211,11 +212,15 @@ def _attained(job: str, received: dict[Key, float], demands: dict[str, JobDemand
 
 
 def _surviving(prev: Allocation, jobs: set[str], live: set[str]) -> list[Lease]:
+    """The leases of ``prev`` still standing: live peers (on a shared device, with a live co-tenant)."""
     out = []
     for lease in prev.leases:
-        peers = [p for p in lease.peers if p in live]
-        if set(lease.jobs) <= jobs and peers:
-            out.append(Lease(jobs=lease.jobs, peer_class=lease.peer_class, peers=peers))
+        pairs = list(zip(lease.peers, lease.partners or lease.peers, strict=True))
+        pairs = [(p, q) for p, q in pairs if p in live and q in live]
+        partners = [q for _, q in pairs] if lease.partners else []
+        if set(lease.jobs) <= jobs and pairs:
+            peers = [p for p, _ in pairs]
+            out.append(Lease(jobs=lease.jobs, peer_class=lease.peer_class, peers=peers, partners=partners))
     return out
 
 
@@ -258,7 +263,10 @@ def _place(
         chosen = (own + idle + rest)[:need]
         free[c] = [p for p in free[c] if p not in chosen]
         placed |= set(row)
-        leases.append(Lease(jobs=list(row), peer_class=c, peers=sorted(chosen)))
+        peers = sorted(chosen)
+        cotenants = dict(classes[c].cotenants)
+        partners = [cotenants[p] for p in peers] if len(row) == 2 and cotenants else []
+        leases.append(Lease(jobs=list(row), peer_class=c, peers=peers, partners=partners))
     return leases
 
 

@@ -14,15 +14,17 @@
   departures over observed peer-seconds plus a pseudo-observation of ``PRIOR_PEER_S`` peer-seconds
   without a departure, so a class seen for minutes is not written off after one leaver.
 
-Co-located (space-shared) rates have no prior: a pair of jobs is offered a shared row only once its
-rates have been measured (Gavel estimates them by matrix completion; not done here).
+- **Co-located** (space-shared) rates, on classes whose devices run a co-tenant peer: each job's rate
+  alone times half the devices' measured pair speedup (``pair_prior``; zero when the two jobs' state
+  does not fit together), replaced by each job's measured rate in the pair once its progress shows it
+  (Gavel estimates unseen pairs by matrix completion; here the prior stands in until measured).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -151,6 +153,22 @@ class Throughput:
         return pairs, rates
 
 
+PairKey = tuple[str, tuple[str, str], str]  # (job, the pair's jobs sorted, class): a job's rate in a pair
+
+
+def pair_prior(
+    single_a: float, single_b: float, fits: bool, pair_speedup: float | None
+) -> tuple[float, float]:
+    """Each job's steps/s while two share a class's devices, before it is measured: its rate alone times
+    half the pair speedup the devices measured at start-up (two matmul streams' throughput over one's;
+    1.0 when not measured, where sharing only ties with time slicing). Zero when the two jobs' state
+    does not fit the devices' memory together (``fits``)."""
+    if not fits:
+        return 0.0, 0.0
+    share = (pair_speedup if pair_speedup is not None else 1.0) / 2.0
+    return single_a * share, single_b * share
+
+
 def estimate(
     jobs: Mapping[str, tuple[JobSpec | None, int]],
     classes: Mapping[str, ClassProfile],
@@ -158,9 +176,13 @@ def estimate(
     churn: Mapping[str, ChurnStats] | None = None,
     recovery_s: float = 60.0,
     paired: Mapping[tuple[str, str, str], tuple[float, float]] | None = None,
+    measured_pairs: Mapping[PairKey, RateEstimate] | None = None,
 ) -> Throughput:
     """Rates for every (job, class): measured where sampled, else the prior of the job's spec and scale
-    (``jobs``: job -> (spec or None, workers)); both times the class's churn discount."""
+    (``jobs``: job -> (spec or None, workers)); both times the class's churn discount.
+
+    On shareable classes also every pair of jobs: each job's measured rate in that pair
+    (``measured_pairs``), else ``pair_prior``. ``paired`` (given rates, e.g. Gavel's table) wins."""
     churn = churn or {}
     single: dict[tuple[str, str], float] = {}
     for job, (spec, workers) in jobs.items():
@@ -170,12 +192,32 @@ def estimate(
                 rate = est.rate
             else:
                 rate = prior_rate(spec, cls, workers) if spec is not None else 0.0
-            single[(job, name)] = rate * churn_discount(churn.get(name), recovery_s)
-    pair_out = {
-        key: (
-            ra * churn_discount(churn.get(key[2]), recovery_s),
-            rb * churn_discount(churn.get(key[2]), recovery_s),
-        )
-        for key, (ra, rb) in (paired or {}).items()
-    }
+            single[(job, name)] = rate
+    pairs = dict(paired or {})
+    names = sorted(jobs)
+    for name, cls in classes.items():
+        if not cls.shareable:
+            continue
+        half = replace(cls, memory_gb=cls.memory_gb / 2.0)  # both jobs' state on each device
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                if (a, b, name) in pairs:
+                    continue
+                (sa, wa), (sb, wb) = jobs[a], jobs[b]
+                fits = all(
+                    spec is not None and prior_rate(spec, half, w) > 0 for spec, w in ((sa, wa), (sb, wb))
+                )
+                ra, rb = pair_prior(single[(a, name)], single[(b, name)], fits, cls.pair_speedup)
+                got = measured_pairs or {}
+                ea, eb = got.get((a, (a, b), name)), got.get((b, (a, b), name))
+                pairs[(a, b, name)] = (
+                    ea.rate if ea is not None and ea.samples > 0 else ra,
+                    eb.rate if eb is not None and eb.samples > 0 else rb,
+                )
+
+    def useful(name: str) -> float:
+        return churn_discount(churn.get(name), recovery_s)
+
+    single = {k: v * useful(k[1]) for k, v in single.items()}
+    pair_out = {key: (ra * useful(key[2]), rb * useful(key[2])) for key, (ra, rb) in pairs.items()}
     return Throughput(single, pair_out)

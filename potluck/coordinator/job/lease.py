@@ -27,9 +27,11 @@ def leased_state(
 ) -> SwarmState:
     """``swarm`` as ``job`` may use it: the peers leased to the job, with its plan's other peers listed as
     leaving. Without an allocation in force, the swarm's own job (``home``) has every peer, and a job
-    added to the swarm none (its first plan waits for its first lease)."""
+    added to the swarm none (its first plan waits for its first lease). A co-tenant (a second peer on a
+    shared device, ``PeerRecord.cotenant_of``) serves only a job its lease names: never otherwise."""
     if allocation is None and home:
-        return swarm
+        cotenants = [p for p, seen in swarm.peers.items() if seen.record.cotenant_of is not None]
+        return swarm.without(cotenants) if cotenants else swarm
     mine = set(allocation.peers_of(job)) if allocation is not None else set()
     others = [p for p in swarm.peers if p not in mine]
     placed = set(plan.peers) if plan is not None and plan.status == "training" else set()
