@@ -93,6 +93,14 @@ def peer(
         "(its state under STATE_DIR/cotenant) that serves a second job only when the swarm leases "
         "your device to two jobs (docs/multijob.md).",
     ),
+    pair_speedup: float = typer.Option(
+        None,
+        "--pair-speedup",
+        min=0.01,
+        max=2.0,
+        help="Two jobs at once run at this x one job's throughput on your device (with --share-device or "
+        "--slots 2); default: measured at start-up with a matmul probe.",
+    ),
     cotenant_of: str = typer.Option(None, "--cotenant-of", hidden=True),
     train: bool = typer.Option(
         True, "--train/--no-train", help="Train when the coordinator places this peer."
@@ -170,6 +178,7 @@ def peer(
         max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,
         slots=slots,
         cotenant_of=cotenant_of,
+        pair_speedup=pair_speedup,
         train=train,
         worker=WorkerConfig(
             max_memory_bytes=_parse_bytes(max_memory) if max_memory else None,

@@ -237,7 +237,17 @@ class Allocator:
             steps, seconds = st.step - last[0], now - last[1]
             if len(row) == 2:  # a space-shared lease: the job's rate in that pair, on that class
                 pair_key = (job, (row[0], row[1]), peer_class)
-                self._measured_pairs[pair_key] = observe(self._measured_pairs.get(pair_key), steps, seconds)
+                est = observe(self._measured_pairs.get(pair_key), steps, seconds)
+                self._measured_pairs[pair_key] = est
+                other = row[1] if row[0] == job else row[0]
+                logger.log(
+                    logging.INFO if est.samples == 1 else logging.DEBUG,
+                    "co-located rate of %s with %s on %s: %.3f steps/s",
+                    job,
+                    other,
+                    peer_class,
+                    est.rate,
+                )
                 continue
             key = (job, peer_class)
             self._measured[key] = observe(self._measured.get(key), steps, seconds)

@@ -146,6 +146,9 @@ class PeerConfig:
     # runs on its device for a second job, or (in that co-tenant) the peer id of the device's own peer.
     cotenant: str | None = None
     cotenant_of: str | None = None
+    # Two jobs' (or waves') throughput together over one's on this device, as its owner measured it (e.g.
+    # under the real workloads); None: the start-up probe's matmul figure
+    pair_speedup: float | None = None
     train: bool = True  # follow the coordinator's plan and train (False: membership and links only)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     ttl_s: float = 30.0  # heartbeat lifetime in the DHT; refreshed every third of it

@@ -101,7 +101,12 @@ class PeerDaemon:
         # The probe is CPU/GPU-bound: run it off the loop while the node bootstraps.
         probe_task = asyncio.create_task(
             asyncio.to_thread(
-                probe, device, self.cfg.probe_budget_s, self.cfg.slots, self.cfg.cotenant is not None
+                probe,
+                device,
+                self.cfg.probe_budget_s,
+                self.cfg.slots,
+                self.cfg.cotenant is not None,
+                self.cfg.threads,
             ),
             name="probe",
         )
@@ -115,6 +120,8 @@ class PeerDaemon:
             )
             await self._admit(self.cfg.net.bootstrap_timeout_s)  # before anything is published
             self.hardware = apply_caps(await probe_task, self.cfg.threads, self.cfg.max_memory_bytes, device)
+            if self.cfg.pair_speedup is not None:  # the volunteer's own figure wins over the start-up probe
+                self.hardware = self.hardware.model_copy(update={"pair_speedup": self.cfg.pair_speedup})
         except BaseException:
             probe_task.cancel()
             with contextlib.suppress(BaseException):

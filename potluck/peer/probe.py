@@ -74,9 +74,16 @@ def pair_speedup(device: torch.device, budget_s: float, size: int | None = None)
     return round(min(2.0, max(1e-3, sum(rates) / one)), 3)
 
 
-def probe(device: torch.device, budget_s: float = 0.5, slots: int = 1, pair: bool = False) -> Hardware:
+def probe(
+    device: torch.device,
+    budget_s: float = 0.5,
+    slots: int = 1,
+    pair: bool = False,
+    threads: int | None = None,
+) -> Hardware:
     """Describe this machine; ``budget_s`` bounds each of the two matmul benchmarks (and, for a peer
-    offering two slots or sharing its device with a co-tenant (``pair``), each half of the pair probe)."""
+    offering two slots or sharing its device with a co-tenant (``pair``), each half of the pair probe).
+    A shared device's pair probe runs at the ``threads`` each of its two peer processes trains with."""
     kind: DeviceKind
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if device.type == "cuda":
@@ -98,12 +105,25 @@ def probe(device: torch.device, budget_s: float = 0.5, slots: int = 1, pair: boo
         tflops_fp32=round(fp32, 4),
         tflops_bf16=round(bf16, 4),
         slots=slots,
-        pair_speedup=pair_speedup(device, budget_s) if (slots == 2 or pair) and budget_s > 0 else None,
+        pair_speedup=_pair(device, budget_s, threads if pair else None)
+        if (slots == 2 or pair) and budget_s > 0
+        else None,
     )
     logger.info("probed %s: %.3f TFLOP/s fp32, %.3f bf16", hw.device_name, fp32, bf16)
     if hw.pair_speedup is not None:
         logger.info("two at once run at %.2fx the throughput of one", hw.pair_speedup)
     return hw
+
+
+def _pair(device: torch.device, budget_s: float, threads: int | None) -> float:
+    if threads is None:
+        return pair_speedup(device, budget_s)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return pair_speedup(device, budget_s)
+    finally:
+        torch.set_num_threads(before)
 
 
 def apply_caps(

@@ -149,12 +149,10 @@ def allocate(
         live = {p.peer_id for p in peers} | {p.cotenant for p in peers if p.cotenant is not None}
         kept = _surviving(prev, set(demands), live)
     leases = _place(x, present, received, demands, classes, kept, prev_lease, new_round, policy)
-    moves = sum(
-        1
-        for lease in leases
-        for p in lease.peers
-        if prev_lease.get(p, tuple(lease.jobs)) != tuple(lease.jobs)
-    )
+    # a peer moved when the job(s) it serves changed (an idle peer given a lease did not; nor does a
+    # shared device's own peer that keeps its job while its co-tenant takes the second)
+    served = prev.assignment() if prev is not None else {p: (j,) for p, j in (incumbents or {}).items()}
+    moves = sum(1 for lease in leases for p, jobs in lease.serving().items() if served.get(p, jobs) != jobs)
     record = Allocation(
         round=number,
         policy=policy.policy,

@@ -17,7 +17,9 @@
 - **Co-located** (space-shared) rates, on classes whose devices run a co-tenant peer: each job's rate
   alone times half the devices' measured pair speedup (``pair_prior``; zero when the two jobs' state
   does not fit together), replaced by each job's measured rate in the pair once its progress shows it
-  (Gavel estimates unseen pairs by matrix completion; here the prior stands in until measured).
+  (Gavel estimates unseen pairs by matrix completion; here the prior stands in until measured). A job
+  measured only in a pair is estimated alone from that rate the same way, inverted: the cost model's
+  prior is never weighed against a measured rate.
 """
 
 from __future__ import annotations
@@ -184,12 +186,18 @@ def estimate(
     On shareable classes also every pair of jobs: each job's measured rate in that pair
     (``measured_pairs``), else ``pair_prior``. ``paired`` (given rates, e.g. Gavel's table) wins."""
     churn = churn or {}
+    got = measured_pairs or {}
     single: dict[tuple[str, str], float] = {}
     for job, (spec, workers) in jobs.items():
         for name, cls in classes.items():
             est = measured.get((job, name))
+            shared = [e.rate for (j, _, c), e in sorted(got.items()) if j == job and c == name and e.samples]
             if est is not None and est.samples > 0:
                 rate = est.rate
+            elif shared:
+                # measured only in a pair: alone it runs at that rate over its share of the pair speedup,
+                # not at the cost model's guess (which two measured rates must not be weighed against)
+                rate = max(shared) * 2.0 / (cls.pair_speedup if cls.pair_speedup is not None else 1.0)
             else:
                 rate = prior_rate(spec, cls, workers) if spec is not None else 0.0
             single[(job, name)] = rate
@@ -208,7 +216,6 @@ def estimate(
                     spec is not None and prior_rate(spec, half, w) > 0 for spec, w in ((sa, wa), (sb, wb))
                 )
                 ra, rb = pair_prior(single[(a, name)], single[(b, name)], fits, cls.pair_speedup)
-                got = measured_pairs or {}
                 ea, eb = got.get((a, (a, b), name)), got.get((b, (a, b), name))
                 pairs[(a, b, name)] = (
                     ea.rate if ea is not None and ea.samples > 0 else ra,

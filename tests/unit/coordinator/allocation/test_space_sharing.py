@@ -95,6 +95,8 @@ def test_pair_rates_start_from_the_measured_pair_speedup_then_follow_what_is_mea
     measured = {("a", ("a", "b"), name): RateEstimate(0.25, 3)}
     tp = estimate({"a": (spec, 2), "b": (spec, 2)}, classes, {}, measured_pairs=measured)
     assert tp.paired[("a", "b", name)] == pytest.approx((0.25, alone * 0.8))
+    # measured only in the pair: alone, a runs at that rate over its share of the speedup, not the prior
+    assert tp.single[("a", name)] == pytest.approx(0.25 / 0.8)
     assert pair_prior(2.0, 1.0, fits=False, pair_speedup=1.9) == (0.0, 0.0)  # two states do not fit
     assert pair_prior(2.0, 1.0, fits=True, pair_speedup=None) == (1.0, 0.5)  # unmeasured: a tie
 
@@ -109,12 +111,15 @@ def test_two_jobs_on_too_few_devices_share_them_when_the_pair_speedup_pays(speed
     classes = group(peers)
     tp = estimate({"a": (spec, 2), "b": (spec, 2)}, classes, {})
     jobs = [JobDemand("a", scale=2), JobDemand("b", scale=2)]
-    alloc, _ = allocate(NOW, jobs, peers, tp, AllocConfig(round_s=60.0))
+    # the devices' own peers train a already (its running plan): sharing moves none of them
+    alloc, reason = allocate(
+        NOW, jobs, peers, tp, AllocConfig(round_s=60.0), incumbents=dict.fromkeys(H, "a")
+    )
     (lease,) = alloc.leases
     if not shared:
         assert len(lease.jobs) == 1 and not lease.partners
         return
-    assert lease.jobs == ["a", "b"] and lease.peers == sorted(H)
+    assert lease.jobs == ["a", "b"] and lease.peers == sorted(H) and "0 peers moved" in reason
     assert lease.partners == [dict(zip(H, G, strict=True))[h] for h in lease.peers]
     assert sorted(alloc.peers_of("a")) == sorted(H) and sorted(alloc.peers_of("b")) == sorted(G)
     assert alloc.assignment()[G[0]] == ("b",)
