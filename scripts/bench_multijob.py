@@ -13,11 +13,15 @@
   a 36:36:36 K80/P100/V100 cluster, ``--round-s`` leases, a hand-off of ``--handoff-s`` charged to every
   lease whose peers changed: average JCT of heterogeneity-aware LAS over agnostic LAS; FIFO (aware and
   agnostic) printed too, and the ratio without hand-off charges.
+- Space sharing (beyond G1-G4): a ``--ss-jobs`` trace of single-worker jobs at ``--ss-rate`` jobs/hour
+  on a smaller ``--ss-workers`` per class cluster (oversubscribed: sharing pays only when jobs wait),
+  aware LAS with every worker shareable (two jobs at Gavel's measured co-located rates of their types)
+  over aware LAS without: ``ss_jct_ratio``.
 
     python scripts/bench_multijob.py [--data PATH] [--jobs 100] [--rate 4] [--seed 0] [--json]
 
 With ``--json`` the last line is one JSON object with ``g1_max_rel_err``, ``g2_failures``,
-``g2_mean_gain``, ``g3_max_dev``, ``g4_jct_ratio``, the JCTs (hours), and ``wall_s``.
+``g2_mean_gain``, ``g3_max_dev``, ``g4_jct_ratio``, ``ss_jct_ratio``, the JCTs (hours), and ``wall_s``.
 """
 
 from __future__ import annotations
@@ -152,6 +156,24 @@ def g4(table: GavelTable, args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+def space_sharing(table: GavelTable, args: argparse.Namespace) -> dict[str, float]:
+    trace = poisson_trace(np.random.default_rng(args.seed), table, args.ss_jobs, args.ss_rate, {1: 1.0})
+    counts = {c: args.ss_workers for c in GAVEL_CLASSES}
+    out: dict[str, float] = {}
+    for name, shared in (("las_aware_time_sliced", False), ("las_aware_space_shared", True)):
+        t0 = time.perf_counter()
+        cfg = AllocConfig(policy="las", round_s=args.round_s, handoff_s=args.handoff_s)
+        res = simulate(trace, table, cluster(counts, shareable=shared), cfg)
+        out[f"ss_jct_h_{name}"] = res.mean_jct / 3600.0
+        print(
+            f"SS {name:24s} mean JCT {res.mean_jct / 3600:7.2f} h  finished {len(res.jct)}/{len(trace)}  "
+            f"shared leases {res.shared_rounds}  {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
+    out["ss_jct_ratio"] = out["ss_jct_h_las_aware_space_shared"] / out["ss_jct_h_las_aware_time_sliced"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Gavel's simulation_throughputs.json")
@@ -162,6 +184,9 @@ def main() -> None:
     ap.add_argument("--scales", default="1:0.7,2:0.1,4:0.15,8:0.05", help="G4 scale factor: probability")
     ap.add_argument("--round-s", type=float, default=360.0, help="lease length, seconds (Gavel's 360)")
     ap.add_argument("--handoff-s", type=float, default=30.0, help="seconds a lease change costs the job")
+    ap.add_argument("--ss-jobs", type=int, default=100, help="space sharing: trace length (1-worker jobs)")
+    ap.add_argument("--ss-rate", type=float, default=6.0, help="space sharing: arrivals, jobs per hour")
+    ap.add_argument("--ss-workers", type=int, default=8, help="space sharing: workers per class")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -190,6 +215,12 @@ def main() -> None:
     print(
         f"G4 LAS aware / agnostic mean JCT {summary['g4_jct_ratio']:.3f} (target <= 0.8); without hand-off "
         f"charges {summary['g4_jct_ratio_no_handoff']:.3f}",
+        flush=True,
+    )
+    summary.update(space_sharing(table, args))
+    print(
+        f"SS LAS space-shared / time-sliced mean JCT {summary['ss_jct_ratio']:.3f} "
+        f"({args.ss_workers} workers per class, {args.ss_jobs} jobs at {args.ss_rate:g}/h)",
         flush=True,
     )
     summary["wall_s"] = time.perf_counter() - start

@@ -125,12 +125,13 @@ def peer_id(i: int) -> str:
     return "12D3KooWsimpeer" + digits.rjust(8, "1")
 
 
-def cluster(counts: Mapping[str, int]) -> list[PeerInfo]:
-    """Simulated peers, ``counts[class]`` of each class, named by the class."""
+def cluster(counts: Mapping[str, int], shareable: bool = False) -> list[PeerInfo]:
+    """Simulated peers, ``counts[class]`` of each class, named by the class; ``shareable``: each may run
+    two jobs at once (space sharing, at Gavel's measured co-located rates)."""
     peers, n = [], 0
     for cls, k in counts.items():
         for _ in range(k):
-            peers.append(PeerInfo(peer_id(n), peer_class=cls))
+            peers.append(PeerInfo(peer_id(n), peer_class=cls, shareable=shareable))
             n += 1
     return peers
 
@@ -141,6 +142,7 @@ class SimResult:
     rounds: int = 0
     solves: int = 0
     moves: int = 0
+    shared_rounds: int = 0  # (round, lease) pairs where two jobs shared the workers
 
     @property
     def mean_jct(self) -> float:
@@ -155,10 +157,20 @@ def simulate(
     *,
     max_rounds: int = 100_000,
 ) -> SimResult:
-    """Run ``trace`` to completion (or ``max_rounds``) with leases from ``allocate``."""
-    rates = Throughput(
-        {(j.job, c): table.single[(j.job_type, j.scale)][c] for j in trace for c in GAVEL_CLASSES}
-    )
+    """Run ``trace`` to completion (or ``max_rounds``) with leases from ``allocate``. With shareable
+    ``peers`` (and ``config.space_sharing``), two single-worker jobs may share a worker at Gavel's
+    measured co-located rates of their types."""
+    single = {(j.job, c): table.single[(j.job_type, j.scale)][c] for j in trace for c in GAVEL_CLASSES}
+    paired: dict[tuple[str, str, str], tuple[float, float]] = {}
+    if config.space_sharing and any(p.shareable for p in peers):
+        ones = sorted((j for j in trace if j.scale == 1), key=lambda j: j.job)
+        for i, a in enumerate(ones):
+            for b in ones[i + 1 :]:
+                for c in GAVEL_CLASSES:
+                    both = table.paired.get((a.job_type, b.job_type, c))
+                    if both is not None and min(both) > 0:
+                        paired[(a.job, b.job, c)] = both
+    rates = Throughput(single, paired)
     left = {j.job: j.steps for j in trace}
     pending = sorted(trace, key=lambda j: j.arrival)
     arrived: dict[str, TraceJob] = {}
@@ -181,17 +193,23 @@ def simulate(
         res.rounds += 1
         res.solves += reason.split(": ", 1)[1].startswith("re-solved")
         for lease in prev.leases:
-            job = lease.jobs[0]
             fresh = any(before.get(p) != tuple(lease.jobs) for p in lease.peers)
             res.moves += fresh
             busy = config.round_s - (config.handoff_s if fresh else 0.0)  # seconds of progress
-            rate = rates.single[(job, lease.peer_class)]
-            if left[job] <= rate * busy:
-                finish = now + config.round_s - busy + left[job] / rate
-                res.jct[job] = finish - arrived[job].arrival
-                del arrived[job]
-                left[job] = 0.0
+            if len(lease.jobs) == 2:
+                first, second = lease.jobs
+                ra, rb = rates.paired[(first, second, lease.peer_class)]
+                res.shared_rounds += 1
+                runs = [(first, ra), (second, rb)]
             else:
-                left[job] -= rate * busy
+                runs = [(lease.jobs[0], rates.single[(lease.jobs[0], lease.peer_class)])]
+            for job, rate in runs:
+                if left[job] <= rate * busy:
+                    finish = now + config.round_s - busy + left[job] / rate
+                    res.jct[job] = finish - arrived[job].arrival
+                    del arrived[job]
+                    left[job] = 0.0
+                else:
+                    left[job] -= rate * busy
         now += config.round_s
     return res
