@@ -14,14 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import SerializerFunctionWrapHandler as Handler
 
 from potluck.protocol.records import Name, NonNegFloat, PeerId, Record
 
@@ -80,7 +74,7 @@ class Lease(_Part):
     partners: list[PeerId] = Field(default_factory=list, max_length=4096)
 
     @model_serializer(mode="wrap")
-    def _omit_no_partners(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+    def _omit_no_partners(self, handler: Handler) -> dict[str, object]:
         out: dict[str, object] = handler(self)
         if out.get("partners") == []:
             del out["partners"]  # a one-job lease reads byte for byte as before the field

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,16 @@ def launch_summary(text: str) -> dict[str, Any]:
     lines = [line for line in text.splitlines() if line.startswith('{"steps"')]
     assert lines, text[-3000:]
     return json.loads(lines[-1])
+
+
+def launch_finished(popen: subprocess.Popen[bytes], log: Path, steps: int, timeout_s: float) -> str:
+    """Wait for a ``potluck launch --json`` process to end; assert it exited 0 at the job's last step
+    (``steps``). Returns its log."""
+    popen.wait(timeout=timeout_s)
+    text = log.read_text(errors="replace")
+    assert popen.returncode == 0, text[-3000:]
+    assert launch_summary(text)["steps"] == steps, text[-3000:]
+    return text
 
 
 def assert_no_step_lost(text: str, steps: int, before: int, event: str) -> dict[str, Any]:

@@ -46,6 +46,21 @@ def local_swarm(tmp: Path, n_peers: int, ttl: float = 30.0, swarm_id: str = "ite
         swarm.close()
 
 
+def multijob_swarm(tmp: Path, home_job: Path, swarm_id: str, lease_s: float, *peer_extra: str) -> LocalSwarm:
+    """A swarm whose coordinator allocates its CPU peers across jobs (docs/multijob.md): ``lease_s``
+    leases, peers classed by device only (their start-up probes differ on shared cores). Peers run one
+    thread each with short heartbeats and step timeouts; ``peer_extra`` adds to their options."""
+    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
+    return LocalSwarm(
+        tmp / "run",
+        home_job,
+        swarm_id=swarm_id,
+        peer_args=(*peer_args, "--step-timeout", "10", *peer_extra),
+        coordinator_args=("--lease-seconds", str(lease_s), "--alloc-classes", "device", "--json"),
+        verbose=1,
+    )
+
+
 def potluck_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Run the real console entry point in a subprocess."""
     return subprocess.run(

@@ -11,10 +11,9 @@ import re
 import pytest
 
 from potluck.protocol.identity import Identity
-from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
-from tests.helpers.logs import launch_summary, wait_for
-from tests.helpers.swarm import status_json
+from tests.helpers.logs import launch_finished, wait_for
+from tests.helpers.swarm import multijob_swarm, status_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -31,17 +30,7 @@ def test_two_jobs_share_a_swarm_and_peers_move_at_a_lease_boundary_without_losin
             "mj-b", steps=STEPS_B, ckpt=tmp_path / "b-ckpt", interval=1000, seed=1, stages=2, max_replicas=1
         )
     )
-    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
-    peer_args += ("--step-timeout", "10")
-    alloc = ("--lease-seconds", str(LEASE_S), "--alloc-classes", "device", "--json")
-    with LocalSwarm(
-        tmp_path / "run",
-        tmp_path / "a.toml",
-        swarm_id="multijob",
-        peer_args=peer_args,
-        coordinator_args=alloc,
-        verbose=1,
-    ) as swarm:
+    with multijob_swarm(tmp_path, tmp_path / "a.toml", "multijob", LEASE_S) as swarm:
         swarm.start_coordinator()
         names = ("p0", "p1", "p2", "p3")
         for name in names:
@@ -70,16 +59,9 @@ def test_two_jobs_share_a_swarm_and_peers_move_at_a_lease_boundary_without_losin
         if doc["allocation"] is not None:  # B may be done and the leases lapsed already
             assert len(jobs["mj-b"]["peers"]) == 2 and jobs["mj-b"]["allocation"] > 0, doc["jobs"]
 
-        owner_b.popen.wait(timeout=180)
-        text_b = owner_b.log.read_text(errors="replace")
-        assert owner_b.popen.returncode == 0, text_b[-3000:]
-        assert launch_summary(text_b)["steps"] == STEPS_B
+        text_b = launch_finished(owner_b.popen, owner_b.log, STEPS_B, 180)
 
-        coordinator = swarm.procs["coordinator"]
-        coordinator.popen.wait(timeout=180)
-        text_a = log_a.read_text(errors="replace")
-        assert coordinator.popen.returncode == 0, text_a[-3000:]
-        assert launch_summary(text_a)["steps"] == STEPS_A
+        text_a = launch_finished(swarm.procs["coordinator"].popen, log_a, STEPS_A, 180)
         starts = [int(s) for s in re.findall(r"published plan epoch \d+ from step (\d+)", text_a)][1:]
         # A re-planned when it gave up placed peers (and may re-plan later, when the leases lapse); no
         # later epoch may start before the step A had reached: no committed step lost

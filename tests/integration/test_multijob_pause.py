@@ -12,9 +12,9 @@ import re
 import pytest
 
 from potluck.peer.train.straggle import TEST_DELAY_ENV
-from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
-from tests.helpers.logs import launch_summary, wait_for
+from tests.helpers.logs import launch_finished, wait_for
+from tests.helpers.swarm import multijob_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -41,17 +41,7 @@ def test_a_job_left_short_by_its_lease_pauses_and_resumes_from_the_step_it_stopp
     for name, steps, seed in (("pa", STEPS_A, 0), ("pb", STEPS_B, 1)):
         text = job_toml(name, steps=steps, ckpt=tmp_path / f"{name}-ckpt", interval=1000, seed=seed, stages=2)
         (tmp_path / f"{name}.toml").write_text(text.replace("[limits]", "[limits]\nmax_replicas = 1"))
-    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
-    peer_args += ("--step-timeout", "10")
-    alloc = ("--lease-seconds", str(LEASE_S), "--alloc-classes", "device", "--json")
-    with LocalSwarm(
-        tmp_path / "run",
-        tmp_path / "pa.toml",
-        swarm_id="multijob-pause",
-        peer_args=peer_args,
-        coordinator_args=alloc,
-        verbose=1,
-    ) as swarm:
+    with multijob_swarm(tmp_path, tmp_path / "pa.toml", "multijob-pause", LEASE_S) as swarm:
         swarm.start_coordinator()
         for name in ("p0", "p1", "p2"):
             swarm.start_peer(name)
@@ -59,15 +49,8 @@ def test_a_job_left_short_by_its_lease_pauses_and_resumes_from_the_step_it_stopp
         wait_for(log_a, r"plan epoch 1: ", 120)
         owner_b = swarm.start_job("job-b", tmp_path / "pb.toml", "--json")
 
-        owner_b.popen.wait(timeout=300)
-        text_b = owner_b.log.read_text(errors="replace")
-        assert owner_b.popen.returncode == 0, text_b[-3000:]
-        assert launch_summary(text_b)["steps"] == STEPS_B
-        coordinator = swarm.procs["coordinator"]
-        coordinator.popen.wait(timeout=300)
-        text_a = log_a.read_text(errors="replace")
-        assert coordinator.popen.returncode == 0, text_a[-3000:]
-        assert launch_summary(text_a)["steps"] == STEPS_A
+        text_b = launch_finished(owner_b.popen, owner_b.log, STEPS_B, 300)
+        text_a = launch_finished(swarm.procs["coordinator"].popen, log_a, STEPS_A, 300)
 
     # Three peers cannot hold two 2-peer pipelines: some job paused at least once, and each pause
     # resumed exactly where its peers stopped (the checkpoint they wrote there).

@@ -14,10 +14,9 @@ import re
 import pytest
 
 from potluck.protocol.identity import Identity
-from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.jobs import job_toml
-from tests.helpers.logs import launch_summary, wait_for
-from tests.helpers.swarm import status_json
+from tests.helpers.logs import launch_finished, wait_for
+from tests.helpers.swarm import multijob_swarm, status_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -37,18 +36,10 @@ def test_two_jobs_share_two_devices_at_once_through_their_cotenants(tmp_path):
             replicas=1,
         )
         (tmp_path / f"{name}.toml").write_text(text)
-    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
     # The matmul probe's pair speedup swings between 0.9 and 2 on two shared, loaded cores; declared, the
     # first round is certain to share (the LP's choice at any speedup is unit-tested).
-    peer_args += ("--step-timeout", "10", "--share-device", "--pair-speedup", "1.6")
-    alloc = ("--lease-seconds", str(LEASE_S), "--alloc-classes", "device", "--json")
-    with LocalSwarm(
-        tmp_path / "run",
-        tmp_path / "a.toml",
-        swarm_id="sharing",
-        peer_args=peer_args,
-        coordinator_args=alloc,
-        verbose=1,
+    with multijob_swarm(
+        tmp_path, tmp_path / "a.toml", "sharing", LEASE_S, "--share-device", "--pair-speedup", "1.6"
     ) as swarm:
         swarm.start_coordinator()
         names = ("d0", "d1")
@@ -76,16 +67,9 @@ def test_two_jobs_share_two_devices_at_once_through_their_cotenants(tmp_path):
             assert sorted(jobs["ss-b"]["peers"]) == sorted(guests.values()), doc["jobs"]
             assert sorted(jobs["ss-a"]["peers"]) == sorted(hosts.values()), doc["jobs"]
 
-        owner_b.popen.wait(timeout=200)
-        text_b = owner_b.log.read_text(errors="replace")
-        assert owner_b.popen.returncode == 0, text_b[-3000:]
-        assert launch_summary(text_b)["steps"] == STEPS_B
+        text_b = launch_finished(owner_b.popen, owner_b.log, STEPS_B, 200)
 
-        coordinator = swarm.procs["coordinator"]
-        coordinator.popen.wait(timeout=200)
-        text_a = log_a.read_text(errors="replace")
-        assert coordinator.popen.returncode == 0, text_a[-3000:]
-        assert launch_summary(text_a)["steps"] == STEPS_A
+        text_a = launch_finished(swarm.procs["coordinator"].popen, log_a, STEPS_A, 200)
         # A kept its peers: sharing moved nobody, so A never re-planned
         assert not re.search(r"published plan epoch 2 ", text_a), text_a[-3000:]
         assert re.search(r"co-located rate of ss-[ab] with ss-[ab] on \S+: [0-9.]+ steps/s", text_a), text_a[

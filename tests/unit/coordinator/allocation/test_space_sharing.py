@@ -23,9 +23,10 @@ from potluck.coordinator.allocation import (
 from potluck.coordinator.job.lease import leased_state
 from potluck.coordinator.state import SwarmState
 from potluck.peer.lease import HOME, leased_job
-from potluck.protocol.allocation import Allocation, ClassWorkers, Lease, RowShare
+from potluck.protocol.allocation import Allocation, Lease
 from potluck.protocol.identity import Identity
 from potluck.protocol.keys import JobKeys
+from tests.unit.coordinator.job.test_lease import allocation
 from tests.unit.protocol.conftest import NOW, make_hardware, make_job, make_peer_record
 from tests.unit.protocol.test_membership import verified
 
@@ -133,17 +134,7 @@ def test_two_jobs_on_too_few_devices_share_them_when_the_pair_speedup_pays(speed
 
 
 def lease_record(leases: list[Lease]) -> Allocation:
-    return Allocation(
-        round=0,
-        policy="max_min",
-        lease_start=NOW,
-        lease_end=NOW + 60,
-        solved_at=NOW,
-        classes=[ClassWorkers(peer_class="cpu", workers=2, shareable=True)],
-        rows=[RowShare(jobs=[j], present_s=0.0) for j in "abc"],
-        leases=leases,
-        issued_at=NOW,
-    )
+    return allocation(leases, jobs="abc")
 
 
 def test_partners_are_checked_where_the_record_is_read():

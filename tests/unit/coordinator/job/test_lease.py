@@ -23,7 +23,11 @@ def swarm() -> SwarmState:
     return SwarmState.from_records("s", [verified(i, NOW + 10) for i in IDS], [], NOW)
 
 
-def allocation(leases: dict[str, list[str]]) -> Allocation:
+def allocation(leases: dict[str, list[str]] | list[Lease], jobs: str = "ab") -> Allocation:
+    """A round of leases on one class "cpu": one job's peers each (a dict), or the leases given, with a
+    row for each of ``jobs``."""
+    if isinstance(leases, dict):
+        leases = [Lease(jobs=[j], peer_class="cpu", peers=ps) for j, ps in leases.items()]
     return Allocation(
         round=0,
         policy="max_min",
@@ -31,8 +35,8 @@ def allocation(leases: dict[str, list[str]]) -> Allocation:
         lease_end=NOW + 60,
         solved_at=NOW,
         classes=[ClassWorkers(peer_class="cpu", workers=4)],
-        rows=[RowShare(jobs=["a"], present_s=0.0), RowShare(jobs=["b"], present_s=0.0)],
-        leases=[Lease(jobs=[j], peer_class="cpu", peers=ps) for j, ps in leases.items()],
+        rows=[RowShare(jobs=[j], present_s=0.0) for j in jobs],
+        leases=leases,
         issued_at=NOW,
     )
 
