@@ -263,7 +263,9 @@ def _place(
         placed |= set(row)
         peers = sorted(chosen)
         cotenants = dict(classes[c].cotenants)
-        partners = [cotenants[p] for p in peers] if len(row) == 2 and cotenants else []
+        # two jobs on live devices: each device's own peer serves the first, its co-tenant the second
+        shared = len(row) == 2 and all(p in cotenants for p in peers)
+        partners = [cotenants[p] for p in peers] if shared and cotenants else []
         leases.append(Lease(jobs=list(row), peer_class=c, peers=peers, partners=partners))
     return leases
 
