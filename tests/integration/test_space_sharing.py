@@ -9,7 +9,9 @@ all the time, so the allocator leases the pair row: the devices' own peers keep 
 re-plan), their co-tenants train B. Both jobs finish every step, and the allocator measures the pair's
 co-located rates from their progress."""
 
+import os
 import re
+import signal
 
 import pytest
 
@@ -22,6 +24,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 STEPS_A, STEPS_B = 900, 120
 LEASE_S = 10
+PLAN_TABLE = r"plan epoch 1: 2 stages x 1 replicas[^└]*└"  # the title, to the table's last line
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_two_jobs_share_two_devices_at_once_through_their_cotenants(tmp_path):
@@ -46,19 +57,15 @@ def test_two_jobs_share_two_devices_at_once_through_their_cotenants(tmp_path):
         for name in names:
             swarm.start_peer(name)
         log_a = swarm.procs["coordinator"].log
-        wait_for(log_a, r"plan epoch 1: 2 stages x 1 replicas", 120)
+        epoch1 = wait_for(log_a, PLAN_TABLE, 120).group(0)
         hosts = {n: Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in names}
         guests = {n: Identity.load(tmp_path / "run" / n / "cotenant" / "identity.pem").peer_id for n in names}
-        text = log_a.read_text(errors="replace")
-        epoch1 = text[text.index("plan epoch 1") :]
         assert all(g[:12] not in epoch1 for g in guests.values()), "a co-tenant was placed without a lease"
         wait_for(log_a, r"step ([5-9]|\d\d+)/", 120)
 
         owner_b = swarm.start_job("job-b", tmp_path / "b.toml", "--json", "--poll-interval", "1")
         wait_for(log_a, r"allocation round 0: .*\[ss-a\+ss-b: 2 peer\(s\)\]", 90)
-        wait_for(owner_b.log, r"published plan epoch 1 from step 0", 90)
-        text_b = owner_b.log.read_text(errors="replace")
-        epoch_b = text_b[text_b.index("plan epoch 1") :]
+        epoch_b = wait_for(owner_b.log, PLAN_TABLE, 90).group(0)
         for name in names:  # B plans over the co-tenants only: the devices' own peers keep training A
             assert guests[name][:12] in epoch_b and hosts[name][:12] not in epoch_b, epoch_b[:3000]
         doc = status_json(swarm.invite)
@@ -67,7 +74,7 @@ def test_two_jobs_share_two_devices_at_once_through_their_cotenants(tmp_path):
             assert sorted(jobs["ss-b"]["peers"]) == sorted(guests.values()), doc["jobs"]
             assert sorted(jobs["ss-a"]["peers"]) == sorted(hosts.values()), doc["jobs"]
 
-        text_b = launch_finished(owner_b.popen, owner_b.log, STEPS_B, 200)
+        launch_finished(owner_b.popen, owner_b.log, STEPS_B, 200)
 
         text_a = launch_finished(swarm.procs["coordinator"].popen, log_a, STEPS_A, 200)
         # A kept its peers: sharing moved nobody, so A never re-planned
@@ -77,3 +84,12 @@ def test_two_jobs_share_two_devices_at_once_through_their_cotenants(tmp_path):
         ]
         for name in names:
             assert "lease: job ss-b from now" in swarm.procs[name].log.read_text(errors="replace")
+        # Asked to leave (SIGTERM), each volunteer's peer passes it on and reaps its co-tenant: none is
+        # left behind.
+        for name in names:
+            proc = swarm.procs[name]
+            swarm.stop(name, signal.SIGTERM, timeout_s=90)
+            assert proc.popen.returncode == 0, proc.tail(40)
+            started = re.search(r"co-tenant peer started \(pid (\d+)\)", proc.log.read_text(errors="replace"))
+            assert started is not None, proc.tail(40)
+            assert not pid_alive(int(started.group(1))), f"{name}'s co-tenant outlived it"
