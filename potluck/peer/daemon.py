@@ -99,14 +99,16 @@ class PeerDaemon:
         logs.bind(peer_id=self.peer_id, swarm_id=self.cfg.invite.swarm_id)
         device = pick_device(self.cfg.device)
         # The probe is CPU/GPU-bound: run it off the loop while the node bootstraps.
+        shared = self.cfg.cotenant is not None  # this device also runs a co-tenant peer (--share-device)
         probe_task = asyncio.create_task(
             asyncio.to_thread(
                 probe,
                 device,
                 self.cfg.probe_budget_s,
                 self.cfg.slots,
-                self.cfg.cotenant is not None,
-                self.cfg.threads,
+                # the pair speedup: for two slots or a shared device, unless the volunteer declared it
+                (self.cfg.slots == 2 or shared) and self.cfg.pair_speedup is None,
+                self.cfg.threads if shared else None,
             ),
             name="probe",
         )
@@ -120,7 +122,7 @@ class PeerDaemon:
             )
             await self._admit(self.cfg.net.bootstrap_timeout_s)  # before anything is published
             self.hardware = apply_caps(await probe_task, self.cfg.threads, self.cfg.max_memory_bytes, device)
-            if self.cfg.pair_speedup is not None:  # the volunteer's own figure wins over the start-up probe
+            if self.cfg.pair_speedup is not None:  # the volunteer's own figure, not probed
                 self.hardware = self.hardware.model_copy(update={"pair_speedup": self.cfg.pair_speedup})
         except BaseException:
             probe_task.cancel()

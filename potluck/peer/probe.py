@@ -53,22 +53,31 @@ def matmul_tflops(
         return 0.0
 
 
-def pair_speedup(device: torch.device, budget_s: float, size: int | None = None) -> float:
+def pair_speedup(
+    device: torch.device, budget_s: float, size: int | None = None, threads: int | None = None
+) -> float:
     """Two waves' throughput over one wave's on ``device``: the fp32 matmul probe run alone, then on two
     threads at once (each as the trainer's waves run: its own Python thread, torch's thread pool shared),
     in products per second. Near 1: one wave fills the device; near 2: a second wave's compute is free.
-    Clipped to (0, 2]: more than 2 is noise on a busy machine."""
-    one = matmul_tflops(device, torch.float32, budget_s, size)
-    rates = [0.0, 0.0]
+    Clipped to (0, 2]: more than 2 is noise on a busy machine. ``threads``: torch's CPU threads for the
+    probe (restored after), as each of two processes sharing the device trains with."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        one = matmul_tflops(device, torch.float32, budget_s, size)
+        rates = [0.0, 0.0]
 
-    def wave(i: int) -> None:
-        rates[i] = matmul_tflops(device, torch.float32, budget_s, size)
+        def wave(i: int) -> None:
+            rates[i] = matmul_tflops(device, torch.float32, budget_s, size)
 
-    threads = [threading.Thread(target=wave, args=(i,), name=f"pair-probe-{i}") for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+        waves = [threading.Thread(target=wave, args=(i,), name=f"pair-probe-{i}") for i in range(2)]
+        for t in waves:
+            t.start()
+        for t in waves:
+            t.join()
+    finally:
+        torch.set_num_threads(before)
     if one <= 0.0:
         return 1.0
     return round(min(2.0, max(1e-3, sum(rates) / one)), 3)
@@ -82,8 +91,9 @@ def probe(
     threads: int | None = None,
 ) -> Hardware:
     """Describe this machine; ``budget_s`` bounds each of the two matmul benchmarks (and, for a peer
-    offering two slots or sharing its device with a co-tenant (``pair``), each half of the pair probe).
-    A shared device's pair probe runs at the ``threads`` each of its two peer processes trains with."""
+    measuring the pair speedup (``pair``: a peer offering two slots or sharing its device with a
+    co-tenant, unless its owner declared the figure), each half of the pair probe), at ``threads`` when
+    given (a shared device: the threads each of its two peer processes trains with)."""
     kind: DeviceKind
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if device.type == "cuda":
@@ -105,25 +115,12 @@ def probe(
         tflops_fp32=round(fp32, 4),
         tflops_bf16=round(bf16, 4),
         slots=slots,
-        pair_speedup=_pair(device, budget_s, threads if pair else None)
-        if (slots == 2 or pair) and budget_s > 0
-        else None,
+        pair_speedup=pair_speedup(device, budget_s, threads=threads) if pair and budget_s > 0 else None,
     )
     logger.info("probed %s: %.3f TFLOP/s fp32, %.3f bf16", hw.device_name, fp32, bf16)
     if hw.pair_speedup is not None:
         logger.info("two at once run at %.2fx the throughput of one", hw.pair_speedup)
     return hw
-
-
-def _pair(device: torch.device, budget_s: float, threads: int | None) -> float:
-    if threads is None:
-        return pair_speedup(device, budget_s)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return pair_speedup(device, budget_s)
-    finally:
-        torch.set_num_threads(before)
 
 
 def apply_caps(

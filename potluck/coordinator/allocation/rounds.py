@@ -265,7 +265,7 @@ def _place(
         cotenants = dict(classes[c].cotenants)
         # two jobs on live devices: each device's own peer serves the first, its co-tenant the second
         shared = len(row) == 2 and all(p in cotenants for p in peers)
-        partners = [cotenants[p] for p in peers] if shared and cotenants else []
+        partners = [cotenants[p] for p in peers] if shared else []
         leases.append(Lease(jobs=list(row), peer_class=c, peers=peers, partners=partners))
     return leases
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -107,16 +107,26 @@ def churn_discount(stats: ChurnStats | None, recovery_s: float) -> float:
     return 1.0 / (1.0 + lam * recovery_s)
 
 
+def _step_job(spec: JobSpec) -> StepJob:
+    shape = ModelShape.from_spec(spec.model)
+    return StepJob(shape, BatchSpec(spec.sequences_per_step, spec.batch.micro_batch_size), recompute=False)
+
+
+def device_bytes(spec: JobSpec, workers: int) -> float:
+    """Device memory each of ``workers`` peers needs for ``spec``'s state, with the cost model's
+    headroom, in bytes (the whole model split evenly)."""
+    job = _step_job(spec)
+    state, _ = layer_memory(job)
+    total_bytes = state * job.model.layers + 2.0 * job.model.embed_params * job.bytes_per_param
+    return total_bytes / max(workers, 1) / job.memory_headroom
+
+
 def prior_rate(spec: JobSpec, cls: ClassProfile, workers: int) -> float:
     """Steps/s the cost model expects of ``spec`` on ``workers`` peers of class ``cls``."""
-    if workers < 1 or cls.tflops <= 0:
+    if workers < 1 or cls.tflops <= 0 or device_bytes(spec, workers) > cls.memory_gb * GB:
         return 0.0
-    shape = ModelShape.from_spec(spec.model)
-    job = StepJob(shape, BatchSpec(spec.sequences_per_step, spec.batch.micro_batch_size), recompute=False)
-    state, _ = layer_memory(job)
-    total_bytes = state * shape.layers + 2.0 * shape.embed_params * job.bytes_per_param
-    if total_bytes / workers > cls.memory_gb * GB * job.memory_headroom:
-        return 0.0
+    job = _step_job(spec)
+    shape = job.model
     work, head = micro_batch_flops(job)
     n_micro = spec.sequences_per_step / spec.batch.micro_batch_size
     compute_s = n_micro * (work * shape.layers + head) / (workers * cls.tflops * 1e12)
@@ -191,7 +201,7 @@ def estimate(
     for job, (spec, workers) in jobs.items():
         for name, cls in classes.items():
             est = measured.get((job, name))
-            shared = [e.rate for (j, _, c), e in sorted(got.items()) if j == job and c == name and e.samples]
+            shared = [e.rate for (j, _, c), e in got.items() if j == job and c == name and e.samples]
             if est is not None and est.samples > 0:
                 rate = est.rate
             elif shared:
@@ -206,14 +216,16 @@ def estimate(
     for name, cls in classes.items():
         if not cls.shareable:
             continue
-        half = replace(cls, memory_gb=cls.memory_gb / 2.0)  # both jobs' state on each device
         for i, a in enumerate(names):
             for b in names[i + 1 :]:
                 if (a, b, name) in pairs:
                     continue
                 (sa, wa), (sb, wb) = jobs[a], jobs[b]
-                fits = all(
-                    spec is not None and prior_rate(spec, half, w) > 0 for spec, w in ((sa, wa), (sb, wb))
+                # both jobs' state on each device at once
+                fits = (
+                    sa is not None
+                    and sb is not None
+                    and device_bytes(sa, wa) + device_bytes(sb, wb) <= cls.memory_gb * GB
                 )
                 ra, rb = pair_prior(single[(a, name)], single[(b, name)], fits, cls.pair_speedup)
                 ea, eb = got.get((a, (a, b), name)), got.get((b, (a, b), name))

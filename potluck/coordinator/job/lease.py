@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from potluck.coordinator.allocation.classes import is_cotenant
 from potluck.coordinator.job.handoff import handoff_step
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.allocation import Allocation
@@ -30,7 +31,7 @@ def leased_state(
     added to the swarm none (its first plan waits for its first lease). A co-tenant (a second peer on a
     shared device, ``PeerRecord.cotenant_of``) serves only a job its lease names: never otherwise."""
     if allocation is None and home:
-        cotenants = [p for p, seen in swarm.peers.items() if seen.record.cotenant_of is not None]
+        cotenants = [p for p, seen in swarm.peers.items() if is_cotenant(seen.record)]
         return swarm.without(cotenants) if cotenants else swarm
     mine = set(allocation.peers_of(job)) if allocation is not None else set()
     others = [p for p in swarm.peers if p not in mine]
