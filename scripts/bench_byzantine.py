@@ -12,7 +12,7 @@ Reported per run: the final loss (replica 0's committed loss of the last step), 
 run's as a fraction of it, and the first step after which the other replicas' testimony convicts each
 attacker (``coordinator/job/accuse.py`` on the trainers' audits, as the coordinator would read them from
 progress records; under the robust rule with checks, by failed gradient checks alone, as
-``protocol.checks.gradients_rechecked`` says). A convicted attacker is banned ``--ban-delay`` steps later
+``protocol.training.gradients_rechecked`` says). A convicted attacker is banned ``--ban-delay`` steps later
 (default 3: the coordinator's poll, ~2 s, plus the peers' next read of the ban list, one heartbeat, ~10
 s, over steps of several seconds in a real job); from then on every shard owner leaves its contributions
 out, as peers do once their ban list names it (the re-plan without it follows). Overhead: the robust
@@ -48,7 +48,7 @@ from potluck.compat import use_fork  # noqa: E402
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers  # noqa: E402
 from potluck.net.config import TransportConfig  # noqa: E402
 from potluck.net.mailbox import Mailbox  # noqa: E402
-from potluck.protocol.checks import gradients_rechecked  # noqa: E402
+from potluck.protocol.training import gradients_rechecked  # noqa: E402
 from tests.helpers.hostile import (  # noqa: E402
     HostileMailbox,
     Oracle,
@@ -127,7 +127,7 @@ def run(
         "convicted_at": sorted(convicted[p] for p in attackers if p in convicted),
         "unconvicted": len(attackers - set(convicted)),
         "honest_convicted": len(wrongly),
-        # gradient checks (peer/train/recheck.py) made by every replica, and how many failed
+        # gradient checks (peer/train/checks/recheck.py) made by every replica, and how many failed
         "rechecks": sum(t.rechecks.done for t in trainers.values() if t.rechecks is not None),
         "rechecks_failed": sum(t.rechecks.failed for t in trainers.values() if t.rechecks is not None),
         "wall_s": round(wall, 1),

@@ -225,8 +225,8 @@ def bench_hivemind(
 
 
 def bench_topk_speed(big: torch.Tensor, reps: int) -> dict[str, float]:
-    from potluck.compression.sparsify import TopKStage
-    from potluck.compression.stages import StageCtx
+    from potluck.compression.stages.base import StageCtx
+    from potluck.compression.stages.sparsify import TopKStage
 
     k = big.numel() // 100
     ctx = StageCtx(torch.float32, tuple(big.shape), 1)

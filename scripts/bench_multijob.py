@@ -34,8 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from potluck.coordinator.allocation import AllocConfig, JobDemand, Throughput, allocate, make_problem, solve
-from potluck.coordinator.allocation.reference import reference_objective
-from potluck.coordinator.allocation.sim import (
+from potluck.sim.cluster import (
     GAVEL_CLASSES,
     GavelTable,
     cluster,
@@ -44,6 +43,7 @@ from potluck.coordinator.allocation.sim import (
     random_problem,
     simulate,
 )
+from potluck.sim.lp_oracle import reference_objective
 
 LP = ("max_min", "makespan", "max_throughput")
 DEFAULT_DATA = (

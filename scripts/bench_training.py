@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from potluck.cli.demo_cmd import demo_job, run_local_job
-from potluck.cli.jobview import JobWatcher
+from potluck.cli.views.job import JobWatcher
 from potluck.compat import use_fork
 from potluck.coordinator.job.plan import calibrated_tflops, network, predict_step
 from potluck.coordinator.placement.costmodel import DeviceSpec

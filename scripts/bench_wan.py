@@ -95,7 +95,7 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from potluck.cli.demo_cmd import run_local_job
     from potluck.compat import use_fork
-    from potluck.protocol.jobfile import parse_job
+    from potluck.protocol.jobspec import parse_job
 
     use_fork()
     run_dir = Path(cfg["run_dir"])
@@ -433,6 +433,7 @@ def main() -> None:
         args.inner_out.write_text(json.dumps(potluck_inner(json.loads(args.inner.read_text()))))
         return
     from potluck.testbed.netem import Netlab
+    from potluck.testbed.wan.check import measure
     from potluck.testbed.wan.lab import WanLab, require_support, sigterm_raises
     from potluck.testbed.wan.spec import load_spec, parse_nat, with_nat
 
@@ -462,7 +463,7 @@ def main() -> None:
     if "home" in runs or "hivemind" in runs:
         with sigterm_raises(), WanLab(spec) as lab:  # a SIGTERM tears the lab down like Ctrl+C
             if not args.no_check:
-                report = lab.check()
+                report = measure(lab)
                 out["links"] = report.to_json()
                 logger.info("links ok: %s", report.ok)
                 if not report.ok:

@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def job_for(name: str, steps: int, grid: tuple[int, int], ckpt: Path, dry: bool) -> Any:
-    from potluck.protocol.jobfile import parse_job
+    from potluck.protocol.jobspec import parse_job
 
     model = TINY if dry else MODELS[name]
     seqs = 8 if dry else (32 if name == "demo" else 16)

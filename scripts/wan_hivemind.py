@@ -170,7 +170,7 @@ def make_compression(name: str, q8_threshold: int) -> Any:
 def load_job_spec(path: Path | None) -> JobSpec:
     """``--job FILE`` (a potluck job TOML), else the demo job (its step count does not matter here)."""
     if path is not None:
-        from potluck.protocol.jobfile import load_job
+        from potluck.protocol.jobspec import load_job
 
         return load_job(path)
     from potluck.cli.demo_cmd import demo_job

@@ -23,14 +23,13 @@ import typer
 
 from potluck.aio import bounded, stop_on_signals
 from potluck.cli.common import err_console, fail, write_private_text
-from potluck.cli.jobview import JobWatcher
 from potluck.cli.telemetry_opts import DASHBOARD_HELP, TelemetryOptions, TelemetryStack
+from potluck.cli.views.job import JobWatcher
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.net.config import NetworkConfig, Reachability
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
-from potluck.protocol.jobfile import parse_job
-from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.jobspec import JobSpec, parse_job
 
 if TYPE_CHECKING:
     from potluck.testbed.localswarm import Placement

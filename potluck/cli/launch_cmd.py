@@ -26,7 +26,6 @@ from potluck.cli.common import (
     peers_table,
     write_private_text,
 )
-from potluck.cli.jobview import JobWatcher
 from potluck.cli.telemetry_opts import (
     DASHBOARD_HELP,
     MQTT_BIND_HELP,
@@ -34,14 +33,14 @@ from potluck.cli.telemetry_opts import (
     TelemetryOptions,
     TelemetryStack,
 )
+from potluck.cli.views.job import JobWatcher
 from potluck.coordinator.config import DEFAULT_HOME, AdmitConfig, AllocatorConfig, CoordinatorConfig
 from potluck.coordinator.memory import unfinished_swarm
 from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.invite import Invite
-from potluck.protocol.jobfile import load_job
-from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.jobspec import JobSpec, load_job
 from potluck.protocol.keys import check_swarm_id
 
 if TYPE_CHECKING:
@@ -245,7 +244,7 @@ async def _run(
 
 def _classpar_service(cfg: CoordinatorConfig, job: JobSpec, join: Invite | None) -> CoordinatorService:
     """A class-parallel job's coordinator (docs/class-parallel.md), printing each plan it publishes."""
-    from potluck.coordinator.classpar_service import ClassParService
+    from potluck.classpar.swarm.service import ClassParService
 
     service = ClassParService(cfg, job, join=join)
     service.on_classpar = lambda plan, reason: err_console.print(

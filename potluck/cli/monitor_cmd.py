@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from potluck.cli.common import err_console, fail, parse_invite
-from potluck.cli.monitor_view import frame
+from potluck.cli.views.monitor import frame
 
 MAX_STATE_BYTES = 16 << 20  # a dashboard's JSON for a few thousand peers
 

@@ -140,7 +140,8 @@ def peer(
     ),
 ) -> None:
     """Join a swarm with this machine: probe the hardware, announce it, keep a heartbeat."""
-    from potluck.peer.daemon import PeerDaemon  # torch, hivemind: only once the command runs
+    from potluck.classpar.swarm.peer import classpar_worker  # torch, hivemind: only once the command runs
+    from potluck.peer.daemon import PeerDaemon
 
     _check_device(device, precision)
     invite = parse_invite(join)
@@ -196,7 +197,7 @@ def peer(
     try:
         if share_device:
             cfg, child = _start_cotenant(cfg, state_dir, checkpoint_dir)
-        asyncio.run(_run(PeerDaemon(cfg), child))
+        asyncio.run(_run(PeerDaemon(cfg, kinds={"class_parallel": classpar_worker}), child))
     except (BootstrapError, IdentityError, AdmissionError) as e:
         raise fail(str(e)) from None
     except TaskFailed as e:  # its traceback is in the log already

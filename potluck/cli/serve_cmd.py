@@ -27,7 +27,7 @@ from potluck.errors import PotluckError
 from potluck.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
-    from potluck.cli.serve_client import ServeClient
+    from potluck.classpar.swarm.client import ServeClient
 
 MAX_LINE_BYTES = 1 << 20
 SIDE = 16
@@ -86,7 +86,7 @@ async def _serve_lines(client: ServeClient, check: bool = False) -> int:
 
 
 async def _run(join: str, job: str, timeout: float, wait: float, check: bool) -> int:
-    from potluck.cli.serve_client import ServeClient  # hivemind and torch: only once the command runs
+    from potluck.classpar.swarm.client import ServeClient  # hivemind and torch: only once the command runs
 
     invite = parse_invite(join)
     net = network_config(None, None, "/ip4/127.0.0.1/tcp/0", bootstrap_timeout_s=timeout)

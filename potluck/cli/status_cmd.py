@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 
 from potluck.cli.common import fail, network_config, parse_invite, peers_table
-from potluck.cli.jobs_view import job_row, jobs_table
-from potluck.cli.jobview import plan_table
+from potluck.cli.views.job import plan_table
+from potluck.cli.views.jobs import job_row, jobs_table
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.membership import links_summary
 

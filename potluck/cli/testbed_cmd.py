@@ -42,6 +42,7 @@ def check(
     Exit code 0 when every link is within the tolerance, 1 when one is not, 2 on errors."""
     from potluck.testbed.errors import TestbedError
     from potluck.testbed.wan import WanLab, load_spec, sigterm_raises
+    from potluck.testbed.wan.check import measure
     from potluck.testbed.wan.spec import parse_nat, with_nat
 
     try:
@@ -49,7 +50,7 @@ def check(
         if nat:
             spec = with_nat(spec, parse_nat(nat))
         with sigterm_raises(), WanLab(spec, queue_ms=queue_ms) as lab:
-            report = lab.check(tolerance=tolerance, pings=pings, measure_s=measure_s, serial=serial)
+            report = measure(lab, tolerance=tolerance, pings=pings, measure_s=measure_s, serial=serial)
     except TestbedError as exc:
         raise fail(str(exc)) from None
     if as_json:

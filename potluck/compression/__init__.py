@@ -9,12 +9,12 @@ Every payload is self-describing (docs/wire-format.md): ``decode(data)`` needs n
 
 from __future__ import annotations
 
-from .base import Codec, all_finite
-from .chooser import Choice, choose
-from .delta import ActivationCache, DeltaCoder
-from .errors import CompressionError, DecodeError, EncodeError, NonFiniteError, SpecError
-from .feedback import ErrorFeedback
-from .registry import STAGES, decode, decode_into, get_codec
+from potluck.compression.base import Codec, all_finite
+from potluck.compression.chooser import Choice, choose
+from potluck.compression.delta import ActivationCache, DeltaCoder
+from potluck.compression.errors import CompressionError, DecodeError, EncodeError, NonFiniteError, SpecError
+from potluck.compression.feedback import ErrorFeedback
+from potluck.compression.registry import STAGES, decode, decode_into, get_codec
 
 __all__ = [
     "STAGES",

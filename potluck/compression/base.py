@@ -9,13 +9,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import onepass
-from .errors import DecodeError, EncodeError, NonFiniteError
-from .feedback import ErrorFeedback
-from .hashing import KeyLike, key_to_u64
-from .quantize import QuantStage
-from .stages import LosslessStage, SectionReader, SelectStage, Stage, StageCtx, TransformStage, ValueStage
-from .wire import (
+from potluck.compression import onepass
+from potluck.compression.errors import DecodeError, EncodeError, NonFiniteError
+from potluck.compression.feedback import ErrorFeedback
+from potluck.compression.hashing import KeyLike, key_to_u64
+from potluck.compression.stages.base import (
+    LosslessStage,
+    SectionReader,
+    SelectStage,
+    Stage,
+    StageCtx,
+    TransformStage,
+    ValueStage,
+)
+from potluck.compression.stages.quantize import QuantStage
+from potluck.compression.wire import (
     CRC_SIZE,
     DTYPE_CODES,
     FIXED_SIZE,

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .kernels import native
+from potluck.compression.kernels import native
 
 POLY = 0x82F63B78  # Castagnoli, bit-reflected
 M32 = 0xFFFFFFFF

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registry import get_codec
+from potluck.compression.registry import get_codec
 
 # Best quality first. Gradients and pseudo-gradients are sent with error feedback by the caller;
 # activations use no error feedback, so they stop at 4 bits (2-bit needs delta coding, see delta.py).

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .cast import Fp16Stage
-from .errors import DecodeError, EncodeError
-from .lossless import ZstdStage
-from .quantize import QuantStage
-from .stages import SectionReader, StageCtx, ValueStage
-from .wire import Header, Section, pack, unpack_header, unpack_sections
+from potluck.compression.errors import DecodeError, EncodeError
+from potluck.compression.stages.base import SectionReader, StageCtx, ValueStage
+from potluck.compression.stages.cast import Fp16Stage
+from potluck.compression.stages.lossless import ZstdStage
+from potluck.compression.stages.quantize import QuantStage
+from potluck.compression.wire import Header, Section, pack, unpack_header, unpack_sections
 
 logger = logging.getLogger(__name__)
 _ENTRY = struct.Struct("<QB")

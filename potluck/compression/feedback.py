@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .errors import EncodeError
+from potluck.compression.errors import EncodeError
 
 
 class ErrorFeedback:

@@ -16,11 +16,11 @@ import struct
 import numpy as np
 import torch
 
-from .checksum import crc32c_combine
-from .errors import EncodeError
-from .kernels import native_ops
-from .quantize import QuantStage
-from .wire import CRC_SIZE, Header, checksum, prefix
+from potluck.compression.checksum import crc32c_combine
+from potluck.compression.errors import EncodeError
+from potluck.compression.kernels import native_ops
+from potluck.compression.stages.quantize import QuantStage
+from potluck.compression.wire import CRC_SIZE, Header, checksum, prefix
 
 Writable = bytearray | memoryview | np.ndarray
 

@@ -6,17 +6,17 @@ from functools import lru_cache
 
 import torch
 
-from .base import Codec
-from .cast import Bf16Stage, Fp16Stage, RawStage
-from .errors import DecodeError, SpecError
-from .lossless import ZstdStage
-from .lowrank import PowerSGDStage
-from .quantize import QuantStage
-from .signmag import SignMagStage
-from .sparsify import RandKStage, TopKStage
-from .spec import parse
-from .stages import LosslessStage, SelectStage, Stage, TransformStage, ValueStage
-from .wire import MAX_ELEMENTS
+from potluck.compression.base import Codec
+from potluck.compression.errors import DecodeError, SpecError
+from potluck.compression.spec import parse
+from potluck.compression.stages.base import LosslessStage, SelectStage, Stage, TransformStage, ValueStage
+from potluck.compression.stages.cast import Bf16Stage, Fp16Stage, RawStage
+from potluck.compression.stages.lossless import ZstdStage
+from potluck.compression.stages.lowrank import PowerSGDStage
+from potluck.compression.stages.quantize import QuantStage
+from potluck.compression.stages.signmag import SignMagStage
+from potluck.compression.stages.sparsify import RandKStage, TopKStage
+from potluck.compression.wire import MAX_ELEMENTS
 
 STAGES: dict[str, type[Stage]] = {
     "none": RawStage,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecError
+from potluck.compression.errors import SpecError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _VALUE = re.compile(r"^[A-Za-z0-9_.+\-]+$")

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .checksum import crc32, crc32c
-from .errors import DecodeError, EncodeError
+from potluck.compression.checksum import crc32, crc32c
+from potluck.compression.errors import DecodeError, EncodeError
 
 MAGIC = b"PLKC"
 VERSION = 2  # the newest format, written by default

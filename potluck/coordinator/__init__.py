@@ -1,1 +1,2 @@
-"""The coordinator: swarm state, planner, tree packing, and the service that publishes plans."""
+"""The coordinator: the service that publishes a job and its plans, swarm state, admission, the allocator
+of a swarm of several jobs, and the pure planning it runs (job/, allocation/, placement/, trees/)."""

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 
 from potluck.aio import bounded
-from potluck.coordinator.admit import AdmissionDesk
+from potluck.coordinator.admission import AdmissionDesk
 from potluck.coordinator.allocation import (
     AllocationError,
     AllocConfig,
@@ -39,9 +39,8 @@ from potluck.coordinator.config import AllocatorConfig
 from potluck.coordinator.job.lease import job_scale
 from potluck.coordinator.state import SwarmState
 from potluck.net.node import SwarmNode
-from potluck.protocol.allocation import Allocation
+from potluck.protocol.allocation import Allocation, JobOffer
 from potluck.protocol.errors import AdmissionError
-from potluck.protocol.jobs import JobOffer
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import ALLOCATION, JOBS, JobKeys
 from potluck.protocol.training import Progress

@@ -13,7 +13,7 @@ from potluck.protocol.identity import DEFAULT_HOME
 
 @dataclass(frozen=True)
 class AdmitConfig:
-    """The coordinator's door (``coordinator/admit.py``)."""
+    """The coordinator's door (``coordinator/admission.py``)."""
 
     open: bool = False  # admit any peer that asks (banned ones excepted)
     ttl_s: float = 7200.0  # an admission's life (past every record's TTL); peers renew it at half that
@@ -73,7 +73,7 @@ class CoordinatorConfig:
     recover_empty_reads: int = 3  # empty reads in a row (1 s apart) before "nothing to recover"
     recover_peers_s: float = 15.0  # wait for the recovered plan's placed peers' heartbeats this long
     mqtt_url: str | None = None  # the telemetry broker peers publish to (it travels in the invite)
-    # Who may join (coordinator/admit.py): the invite's token admits peers; open: anyone who asks.
+    # Who may join (coordinator/admission.py): the invite's token admits peers; open: anyone who asks.
     admit: AdmitConfig = field(default_factory=AdmitConfig)
     token_uses: int = 0  # peers the printed invite's token admits (0: any number)
     token_ttl_s: float = 30 * 86400.0  # how long the printed invite's token can be traded

@@ -17,23 +17,18 @@ under the next plan, is.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from potluck.model.checkpoint import prune, save_stage
 from potluck.net.streams import Streams
-from potluck.protocol.checkpoints import plan_stage_meta
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import TrainPlan
+from potluck.transfer.copy import Background, copy_stage, prune_copies
 from potluck.transfer.errors import StateError
-from potluck.transfer.manifest import StateWant
-from potluck.transfer.pull import pull_state
 from potluck.transfer.server import Gate, StateServer, TransferConfig, state_protocol
-from potluck.transfer.snapshot import rename
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +48,12 @@ class CheckpointCopier:
         self.protocol = state_protocol(swarm_id)
         self.copied = 0  # newest step copied completely
         self.last: CopyReport | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.background = Background()
         self._failed: tuple[int, int] | None = None  # (epoch, step) of a failed copy: not retried
 
     def want(self, plan: TrainPlan, step: int) -> bool:
         """Whether a checkpoint at ``step`` that every stage reported under ``plan`` should be copied."""
-        idle = self._task is None or self._task.done()
+        idle = self.background.idle
         # A plan starting at the job's last step (a hand-off that reached the end: the leavers trained
         # on to it) writes nothing more, so the last checkpoint, written under the plan before, is
         # copied under this one; any earlier start step's checkpoint is the older plan's to copy.
@@ -67,17 +62,14 @@ class CheckpointCopier:
 
     def start(self, plan: TrainPlan, step: int) -> None:
         """Copy ``step`` in the background (the caller checked ``want``)."""
-        self._task = asyncio.create_task(self._copy_logged(plan, step), name=f"copy-checkpoint-{step}")
+        self.background.start(self._copy_logged(plan, step), f"copy-checkpoint-{step}")
 
     async def flush(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a copy under way (the job's final checkpoint before exit)."""
-        if self._task is not None and not self._task.done():
-            await asyncio.wait({self._task}, timeout=timeout_s)
+        await self.background.flush(timeout_s)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task})
+        await self.background.close()
 
     async def _copy_logged(self, plan: TrainPlan, step: int) -> None:
         try:
@@ -99,12 +91,19 @@ class CheckpointCopier:
             # of a one-replica stage, or a peer that kept it from an earlier epoch): those without it
             # say so and drop out.
             holders = list(dict.fromkeys([*a.peers, *peers]))
-            want = StateWant(self.job.name, self.job.model, self.job.seed, step, a.first_layer, a.last_layer)
-            tensors = await pull_state(self.streams, self.protocol, holders, want, self.cfg)
-            total += sum(t.numel() * t.element_size() for t in tensors.values())
-            meta = plan_stage_meta(self.job, plan, j, step)
-            await asyncio.to_thread(save_stage, self.root, rename(tensors, -a.first_layer), meta)
-        await asyncio.to_thread(prune, self.root, self.job.checkpoint.keep)
+            total += await copy_stage(
+                self.streams,
+                self.protocol,
+                holders,
+                self.job,
+                plan,
+                j,
+                step,
+                self.root,
+                self.cfg,
+                self.cfg.deadline_s,
+            )
+        await prune_copies(self.root, self.job.checkpoint.keep)
         self.copied = max(self.copied, step)
         report = CopyReport(step, total, time.monotonic() - started)
         logger.info(

@@ -26,11 +26,11 @@ from potluck.net.admit import ask_admission
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
 from potluck.protocol.admission import Admission
+from potluck.protocol.allocation import JobOffer
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.errors import AdmissionError, WireError
 from potluck.protocol.identity import Identity, peer_id_from_public_key
 from potluck.protocol.invite import Invite
-from potluck.protocol.jobs import JobOffer
 from potluck.protocol.keys import JOBS
 
 logger = logging.getLogger(__name__)

@@ -18,8 +18,8 @@ from hivemind.utils import get_dht_time
 
 from potluck import logs
 from potluck.aio import bounded, supervise
-from potluck.coordinator import access, rejoin
-from potluck.coordinator.admit import AdmissionDesk
+from potluck.coordinator import admission, rejoin
+from potluck.coordinator.admission import AdmissionDesk
 from potluck.coordinator.allocator import Allocator
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.copies import OwnerCopy
@@ -43,13 +43,12 @@ from potluck.net.streams import Streams
 from potluck.protocol.admission import JoinToken
 from potluck.protocol.allocation import Allocation
 from potluck.protocol.checkpoints import latest_complete, manifest_path, read_manifest
-from potluck.protocol.checks import gradients_rechecked
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import LINKS, PEERS, JobKeys
-from potluck.protocol.training import Progress, Spare, TrainPlan
+from potluck.protocol.training import Progress, Spare, TrainPlan, gradients_rechecked
 
 logger = logging.getLogger(__name__)
 
@@ -126,12 +125,12 @@ class CoordinatorService:
         bootstrap = tuple(await self.node.visible_maddrs()) + tuple(self.cfg.initial_peers)
         streams = Streams(self.node.p2p)
         await self._start_owner_copy(streams)
-        await access.restore_token_uses(self.node, self.desk, self.cfg.read_timeout_s)
+        await admission.restore_token_uses(self.node, self.desk, self.cfg.read_timeout_s)
         await self.desk.serve(streams, get_dht_time)
         tasks: dict[str, Coroutine[Any, Any, None]] = {
             "refresh-job": self._refresh_job(),
             "track-peers": self._track_peers(),
-            "bans": access.keep_access(self.node, self.desk, self.policy, self.cfg, self.ban),
+            "bans": admission.keep_access(self.node, self.desk, self.policy, self.cfg, self.ban),
         }
         if self.cfg.remember:
             tasks["remember"] = self._remember()

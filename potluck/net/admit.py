@@ -1,4 +1,4 @@
-"""Asking the coordinator for an admission (the peer's side of ``coordinator/admit.py``)."""
+"""Asking the coordinator for an admission (the peer's side of ``coordinator/admission.py``)."""
 
 from __future__ import annotations
 

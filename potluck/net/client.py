@@ -12,12 +12,11 @@ from hivemind.utils import get_dht_time
 from potluck.aio import bounded
 from potluck.net.config import NetworkConfig
 from potluck.net.node import SwarmNode
-from potluck.protocol.allocation import Allocation
+from potluck.protocol.allocation import Allocation, JobOffer
 from potluck.protocol.classpar import ClassParPlan
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
-from potluck.protocol.jobs import JobOffer
 from potluck.protocol.keys import CLASSPAR, JOBS, LINKS, PEERS, PLAN, PROGRESS, JobKeys
 from potluck.protocol.membership import PeerView, link_reports, live_peers
 from potluck.protocol.records import LinkReport

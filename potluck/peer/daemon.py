@@ -30,8 +30,9 @@ from potluck.net.links import LinkProber, choose_targets
 from potluck.net.node import SwarmNode
 from potluck.net.reachout import dial_public
 from potluck.net.streams import Streams
-from potluck.peer.classpar import ClassParWorker
 from potluck.peer.config import PeerConfig
+from potluck.peer.errors import PeerError
+from potluck.peer.kinds import PIPELINE, JobKinds, KindWorker, Seat, swarm_kind
 from potluck.peer.leave import LeaveView, leave_verdict
 from potluck.peer.probe import apply_caps, pick_device, probe
 from potluck.peer.telemetry import PeerTelemetry, peer_metrics
@@ -58,8 +59,12 @@ DIAL_OUT_TIMEOUT_S = 5.0  # bound on one round's dials
 
 
 class PeerDaemon:
-    def __init__(self, cfg: PeerConfig, identity: Identity | None = None) -> None:
+    def __init__(
+        self, cfg: PeerConfig, identity: Identity | None = None, kinds: JobKinds | None = None
+    ) -> None:
+        """``kinds``: the job kinds this peer can run besides the built-in pipeline (``peer/kinds.py``)."""
         self.cfg = cfg
+        self.kinds: JobKinds = kinds or {}
         self.identity = identity or Identity.load_or_create(cfg.identity_path)
         self.policy = TrustPolicy(cfg.invite.swarm_id, cfg.invite.coordinator_key, require_admission=True)
         self.admission: Admission | None = None  # the coordinator's, renewed at half its life
@@ -72,7 +77,8 @@ class PeerDaemon:
         self.ready = asyncio.Event()  # set once the first heartbeat is stored
         self.prober: LinkProber
         self.link_reports = 0  # link reports published so far
-        self.worker: PlanWorker | None = None
+        self.worker: PlanWorker | None = None  # the pipeline's worker, when the swarm runs that kind
+        self.kind_worker: KindWorker | None = None  # the worker of another kind, when it runs one
         self.swarm_gone = False  # set when the daemon left because nobody else was visible
         self.alone = False  # the last look found neither the coordinator nor another peer
         self.link_samples: dict[str, LinkSample] = {}  # peer -> the newest measurement of our link to it
@@ -152,31 +158,34 @@ class PeerDaemon:
         if self.cfg.swarm_gone_after_s is not None:
             tasks["swarm-watch"] = self._watch_swarm(self.cfg.swarm_gone_after_s)
         if self.cfg.train:
-            wcfg = dataclasses.replace(self.cfg.worker, device=str(device), precision=self.cfg.precision)
-            self.worker = PlanWorker(
-                self.node,
-                self.peer_id,
-                self.cfg.invite.swarm_id,
-                wcfg,
-                identity=self.identity,
-                owner=peer_id_from_public_key(self.cfg.invite.coordinator_key),
-                cotenant=self.cfg.cotenant_of is not None,
-            )
-            self.worker.activity.on_event = self.telemetry.event
-            tasks["train"] = self.worker.run()
-            # a class-parallel job's part (peer/classpar.py): idle unless the swarm's job is one; never in
-            # a co-tenant, which serves only what a lease names
-            where = (self.cfg.worker.state_dir, self.cfg.worker.data_dir)  # a job's image folder, if any
-            if self.cfg.cotenant_of is None:
-                tasks["classpar"] = ClassParWorker(
-                    self.node, self.cfg.invite.swarm_id, self.policy, None, where
-                ).run()
+            kind = await swarm_kind(self.node, self.cfg.net.bootstrap_timeout_s)
+            if kind == PIPELINE or self.cfg.cotenant_of is None:  # a co-tenant serves pipeline leases only
+                tasks[kind] = self._start_worker(kind, device)
         hw = self.hardware
         self.telemetry.event("joined", f"{hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32", {})
         try:
             await supervise(tasks, until=self._gone, grace_s=TASK_GRACE_S)
         finally:
             await self._leave()
+
+    def _start_worker(self, kind: str, device: object) -> Coroutine[Any, Any, None]:
+        """The run of ``kind``'s worker: the built-in pipeline's, or one the daemon was handed."""
+        assert self.node is not None
+        wcfg = dataclasses.replace(self.cfg.worker, device=str(device), precision=self.cfg.precision)
+        owner = peer_id_from_public_key(self.cfg.invite.coordinator_key)
+        cotenant = self.cfg.cotenant_of is not None
+        if kind == PIPELINE:
+            self.worker = PlanWorker(
+                self.node, self.peer_id, self.cfg.invite.swarm_id, wcfg, self.identity, owner, cotenant
+            )
+            self.worker.activity.on_event = self.telemetry.event
+            return self.worker.run()
+        if kind not in self.kinds:
+            raise PeerError(f"the swarm runs a {kind!r} job, which this peer cannot run")
+        seat = Seat(self.node, self.cfg.invite.swarm_id, self.identity, self.policy, owner, cotenant, wcfg)
+        self.kind_worker = self.kinds[kind](seat)
+        logger.info("the swarm runs a %s job", kind)
+        return self.kind_worker.run()
 
     def _metrics_text(self) -> bytes:
         return peer_metrics(self.telemetry.snapshot())

@@ -4,7 +4,7 @@
   max_uses, roles]) || signature``, signed by the coordinator's key. Anyone holding that key can mint one
   (``potluck invite``), offline; the coordinator counts its uses.
 - A peer trades the token for an **admission** over a stream to the coordinator (``peer/admit.py`` and
-  ``coordinator/admit.py``): ``msgpack([magic, swarm, peer id, expires, roles, signature])``. The peer
+  ``coordinator/admission.py``): ``msgpack([magic, swarm, peer id, expires, roles, signature])``. The peer
   attaches it to every record it signs (``envelope.seal``); every node refuses a peer-signed record whose
   admission is missing, expired, for another peer or swarm, or not signed by the coordinator, so the DHT,
   the coordinator and other peers ignore a stranger before reading a word of what it says.

@@ -24,10 +24,9 @@ from pydantic import ValidationError
 
 from potluck.protocol import identity as ident
 from potluck.protocol.admission import Admission, BanList, TokenUses, owner_role
-from potluck.protocol.allocation import Allocation
+from potluck.protocol.allocation import Allocation, JobOffer
 from potluck.protocol.classpar import ClassParPlan, ClassParSubnet, ClassParTeacher
 from potluck.protocol.errors import AdmissionError, RecordError
-from potluck.protocol.jobs import JobOffer
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import dht_key, split_name
 from potluck.protocol.records import LinkReport, PeerRecord, Record

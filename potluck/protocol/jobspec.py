@@ -9,6 +9,8 @@ holds whole sequences, a directory source names its path) are checked here, so a
 from __future__ import annotations
 
 import math
+import tomllib
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import (
@@ -16,12 +18,14 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
 )
 
 from potluck.protocol.classpar import NUM_GENERATED_CLASSES, ClassParSpec
+from potluck.protocol.errors import JobSpecError
 from potluck.protocol.records import Name, Record
 
 CodecSpec = str  # a potluck.compression spec string; validated by ``get_codec`` where it is used
@@ -256,7 +260,7 @@ class TrustSpec(_Section):
     # An unmeasured peer's claimed TFLOP/s counts for at most this x the median claim (0: uncapped): a
     # lying peer cannot win most of the layers before its steps are measured (coordinator/job/claims.py)
     claim_cap: float = Field(default=2.0, ge=0.0, le=1000.0)
-    # Pipeline spot checks (peer/train/spot.py): the share of micro-batches that two other replicas of
+    # Pipeline spot checks (peer/train/checks/spot.py): the share of micro-batches that two other replicas of
     # the stage recompute, and the relative L2 error allowed beyond the activation codec's own
     spot_checks: float = Field(default=0.01, ge=0.0, le=1.0)
     spot_tolerance: float = Field(default=0.05, gt=0.0, le=10.0)
@@ -368,3 +372,33 @@ class JobSpec(Record):
     @property
     def sequences_per_step(self) -> int:
         return self.batch.tokens_per_step // self.model.seq_len
+
+
+# Reading a job file (TOML) into a ``JobSpec``, with errors that name the offending field.
+MAX_JOB_FILE_BYTES = 1 << 20
+
+
+def load_job(path: Path) -> JobSpec:
+    """Parse and validate ``path``; raise ``JobSpecError`` naming the file and field on any problem."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise JobSpecError(f"cannot read job file {path}: {e.strerror}") from None
+    if len(raw) > MAX_JOB_FILE_BYTES:
+        raise JobSpecError(f"job file {path} is larger than {MAX_JOB_FILE_BYTES} bytes")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise JobSpecError(f"job file {path} is not valid TOML: {e}") from None
+    return parse_job(data, source=str(path))
+
+
+def parse_job(data: dict[str, object], source: str = "job") -> JobSpec:
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"{source}: field `{where}`: {err['msg']}")
+        raise JobSpecError("\n".join(lines)) from None

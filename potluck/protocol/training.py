@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from potluck.protocol.jobspec import AggregationRule
+from potluck.protocol.jobspec import AggregationRule, JobSpec
 from potluck.protocol.records import Name, NonNegFloat, PeerId, Record, ShortText, canonical_json
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
@@ -304,10 +304,10 @@ class Witness(BaseModel):
     peer_id: PeerId
     seen: int = Field(ge=0, le=2**40)
     outlying: int = Field(ge=0, le=2**40)  # refused (NaN/Inf) or far outside the others (clipped)
-    # Pipeline spot checks (peer/train/spot.py): its micro-batches this peer recomputed, and mismatches
+    # Pipeline spot checks (peer/train/checks/spot.py): its micro-batches this peer recomputed, and mismatches
     checked: int = Field(default=0, ge=0, le=2**40)
     failed: int = Field(default=0, ge=0, le=2**40)
-    # Audits of its aggregation as a shard owner (peer/train/audit.py) whose evidence never came
+    # Audits of its aggregation as a shard owner (peer/train/checks/audit.py) whose evidence never came
     withheld: int = Field(default=0, ge=0, le=2**40)
 
 
@@ -356,3 +356,36 @@ class Progress(Record):
         if body.get("activation_ratio") is None:
             body.pop("activation_ratio", None)
         return canonical_json(body)
+
+
+# Which of the trust checks a plan runs (docs/security.md): peers run them and the coordinator weighs
+# their testimony, so both read the same rules here.
+def spot_checked(job: JobSpec, plan: TrainPlan) -> bool:
+    """Whether the plan's pipeline messages are sealed and spot-checked: a job asking for checks,
+    a pipeline to check and replicas to check it, weights equal across replicas (no local steps)."""
+    return (
+        job.trust.spot_checks > 0
+        and len(plan.stages) > 1
+        and plan.n_replicas > 1
+        and job.compression.sync_every == 1
+    )
+
+
+def audited(job: JobSpec, plan: TrainPlan, stage: int) -> bool:
+    """Whether the stage's shard owners are audited: a robust rule (one-hop trees), three replicas
+    or more (an owner and two auditors), checks asked for, the strict sync policy without local
+    steps (the bucketed all-reduce is what seals its contributions)."""
+    return (
+        job.trust.spot_checks > 0
+        and plan.stages[stage].aggregation != "mean"
+        and plan.n_replicas >= 3
+        and job.compression.sync_every == 1
+        and job.sync.policy == "strict"
+    )
+
+
+def gradients_rechecked(job: JobSpec, plan: TrainPlan, stage: int) -> bool:
+    """Whether replicas confirm the contributions their rule finds outlying by recomputing the
+    suspect's step (``peer/train/checks/recheck.py``): an audited stage that holds the whole model. Where
+    they do, outlying testimony alone convicts nobody; elsewhere it does."""
+    return audited(job, plan, stage) and len(plan.stages) == 1

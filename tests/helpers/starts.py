@@ -1,5 +1,5 @@
 """Starting the tiny job from scratch, as a volunteer swarm would: a coordinator and two peers whose
-announced addresses include one nobody listens on. Shared by tests/integration/test_dial_retries.py
+announced addresses include one nobody listens on. Shared by tests/integration/swarm/test_dial_retries.py
 (a few starts) and scripts/bench_starts.py (many)."""
 
 from __future__ import annotations

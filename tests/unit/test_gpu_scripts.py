@@ -1,5 +1,5 @@
 """The GPU check scripts cannot rot without a GPU: their --cpu-dry-run runs the same code on the CPU.
-(The swarm check's dry run spawns peer processes: tests/integration/test_gpu_swarm_check.py.)"""
+(The swarm check's dry run spawns peer processes: tests/integration/training/test_gpu_swarm_check.py.)"""
 
 import json
 import os

@@ -1,48 +1,70 @@
-"""Guardrails on the tree: the layer rule, no import cycles, no hidden imports, light entry points.
+"""Guardrails on the tree: layers, no import cycles, no hidden imports, light entry points, pure policy,
+folders and files a reader can hold.
 
-The rules are those of docs/development.md ("Rules the tests enforce"). Every module of ``potluck`` is
-parsed (not imported), so a violation anywhere fails here with the file, the line and the rule.
+The rules are those of docs/architecture.md ("Rules the tests enforce"). The checks live in
+``tests/helpers/layout.py`` and parse every module (never import it), so a violation anywhere fails here
+with the file, the line and the rule. Each rule is also run on a scratch tree with one violation planted,
+so a check that stopped seeing anything would fail too.
 """
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "potluck"
+from tests.helpers.layout import (
+    Layers,
+    Tree,
+    crowded_folders,
+    import_cycles,
+    impure_imports,
+    inline_imports,
+    layer_violations,
+    long_files,
+    unknown_parts,
+)
 
-# Rank of each top-level part: a module imports only from parts of a lower rank, or from its own part.
-# Parts of equal rank never import each other (peer and coordinator meet only in protocol).
+REPO = Path(__file__).resolve().parents[2]
+
+# Rank of each part: a module imports only from parts of a lower rank, or from its own part. Parts of
+# equal rank never import each other (peer and coordinator meet only in protocol).
 RANK = {
-    "root": 0,  # potluck/*.py: errors, aio, logs, compat, __init__
+    "root": 0,  # potluck/*.py: errors, aio, logs, lifeline, compat, __init__
     "protocol": 1,
     "compression": 1,
     "net": 2,
     "model": 2,
-    "classpar": 2,  # class-parallel sub-networks and erasure codes: torch, numpy, scipy and root helpers only
+    "classpar": 2,  # class-parallel sub-networks and erasure codes: one machine, no network
     "telemetry": 2,
     "transfer": 3,  # stage state over the swarm: used by peers and the coordinator alike
     "peer": 4,
     "coordinator": 4,
+    "classpar.swarm": 5,  # the class-parallel job kind: plugged into the peer and the coordinator
     "testbed": 5,
-    "sim": 5,
-    "cli": 6,
+    "sim": 6,  # the simulator drives the real planner and draws links from testbed's home model
+    "cli": 7,
 }
-# Imports that are not the rank rule's business: a part may never import these whatever their rank.
-FORBIDDEN = {"sim": {"net", "peer"}}
+FORBIDDEN = {
+    "sim": frozenset({"net", "peer", "transfer"}),  # a simulation opens no connection
+    "coordinator": frozenset({"model"}),  # the coordinator plans a model it never builds
+}
+LAYERS = Layers(RANK, FORBIDDEN, entry_points=frozenset({"potluck.__main__"}))
 # Optional dependencies may be imported where they are used, so a missing extra fails only that path.
-OPTIONAL = {"triton", "pyarrow", "tokenizers", "matplotlib", "potluck.compression.kernels.triton_kernels"}
+OPTIONAL = frozenset(
+    {"triton", "pyarrow", "tokenizers", "matplotlib", "potluck.compression.kernels.triton_kernels"}
+)
 # Listed exceptions to "no imports inside functions", each with its reason. Keep this short.
-INLINE_ALLOWED = {
-    # dynamo's config is needed only when the codec path is compiled (>= 1M elements); importing it at
-    # the top would load the compiler stack for every user of the codecs.
-    ("potluck.compression.kernels.cpu", "torch._dynamo.config"),
-}
+INLINE_ALLOWED = frozenset(
+    {
+        # dynamo's config is needed only when the codec path is compiled (>= 1M elements); importing it
+        # at the top would load the compiler stack for every user of the codecs.
+        ("potluck.compression.kernels.cpu", "torch._dynamo.config"),
+    }
+)
+LAZY = frozenset({"cli"})  # command bodies import what they need, so `potluck --help` is fast
 # Modules that are pure policy: time comes in as `now`, no event loop, no network runtime.
 PURE = (
     "potluck.coordinator.placement",
@@ -51,6 +73,7 @@ PURE = (
     "potluck.protocol.membership",
     "potluck.compression.chooser",
     "potluck.peer.train.schedule",
+    "potluck.classpar.swarm.plan",
     "potluck.sim",
 )
 # Importing these must load neither torch nor hivemind: a fast `potluck --help`, configs without torch.
@@ -61,7 +84,6 @@ LIGHT = (
     "potluck.protocol.envelope",
     "potluck.protocol.identity",
     "potluck.protocol.invite",
-    "potluck.protocol.jobfile",
     "potluck.protocol.jobspec",
     "potluck.protocol.keys",
     "potluck.protocol.membership",
@@ -72,168 +94,54 @@ LIGHT = (
     "potluck.peer.config",
     "potluck.coordinator.config",
 )
+MAX_MODULES = 16  # per folder: past it, a folder mixes concerns
+MAX_LINES = 600  # per file, in the package, the tests and the scripts alike
 
-
-@dataclass(frozen=True)
-class Import:
-    module: str  # the importing module, dotted
-    target: str  # the imported potluck module (or third-party name), dotted
-    line: int
-    in_function: bool
-    type_checking: bool
-
-
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    parts = list(rel.parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def _resolve(importer: str, node: ast.ImportFrom) -> list[str]:
-    """Dotted targets of a `from X import a, b`: X.a when that is a module, else X."""
-    base = node.module or ""
-    if node.level:
-        is_pkg = MODULES[importer].name == "__init__.py"
-        anchor = importer.split(".")[: len(importer.split(".")) - node.level + (1 if is_pkg else 0)]
-        base = ".".join(anchor + ([base] if base else []))
-    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _imports(module: str) -> list[Import]:
-    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
-    out: list[Import] = []
-
-    def visit(node: ast.AST, in_function: bool, type_checking: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            fn = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
-            tc = type_checking or (isinstance(child, ast.If) and _is_type_checking(child))
-            if isinstance(child, ast.Import):
-                out.extend(
-                    Import(module, a.name, child.lineno, in_function, type_checking) for a in child.names
-                )
-            elif isinstance(child, ast.ImportFrom):
-                targets = _resolve(module, child)
-                out.extend(Import(module, t, child.lineno, in_function, type_checking) for t in targets)
-            visit(child, fn, tc)
-
-    visit(tree, False, False)
-    return out
-
-
-ALL_IMPORTS = [imp for module in MODULES for imp in _imports(module)]
-
-
-def _part(module: str) -> str:
-    parts = module.split(".")
-    if len(parts) == 1 or (len(parts) == 2 and parts[1] not in RANK):
-        return "root"
-    return parts[1]
-
-
-def _where(imp: Import) -> str:
-    return f"{MODULES[imp.module].relative_to(PACKAGE.parent)}:{imp.line} imports {imp.target}"
+TREE = Tree(REPO)
 
 
 def test_every_module_belongs_to_a_known_part():
-    unknown = sorted({m for m in MODULES if _part(m) not in RANK})
+    unknown = unknown_parts(TREE, LAYERS)
     assert not unknown, f"modules outside the layer map (add the part to RANK and the docs): {unknown}"
 
 
 def test_layer_rule():
-    bad = []
-    for imp in ALL_IMPORTS:
-        if not imp.target.startswith("potluck") or imp.type_checking:
-            continue
-        src, dst = _part(imp.module), _part(imp.target)
-        if imp.module == "potluck.__main__" and dst == "cli":
-            continue  # `python -m potluck` is an entry point, like the console script
-        if dst in FORBIDDEN.get(src, ()):
-            bad.append(f"{_where(imp)}: {src} never imports {dst}")
-        elif src != dst and RANK[dst] >= RANK[src]:
-            bad.append(f"{_where(imp)}: {src} (rank {RANK[src]}) may not import {dst} (rank {RANK[dst]})")
+    bad = layer_violations(TREE, LAYERS)
     assert not bad, "layer rule broken:\n" + "\n".join(bad)
 
 
-def test_no_import_cycles():
-    graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for imp in ALL_IMPORTS:
-        if imp.target in MODULES and not imp.in_function and not imp.type_checking:
-            graph[imp.module].add(imp.target)
-    # Tarjan's strongly connected components: any component of more than one module is a cycle.
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles: list[list[str]] = []
-
-    def connect(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                connect(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                cycles.append(sorted(comp))
-
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
-    for v in sorted(graph):
-        if v not in index:
-            connect(v)
+def test_no_import_cycles_counting_type_checking_and_inline_imports():
+    cycles = import_cycles(TREE)
     assert not cycles, f"import cycles: {cycles}"
 
 
 def test_no_imports_inside_functions():
     """Imports sit at the top, so a module's dependencies are its first lines. Exceptions: optional
-    dependencies, TYPE_CHECKING blocks, and the command bodies of cli/ (heavy imports wait for the
-    command, so --help is fast)."""
-    bad = [
-        _where(imp)
-        for imp in ALL_IMPORTS
-        if imp.in_function
-        and not imp.type_checking
-        and _part(imp.module) != "cli"
-        and imp.target.split(".")[0] not in OPTIONAL
-        and imp.target not in OPTIONAL
-        and (imp.module, imp.target) not in INLINE_ALLOWED
-    ]
+    dependencies, TYPE_CHECKING blocks, and the command bodies of cli/."""
+    bad = inline_imports(TREE, LAYERS, LAZY, OPTIONAL, INLINE_ALLOWED)
     assert not bad, "imports inside functions:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("prefix", PURE)
 def test_pure_modules_import_no_event_loop_or_network(prefix):
-    bad = [
-        _where(imp)
-        for imp in ALL_IMPORTS
-        if (imp.module == prefix or imp.module.startswith(prefix + "."))
-        and (imp.target.split(".")[0] == "asyncio" or _part(imp.target) == "net")
-    ]
+    assert any(m == prefix or m.startswith(prefix + ".") for m in TREE.modules), f"{prefix} is gone"
+    bad = impure_imports(TREE, LAYERS, prefix)
     assert not bad, f"{prefix} must stay pure (time as `now`, no asyncio, no net):\n" + "\n".join(bad)
 
 
+def test_no_folder_holds_more_than_16_modules():
+    """In the package and the tests. ``scripts/`` is a flat list of entry points, one per benchmark or
+    check, each named by the docs that report its figures; they import only the library."""
+    bad = [f for root in ("potluck", "tests") for f in crowded_folders(REPO / root, MAX_MODULES)]
+    assert not bad, "folders to split by concern:\n" + "\n".join(bad)
+
+
+def test_no_file_is_longer_than_600_lines():
+    bad = long_files([REPO / "potluck", REPO / "tests", REPO / "scripts"], MAX_LINES, REPO)
+    assert not bad, "files to split:\n" + "\n".join(bad)
+
+
+@pytest.mark.slow
 def test_light_modules_load_neither_torch_nor_hivemind():
     code = (
         "import sys\n"
@@ -252,3 +160,115 @@ def test_light_modules_load_neither_torch_nor_hivemind():
             if one.stdout.strip() == "True":
                 culprits.append(m)
         pytest.fail(f"importing {culprits} loads {heavy}")
+
+
+# --- each rule catches a planted violation -------------------------------------------------------------
+
+
+def _plant(tmp: Path, files: dict[str, str]) -> Tree:
+    """A scratch ``potluck`` package of ``files`` (path -> source), every folder a package."""
+    for rel, text in files.items():
+        path = tmp / "potluck" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in [path.parent, *path.parent.parents]:
+            if parent == tmp:
+                break
+            (parent / "__init__.py").touch()
+        path.write_text(text)
+    return Tree(tmp)
+
+
+def test_a_planted_upward_import_is_caught(tmp_path):
+    tree = _plant(tmp_path, {"protocol/a.py": "from potluck.peer.b import x\n", "peer/b.py": "x = 1\n"})
+    assert any("protocol (rank 1) may not import peer" in b for b in layer_violations(tree, LAYERS))
+
+
+def test_a_planted_import_between_equal_ranks_is_caught(tmp_path):
+    tree = _plant(tmp_path, {"peer/a.py": "import potluck.coordinator.b\n", "coordinator/b.py": ""})
+    assert any("peer (rank 4) may not import coordinator" in b for b in layer_violations(tree, LAYERS))
+
+
+def test_a_planted_type_checking_import_across_layers_is_caught(tmp_path):
+    src = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from potluck.cli.b import x\n"
+    tree = _plant(tmp_path, {"net/a.py": src, "cli/b.py": "x = 1\n"})
+    assert any("net (rank 2) may not import cli" in b for b in layer_violations(tree, LAYERS))
+
+
+def test_a_planted_coordinator_import_of_model_is_caught(tmp_path):
+    tree = _plant(tmp_path, {"coordinator/a.py": "from potluck.model import b\n", "model/b.py": ""})
+    assert any("coordinator never imports model" in b for b in layer_violations(tree, LAYERS))
+
+
+def test_a_planted_sub_part_ranks_apart_from_its_parent(tmp_path):
+    """``classpar`` (rank 2) may not import the peer; ``classpar.swarm`` (rank 5) may, and the peer may
+    not import ``classpar.swarm``."""
+    tree = _plant(
+        tmp_path,
+        {
+            "classpar/swarm/a.py": "from potluck.peer import b\n",
+            "classpar/c.py": "from potluck.peer import b\n",
+            "peer/b.py": "",
+            "peer/d.py": "from potluck.classpar.swarm import a\n",
+        },
+    )
+    bad = layer_violations(tree, LAYERS)
+    assert any("classpar/c.py" in b for b in bad) and any("peer/d.py" in b for b in bad), bad
+    assert not any("classpar/swarm/a.py" in b for b in bad), bad
+
+
+def test_a_module_outside_the_map_is_caught(tmp_path):
+    tree = _plant(tmp_path, {"newpart/a.py": "", "errors.py": ""})
+    assert unknown_parts(tree, LAYERS) == ["potluck.newpart", "potluck.newpart.a"]
+
+
+def test_a_planted_cycle_through_a_type_checking_import_is_caught(tmp_path):
+    tree = _plant(
+        tmp_path,
+        {
+            "testbed/lab.py": "from potluck.testbed.check import measure\n",
+            "testbed/check.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from potluck.testbed.lab import Lab\n",
+        },
+    )
+    assert import_cycles(tree) == [["potluck.testbed.check", "potluck.testbed.lab"]]
+
+
+def test_a_planted_cycle_through_an_inline_import_is_caught(tmp_path):
+    tree = _plant(
+        tmp_path,
+        {"cli/a.py": "def f():\n    from potluck.cli import b\n", "cli/b.py": "from potluck.cli import a\n"},
+    )
+    assert import_cycles(tree) == [["potluck.cli.a", "potluck.cli.b"]]
+
+
+def test_a_planted_inline_import_is_caught_outside_the_cli_only(tmp_path):
+    body = "def f():\n    import json\n    import pyarrow\n"
+    tree = _plant(tmp_path, {"peer/a.py": body, "cli/a.py": body})
+    assert inline_imports(tree, LAYERS, LAZY, OPTIONAL, INLINE_ALLOWED) == [
+        "potluck/peer/a.py:2 imports json"
+    ]
+
+
+def test_a_planted_event_loop_in_pure_policy_is_caught(tmp_path):
+    tree = _plant(
+        tmp_path, {"coordinator/job/a.py": "import asyncio\n", "coordinator/job/b.py": "import math\n"}
+    )
+    assert impure_imports(tree, LAYERS, "potluck.coordinator.job") == [
+        "potluck/coordinator/job/a.py:1 imports asyncio"
+    ]
+
+
+def test_a_planted_crowded_folder_is_caught(tmp_path):
+    _plant(tmp_path, {f"peer/m{i}.py": "" for i in range(MAX_MODULES + 1)} | {"net/a.py": ""})
+    assert crowded_folders(tmp_path / "potluck", MAX_MODULES) == [
+        f"potluck/peer: {MAX_MODULES + 1} modules (at most {MAX_MODULES})"
+    ]
+
+
+def test_a_planted_long_file_is_caught_in_scripts_too(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "bench.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "scripts" / "ok.sh").write_text("true\n" * MAX_LINES)
+    assert long_files([tmp_path / "scripts"], MAX_LINES, tmp_path) == [
+        f"scripts/bench.py: {MAX_LINES + 1} lines (at most {MAX_LINES})"
+    ]

@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import native
+from potluck.compression.kernels import native
 
 
 def main() -> None:

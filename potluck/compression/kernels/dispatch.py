@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import cpu
+from potluck.compression.kernels import cpu
 
 
 @lru_cache(maxsize=1)
@@ -40,7 +40,7 @@ def quantize(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Any]:
     """(scale bits, packed, residual, all-finite flag) for whole blocks of g (+ e)."""
     if use_triton(g):
-        from . import triton_kernels as tk
+        from potluck.compression.kernels import triton_kernels as tk
 
         sb, pk, rs = tk.quantize_pack(g, e, block, bits, seed, want_resid, start, resid_out)
         x = g if e is None else g.float() + e.float()
@@ -53,7 +53,7 @@ def quantize(
 
 def dequantize(packed: torch.Tensor, sbits: torch.Tensor, block: int, bits: int) -> torch.Tensor:
     if use_triton(packed):
-        from . import triton_kernels as tk
+        from potluck.compression.kernels import triton_kernels as tk
 
         return tk.dequantize(packed, sbits, block, bits)
     return cpu.run("dequant", sbits.numel() * block, packed, sbits, block, bits, None)
@@ -64,6 +64,6 @@ def randk_positions(n: int, stride: int, seed: tuple[int, int], device: torch.de
     probe = torch.empty(0, device=device)
     if not use_triton(probe):
         return None
-    from . import triton_kernels as tk
+    from potluck.compression.kernels import triton_kernels as tk
 
     return tk.randk_positions(n, stride, seed, device)

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from . import native
+from potluck.compression.kernels import native
 
 Seed = tuple[int, int] | None
 

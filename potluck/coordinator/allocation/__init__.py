@@ -2,8 +2,8 @@
 
 ``allocate(now, jobs, peers, throughput, policy, prev) -> (Allocation, reason)`` is the entry point
 (``rounds.py``); peer classes in ``classes.py``, effective throughput in ``throughput.py``, the policies
-as linear programs in ``policies.py`` over ``problem.py``'s arrays, and a simulator in ``sim.py``.
-See docs/multijob.md.
+as linear programs in ``policies.py`` over ``problem.py``'s arrays. The simulator that replays Gavel's
+traces through them is ``potluck.sim.cluster``. See docs/multijob.md.
 """
 
 from potluck.coordinator.allocation.classes import (

@@ -8,19 +8,19 @@ hostile when more than ``quorum`` of its stage's *other* replicas, and at least 
 therefore cannot get an honest one banned by lying about it, and an honest replica's occasional clipped
 chunk (noise) stays far below ``rate``.
 
-Where the replicas recompute the steps of the peers their rule found outlying (``peer/train/recheck.py``,
-a stage holding the whole model), outlying testimony is only the suspicion and the recomputation the
-verdict: a peer is convicted by failed checks alone, so an honest peer with unusual gradients is clipped
-but never banned.
+Where the replicas recompute the steps of the peers their rule found outlying
+(``peer/train/checks/recheck.py``, a stage holding the whole model), outlying testimony is only the
+suspicion and the recomputation the verdict: a peer is convicted by failed checks alone, so an honest
+peer with unusual gradients is clipped but never banned.
 
-Pipeline spot checks (``peer/train/spot.py``) testify the same way: a witness that recomputed one of the
-peer's micro-batches and got another result names it (``Witness.failed``). An honest peer never fails a
-check (the tolerance covers the codec and numerics), so one failed check counts; conviction again needs
-more than ``quorum`` of the stage's other replicas, and at least two, each to have caught it: the check
-is confirmed by recomputation on another replica. Audits of shard owners (``peer/train/audit.py``)
-testify alike; an owner that withheld the evidence of its aggregation at ``withheld_steps`` or more
-steps counts as caught too (a crash withholds at most one step's evidence). Pure: records in, verdicts
-out.
+Pipeline spot checks (``peer/train/checks/spot.py``) testify the same way: a witness that recomputed one
+of the peer's micro-batches and got another result names it (``Witness.failed``). An honest peer never
+fails a check (the tolerance covers the codec and numerics), so one failed check counts; conviction again
+needs more than ``quorum`` of the stage's other replicas, and at least two, each to have caught it: the
+check is confirmed by recomputation on another replica. Audits of shard owners
+(``peer/train/checks/audit.py``) testify alike; an owner that withheld the evidence of its aggregation at
+``withheld_steps`` or more steps counts as caught too (a crash withholds at most one step's evidence).
+Pure: records in, verdicts out.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def hostile_peers(
 ) -> list[tuple[str, str]]:
     """(peer, reason) for each placed peer its stage's replicas convict; sorted by peer. ``rechecked``:
     the stages whose replicas confirm outlying contributions by recomputation
-    (``protocol.checks.gradients_rechecked``); there outlying testimony alone convicts nobody."""
+    (``protocol.training.gradients_rechecked``); there outlying testimony alone convicts nobody."""
     testimony: dict[str, dict[str, tuple[int, int]]] = {}  # accused -> witness -> (seen, outlying)
     caught: dict[str, set[str]] = {}  # accused -> witnesses whose spot checks it failed
     for r in records:

@@ -4,28 +4,25 @@ Every replica writes its own stage's checkpoints, so a stage with two or more re
 checkpoints on as many disks. A stage with a single replica would have them on one disk only; the plan
 names a copy holder for it (``TrainPlan.copy_holder``: replica 0 of the next stage). Right after writing
 its own checkpoint at step s, the copy holder pulls that stage's layers at step s from the stage's peer
-(which serves them from its disk, ``transfer/server.py``) and writes them next to its own. The copy runs
+(which serves them from its disk, ``transfer/server.py``) and writes them next to its own
+(``transfer/copy.py``, the routine the job owner's copy uses too). The copy runs
 in the background at a bounded rate, so it never holds up training; one that fails is logged and the
 next checkpoint tries again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from potluck.model.checkpoint import save_stage
 from potluck.net.streams import Streams
-from potluck.peer.state.source import Holder, PeerSource
-from potluck.protocol.checkpoints import plan_stage_meta
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import TrainPlan
+from potluck.transfer.copy import Background, copy_stage
 from potluck.transfer.errors import StateError
-from potluck.transfer.manifest import StateWant
-from potluck.transfer.server import TransferConfig
+from potluck.transfer.server import TransferConfig, state_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +47,8 @@ class CopyDuty:
         """``on_copied(root)``: called after a copy was written under ``root``."""
         self.streams, self.swarm_id, self.peer_id, self.on_copied = streams, swarm_id, peer_id, on_copied
         self.cfg = dataclasses.replace(cfg, rate_bytes_s=COPY_RATE_BYTES_S)
-        self._task: asyncio.Task[None] | None = None
+        self.protocol = state_protocol(swarm_id)
+        self.background = Background()
         self.copied: list[tuple[int, int]] = []  # (stage, step) copies written, for tests and logs
 
     def after_checkpoint(self, job: JobSpec, plan: TrainPlan, step: int, root: Path) -> None:
@@ -58,25 +56,21 @@ class CopyDuty:
         stages = copies_due(plan, self.peer_id)
         if not stages:
             return
-        if self._task is not None and not self._task.done():
+        if not self.background.idle:
             logger.info("checkpoint copy still running; step %d is not copied", step)
             return
-        self._task = asyncio.create_task(self._copy(job, plan, step, root, stages), name=f"copy-{step}")
+        self.background.start(self._copy(job, plan, step, root, stages), f"copy-{step}")
 
     async def _copy(self, job: JobSpec, plan: TrainPlan, step: int, root: Path, stages: list[int]) -> None:
         for j in stages:
             a = plan.stages[j]
-            holders = [Holder(p, a.first_layer, a.last_layer) for p in a.peers]
-            source = PeerSource(self.streams, self.swarm_id, holders, self.cfg)
-            want = StateWant(job.name, job.model, job.seed, step, a.first_layer, a.last_layer)
             try:
-                fetched = await source.fetch(want, COPY_TIMEOUT_S)
+                await copy_stage(
+                    self.streams, self.protocol, a.peers, job, plan, j, step, root, self.cfg, COPY_TIMEOUT_S
+                )
             except StateError as e:
                 logger.warning("no copy of stage %d at step %d: %s", j, step, e)
                 continue
-            meta = plan_stage_meta(job, plan, j, step)
-            try:
-                await asyncio.to_thread(save_stage, root, fetched.tensors, meta)
             except OSError as e:
                 logger.error("copy of stage %d at step %d not written to %s: %s", j, step, root, e)
                 continue
@@ -86,7 +80,4 @@ class CopyDuty:
             logger.info("kept a copy of stage %d at step %d (its only replica is %s)", j, step, a.peers[0])
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait({self._task})
-            self._task = None
+        await self.background.close()

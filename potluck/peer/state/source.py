@@ -22,6 +22,7 @@ from potluck.model.checkpoint import CheckpointError
 from potluck.model.resume import load_layers
 from potluck.net.streams import Streams
 from potluck.protocol.checkpoints import StageMeta
+from potluck.transfer.copy import settled
 from potluck.transfer.errors import StateError
 from potluck.transfer.manifest import StateWant
 from potluck.transfer.pull import pull_state
@@ -110,7 +111,6 @@ class Holder:
     last: int
 
 
-SETTLE_FIRST_WAIT_S, SETTLE_MAX_WAIT_S = 0.5, 4.0  # backoff while holders settle, seconds
 LOCAL_HOLDER = "(this peer)"  # stands for the local copy among the holders of a segment
 
 
@@ -174,23 +174,8 @@ class PeerSource(StateSource):
         return rename(merged, -want.first)
 
     async def _fetch_settled(self, want: StateWant) -> dict[str, torch.Tensor]:
-        """Ask again while holders may still be settling: a new plan reaches every peer at once, and a
-        holder offers its state only once its previous run has unwound (up to the worker's cancel
-        grace), so a fetch in the first seconds can find "no state yet" where a moment later there is."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.cfg.settle_s
-        wait = SETTLE_FIRST_WAIT_S
-        while True:
-            try:
-                return await self._fetch(want)
-            except StateError as e:
-                # A holder that refuses a stream is dead, not unwinding: report it now, so the
-                # coordinator re-plans without it instead of this peer asking again for settle_s.
-                if loop.time() + wait > give_up or e.unreachable:
-                    raise
-                logger.info("%s: %s; asking again in %.1f s", self.name, e, wait)
-                await asyncio.sleep(wait)
-                wait = min(2 * wait, SETTLE_MAX_WAIT_S)
+        """``_fetch``, asked again while holders may still be settling (``transfer.copy.settled``)."""
+        return await settled(lambda: self._fetch(want), self.cfg.settle_s, self.name)
 
     async def fetch(self, want: StateWant, timeout_s: float) -> FetchedState:
         try:

@@ -51,22 +51,21 @@ from potluck.peer.errors import (
 )
 from potluck.peer.seal import Ledger
 from potluck.peer.state.source import StateSource, fetch_first
-from potluck.peer.train.audit import ShardAudits
 from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
+from potluck.peer.train.checks.audit import ShardAudits
+from potluck.peer.train.checks.recheck import GradientChecks
+from potluck.peer.train.checks.spot import SpotChecks
 from potluck.peer.train.commit import Ready, commit_step
 from potluck.peer.train.outer import Lateness, make_diloco, outer_step, stage_gather
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
-from potluck.peer.train.recheck import GradientChecks
-from potluck.peer.train.spot import SpotChecks
 from potluck.peer.train.straggle import WINDOW, DeadlineSync, deadline_s, slowdown_s
 from potluck.peer.train.waves import Waves
 from potluck.protocol.checkpoints import StageMeta, plan_stage_meta
-from potluck.protocol.checks import audited, gradients_rechecked, spot_checked
 from potluck.protocol.collective import records_to_schedule
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.training import StepTiming, TrainPlan
+from potluck.protocol.training import StepTiming, TrainPlan, audited, gradients_rechecked, spot_checked
 from potluck.transfer.manifest import StateWant
 from potluck.transfer.snapshot import StageState
 

@@ -1,6 +1,7 @@
 """An emulated WAN for real processes: one network namespace per peer, and a userspace relay that
 gives each direction of each pair the scenario's one-way delay and rate (the kernel here has no
-``netem``). ``WanLab(load_spec("home-5", bandwidth_scale=...))`` builds it; ``check()`` measures it.
+``netem``). ``WanLab(load_spec("home-5", bandwidth_scale=...))`` builds it; ``check.measure(lab)``
+measures it.
 See docs/testbed.md.
 """
 

@@ -33,7 +33,6 @@ from typing import IO, Any
 
 from potluck.lifeline import after_spawn, preexec
 from potluck.testbed.errors import TestbedError
-from potluck.testbed.wan.check import CheckReport, measure
 from potluck.testbed.wan.nat import PRIVATE_ADDR
 from potluck.testbed.wan.spec import INF, WanSpec
 
@@ -264,10 +263,6 @@ class WanLab:
         except OSError:
             return 0.0
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def check(self, tolerance: float = 0.1, **kw: Any) -> CheckReport:
-        """Measure every directed link's RTT and rate (see ``potluck.testbed.wan.check.measure``)."""
-        return measure(self, tolerance=tolerance, **kw)
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:

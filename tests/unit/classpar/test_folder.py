@@ -11,9 +11,9 @@ import pytest
 from potluck.classpar import recipe
 from potluck.classpar.errors import ClassParallelError, ImageFolderError
 from potluck.classpar.folder import folder_digest, folder_sets
-from potluck.coordinator.classpar_service import with_data_digest
+from potluck.classpar.swarm.service import with_data_digest
 from potluck.protocol.errors import JobSpecError
-from potluck.protocol.jobfile import parse_job
+from potluck.protocol.jobspec import parse_job
 
 
 def _folder(root: Path, classes: int = 3, per_class: int = 6) -> Path:

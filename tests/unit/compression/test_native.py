@@ -15,7 +15,7 @@ import torch
 from potluck.compression import DecodeError, EncodeError, ErrorFeedback, NonFiniteError, decode, get_codec
 from potluck.compression import checksum as ck
 from potluck.compression.kernels import native, native_ops
-from potluck.compression.quantize import quantize, scales_from_bits
+from potluck.compression.stages.quantize import quantize, scales_from_bits
 from potluck.compression.wire import CRC_SIZE, seal
 
 from .golden import CASES, FIXTURES, KEY, inputs, payload_for

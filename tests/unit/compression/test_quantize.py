@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from potluck.compression.hashing import hash_indices, key_to_u64, splitmix64, stream_seed, uniform
-from potluck.compression.quantize import (
+from potluck.compression.stages.quantize import (
     dequantize,
     pack_codes,
     qmax_of,

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from potluck.compression import EncodeError, ErrorFeedback, decode, get_codec
-from potluck.compression.sparsify import RandKStage
-from potluck.compression.stages import StageCtx
+from potluck.compression.stages.base import StageCtx
+from potluck.compression.stages.sparsify import RandKStage
 
 
 def _heavy(n: int, seed: int = 0) -> torch.Tensor:

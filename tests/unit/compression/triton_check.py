@@ -12,8 +12,8 @@ import torch
 from potluck.compression import ErrorFeedback, get_codec
 from potluck.compression.hashing import stream_seed
 from potluck.compression.kernels import dispatch
-from potluck.compression.sparsify import RandKStage
-from potluck.compression.stages import StageCtx
+from potluck.compression.stages.base import StageCtx
+from potluck.compression.stages.sparsify import RandKStage
 
 CASES = [
     ("int8:block=64", 4096),

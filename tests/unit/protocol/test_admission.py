@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from potluck.coordinator.admit import AdmissionDesk
+from potluck.coordinator.admission import AdmissionDesk
 from potluck.coordinator.config import AdmitConfig
 from potluck.net.admit import admitted
 from potluck.protocol.admission import Admission, JoinToken

@@ -11,7 +11,7 @@ from potluck.protocol.classpar import ClassParPlan, ClassParSubnet, ClassParTeac
 from potluck.protocol.envelope import seal
 from potluck.protocol.errors import JobSpecError, RecordError
 from potluck.protocol.identity import Identity
-from potluck.protocol.jobfile import parse_job
+from potluck.protocol.jobspec import parse_job
 from potluck.protocol.keys import JobKeys
 from tests.unit.protocol.conftest import NOW, make_job
 from tests.unit.protocol.test_envelope import check

@@ -6,14 +6,13 @@ of another job is refused under them."""
 
 import pytest
 
-from potluck.coordinator.admit import AdmissionDesk
+from potluck.coordinator.admission import AdmissionDesk
 from potluck.coordinator.config import AdmitConfig
 from potluck.protocol.admission import Admission, JoinToken, owner_role
-from potluck.protocol.allocation import Allocation, ClassWorkers, Lease, RowShare
+from potluck.protocol.allocation import Allocation, ClassWorkers, JobOffer, Lease, RowShare
 from potluck.protocol.envelope import TrustPolicy, seal
 from potluck.protocol.errors import AdmissionError, RecordError
 from potluck.protocol.identity import Identity
-from potluck.protocol.jobs import JobOffer
 from potluck.protocol.keys import JobKeys, dht_key, scoped, split_name
 from potluck.protocol.training import StageAssignment, TrainPlan
 from tests.unit.protocol.conftest import NOW, make_job

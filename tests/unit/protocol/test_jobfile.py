@@ -3,8 +3,7 @@ from pathlib import Path
 import pytest
 
 from potluck.protocol.errors import JobSpecError
-from potluck.protocol.jobfile import load_job
-from potluck.protocol.jobspec import ModelSpec
+from potluck.protocol.jobspec import ModelSpec, load_job
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -8,7 +8,7 @@ import pytest
 from potluck.testbed.errors import TestbedError
 from potluck.testbed.wan.spec import BUNDLED, INF, link_targets, load_spec, spec_from_dict
 
-ASYM = Path(__file__).parents[2] / "integration" / "data" / "wan-3-asym.json"
+ASYM = Path(__file__).parents[2] / "integration" / "wan" / "data" / "wan-3-asym.json"
 
 
 def scenario():

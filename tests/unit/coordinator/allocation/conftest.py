@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.coordinator.allocation.sim import GavelTable, load_gavel
+from potluck.sim.cluster import GavelTable, load_gavel
 
 DATA = Path(
     os.environ.get(

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from potluck.coordinator.allocation import agnostic, equal_share, evaluate, make_problem, solve
-from potluck.coordinator.allocation.reference import reference_objective
-from potluck.coordinator.allocation.sim import random_problem
+from potluck.sim.cluster import random_problem
+from potluck.sim.lp_oracle import reference_objective
 
 LP = ("max_min", "makespan", "max_throughput")
 CLASSES = ["v100", "p100", "k80"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from potluck.coordinator.allocation.sim import peer_id
 from potluck.protocol.allocation import MAX_ALLOCATION_BYTES, Allocation
+from potluck.sim.cluster import peer_id
 
 
 def record(**over):

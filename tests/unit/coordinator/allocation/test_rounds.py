@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from potluck.coordinator.allocation import AllocConfig, JobDemand, Throughput, allocate
-from potluck.coordinator.allocation.sim import cluster
 from potluck.protocol.allocation import Allocation
+from potluck.sim.cluster import cluster
 
 ROUND = 360.0
 COUNTS = {"k80": 2, "p100": 2, "v100": 2}

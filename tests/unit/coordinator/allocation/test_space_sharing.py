@@ -175,7 +175,7 @@ def test_the_simulator_runs_pairs_at_gavels_co_located_rates(gavel):
     progress at their measured co-located rates; every job still finishes."""
     import numpy as np
 
-    from potluck.coordinator.allocation.sim import cluster, poisson_trace, simulate
+    from potluck.sim.cluster import cluster, poisson_trace, simulate
 
     trace = poisson_trace(np.random.default_rng(0), gavel, 6, 20.0)
     cfg = AllocConfig(policy="las", round_s=3600.0, handoff_s=30.0)

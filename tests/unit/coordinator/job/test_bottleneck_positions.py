@@ -7,7 +7,7 @@ import itertools
 import pytest
 from pydantic import ValidationError
 
-from potluck.cli.jobview import plan_table
+from potluck.cli.views.job import plan_table
 from potluck.coordinator.job.plan import keep_bottlenecks
 from potluck.protocol.training import StageAssignment, TrainPlan
 from tests.unit.protocol.conftest import NOW, make_job

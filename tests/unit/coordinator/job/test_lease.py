@@ -3,7 +3,7 @@
 import pytest
 from pydantic import ValidationError
 
-from potluck.cli.jobs_view import job_row
+from potluck.cli.views.jobs import job_row
 from potluck.coordinator.job.lease import job_scale, leased_state, pause_reason, pause_step, paused_action
 from potluck.coordinator.job.progress import JobProgress, next_action
 from potluck.coordinator.state import SwarmState
