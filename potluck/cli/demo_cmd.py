@@ -153,9 +153,8 @@ async def run_local_job(
             err_console.print(f"coordinator up; starting {n} peers on {where} (logs in {run_dir})")
             for i in range(n):
                 swarm.start_peer(f"peer{i}", *(peer_extra(i) if peer_extra else ()))
-            with JobWatcher(job, Path(job.checkpoint.dir), bar=True) as watcher:
-                service.on_plan = watcher.on_plan
-                service.on_progress = watcher.on_progress
+            with JobWatcher(job, Path(job.checkpoint.dir), service.throughput, bar=True) as watcher:
+                service.events.subscribe(watcher.handle)
                 while not service.finished.is_set():
                     await asyncio.sleep(0.5)
                     dead = [p.name for p in swarm.procs.values() if not p.alive()]

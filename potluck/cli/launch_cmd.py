@@ -36,7 +36,6 @@ from potluck.cli.telemetry_opts import (
 from potluck.cli.views.job import JobWatcher
 from potluck.coordinator.config import DEFAULT_HOME, AdmitConfig, AllocatorConfig, CoordinatorConfig
 from potluck.coordinator.memory import unfinished_swarm
-from potluck.coordinator.state import SwarmState
 from potluck.errors import TaskFailed
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.invite import Invite
@@ -215,42 +214,44 @@ async def _run(
     join: Invite | None = None,
 ) -> None:
     """Report joins and leaves, and serve until the job ends or SIGINT / SIGTERM arrives."""
-    from potluck.coordinator.joined_service import JoinedJobService
+    from potluck.coordinator.joined import JoinedJobService
     from potluck.coordinator.service import CoordinatorService
 
     mqtt = await stack.open_broker() if join is None else join.mqtt  # before the invite: it carries it
     cfg = dataclasses.replace(cfg, mqtt_url=mqtt)
+    from potluck.classpar.swarm.service import ClassParJob, ClassParPlanPublished, with_data_digest
+    from potluck.coordinator.events import PeersChanged
+
     service: CoordinatorService
-    if job.kind == "class_parallel":  # docs/class-parallel.md
-        service = _classpar_service(cfg, job, join)
+    kinds = {"class_parallel": ClassParJob}  # docs/class-parallel.md; "pipeline" is built in
+    if job.kind == "class_parallel":
+        job = with_data_digest(job)
+    if join is None:
+        service = CoordinatorService(cfg, job, kinds=kinds)
     else:
-        service = CoordinatorService(cfg, job) if join is None else JoinedJobService(cfg, job, join)
+        service = JoinedJobService(cfg, job, join, kinds=kinds)
 
-    def on_change(state: SwarmState, joined: list[str], left: list[str]) -> None:
-        for pid in joined:
-            err_console.print(f"+ peer joined: {pid}", highlight=False)
-        for pid in left:
-            err_console.print(f"- peer left:   {pid}", highlight=False)
-        # hivemind's DHT time is the wall clock (hivemind.utils.get_dht_time is time.time)
-        err_console.print(peers_table(list(state.peers.values()), time.time(), f"{len(state.peers)} live"))
+    def show(event: object) -> None:
+        if isinstance(event, PeersChanged):
+            for pid in event.joined:
+                err_console.print(f"+ peer joined: {pid}", highlight=False)
+            for pid in event.left:
+                err_console.print(f"- peer left:   {pid}", highlight=False)
+            # hivemind's DHT time is the wall clock (hivemind.utils.get_dht_time is time.time)
+            live = list(event.state.peers.values())
+            err_console.print(peers_table(live, time.time(), f"{len(live)} live"))
+        elif isinstance(event, ClassParPlanPublished):
+            plan = event.plan
+            err_console.print(
+                f"class-parallel plan epoch {plan.epoch} ({plan.status}): {event.reason}", highlight=False
+            )
 
-    service.on_change = on_change
+    service.events.subscribe(show)
     try:
         with stop_on_signals() as stop:
             await _serve(service, stack, stop, invite_file, as_json)
     finally:
         await stack.stop()
-
-
-def _classpar_service(cfg: CoordinatorConfig, job: JobSpec, join: Invite | None) -> CoordinatorService:
-    """A class-parallel job's coordinator (docs/class-parallel.md), printing each plan it publishes."""
-    from potluck.classpar.swarm.service import ClassParService
-
-    service = ClassParService(cfg, job, join=join)
-    service.on_classpar = lambda plan, reason: err_console.print(
-        f"class-parallel plan epoch {plan.epoch} ({plan.status}): {reason}", highlight=False
-    )
-    return service
 
 
 async def _serve(
@@ -288,9 +289,9 @@ async def _serve(
             err_console.print(
                 "peers join with:  potluck peer --join <invite>    (Ctrl-C stops the coordinator)"
             )
-        with JobWatcher(job, cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()) as watcher:
-            service.on_plan = watcher.on_plan
-            service.on_progress = watcher.on_progress
+        root = cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
+        with JobWatcher(job, root, service.throughput) as watcher:
+            service.events.subscribe(watcher.handle)
             if service.plan is not None:  # a restart carries on with the plan the swarm follows
                 watcher.on_plan(service.plan, service.last_reason)
             ended = asyncio.create_task(service.finished.wait())

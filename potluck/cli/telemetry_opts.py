@@ -77,27 +77,10 @@ class TelemetryStack:
         return self.target.url()
 
     async def start(self, service: CoordinatorService) -> None:
-        from potluck.coordinator.telemetry import CoordinatorTelemetry, JobLoad, Moment
+        from potluck.coordinator.telemetry import CoordinatorTelemetry
         from potluck.telemetry.errors import TelemetryError
 
-        def look() -> Moment:
-            s = service
-            jobs = {
-                name: JobLoad(j.weight, j.step, j.spec.steps)
-                for name, j in (s.allocator.jobs.items() if s.allocator is not None else [])
-            }
-            return Moment(
-                s.job,
-                s.plan,
-                s.progress,
-                s.state,
-                s.last_reason,
-                s.finished.is_set(),
-                s.error,
-                s.allocation,
-                jobs,
-            )
-
+        look = service.moment
         o = self.opts
         bind = parse_bind(o.dashboard_bind, "--dashboard-bind") if o.enabled and o.dashboard_bind else None
         self.telemetry = CoordinatorTelemetry(service.identity, service.cfg.swarm_id, look, self.target, bind)

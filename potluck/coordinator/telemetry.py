@@ -17,12 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from potluck.coordinator.events import Moment
 from potluck.coordinator.job.plan import network
-from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.state import SwarmState
-from potluck.protocol.allocation import Allocation
 from potluck.protocol.identity import Identity
-from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.telemetry import (
     VERSION,
     CoordinatorLinks,
@@ -35,7 +33,6 @@ from potluck.protocol.telemetry import (
     coordinator_topic,
     seal_message,
 )
-from potluck.protocol.training import TrainPlan
 from potluck.telemetry.aggregate import SwarmView
 from potluck.telemetry.config import MqttTarget, PublisherConfig
 from potluck.telemetry.dashboard.server import Dashboard
@@ -48,30 +45,6 @@ MAX_ESTIMATED = 2000  # links in one message (~400 KB): beyond ~45 peers only th
 LINKS_EVERY_S = 30.0  # the link matrix is sent when it changes, and at least this often (retained)
 
 
-@dataclass(frozen=True)
-class JobLoad:
-    """A job as the allocator last saw it: its weight, step and last step."""
-
-    weight: float
-    step: int
-    steps: int
-
-
-@dataclass(frozen=True)
-class Moment:
-    """What the coordinator knew at one look (the input of ``swarm_status`` and ``swarm_events``)."""
-
-    job: JobSpec
-    plan: TrainPlan | None
-    progress: JobProgress
-    state: SwarmState
-    reason: str
-    finished: bool
-    error: str | None
-    allocation: Allocation | None = None  # the leases in force (several jobs on one swarm)
-    jobs: dict[str, JobLoad] = field(default_factory=dict)  # the jobs the allocator knows, by name
-
-
 def swarm_status(m: Moment, peer: str, now: float) -> CoordinatorStatus:
     """Pure: the coordinator's signed-to-be status at ``now``."""
     plan = m.plan
@@ -79,14 +52,14 @@ def swarm_status(m: Moment, peer: str, now: float) -> CoordinatorStatus:
     state: Literal["waiting", "training", "done", "failed"] = (
         "failed" if m.error else "done" if m.finished else "training" if plan is not None else "waiting"
     )
-    loss, tps, sent = None, 0.0, 0
+    loss, sent = None, 0
+    tps = m.rate.tokens_per_s if m.rate is not None else 0.0  # the launch summary's figure too
     if plan is not None:
         last = set(plan.stages[-1].peers)
         placed = {p for st in plan.stages for p in st.peers}
         recs = [r for r in m.progress.latest.values() if r.peer_id in placed]
         losses = [(r.step, r.loss) for r in recs if r.peer_id in last and r.loss is not None]
         loss = max(losses)[1] if losses else None
-        tps = max((r.tokens_per_s for r in recs if r.peer_id in last), default=0.0)
         sent = sum(r.bytes_sent_per_step for r in recs)
     members = {
         p: MemberView(
@@ -106,6 +79,7 @@ def swarm_status(m: Moment, peer: str, now: float) -> CoordinatorStatus:
         step=step,
         loss=loss,
         tokens_per_s=tps,
+        eta_s=m.rate.eta_s if m.rate is not None else None,
         bytes_per_step=sent,
         epoch=plan.epoch if plan is not None else None,
         start_step=plan.start_step if plan is not None else 0,

@@ -158,15 +158,22 @@ class PeerDaemon:
         if self.cfg.swarm_gone_after_s is not None:
             tasks["swarm-watch"] = self._watch_swarm(self.cfg.swarm_gone_after_s)
         if self.cfg.train:
-            kind = await swarm_kind(self.node, self.cfg.net.bootstrap_timeout_s)
-            if kind == PIPELINE or self.cfg.cotenant_of is None:  # a co-tenant serves pipeline leases only
-                tasks[kind] = self._start_worker(kind, device)
+            tasks["work"] = self._work(device)
         hw = self.hardware
         self.telemetry.event("joined", f"{hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32", {})
         try:
             await supervise(tasks, until=self._gone, grace_s=TASK_GRACE_S)
         finally:
             await self._leave()
+
+    async def _work(self, device: object) -> None:
+        """Read the swarm's job kind, then run that kind's worker until cancelled."""
+        assert self.node is not None
+        kind = await swarm_kind(self.node)
+        if kind != PIPELINE and self.cfg.cotenant_of is not None:
+            logger.info("a co-tenant serves pipeline leases only; nothing to do in a %s swarm", kind)
+            return
+        await self._start_worker(kind, device)
 
     def _start_worker(self, kind: str, device: object) -> Coroutine[Any, Any, None]:
         """The run of ``kind``'s worker: the built-in pipeline's, or one the daemon was handed."""

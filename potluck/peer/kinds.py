@@ -3,8 +3,8 @@
 A swarm trains one kind of job (``JobSpec.kind``): "pipeline", the LLM path (``peer/worker.py``),
 is built in; any other kind is handed to the daemon by whoever starts it, as a
 factory of ``KindWorker`` (the CLI hands it ``classpar.swarm``'s for "class_parallel"). The daemon reads
-the swarm's job once it is admitted (``swarm_kind``) and runs that kind's worker alone, so a peer never
-keeps an idle worker of a kind its swarm does not run.
+the swarm's job once it is admitted (``swarm_kind``, while its heartbeat already runs) and then runs that
+kind's worker alone, so a peer never keeps an idle worker of a kind its swarm does not run.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 PIPELINE = "pipeline"  # the built-in kind: a transformer over stages and replicas (the LLM path)
 KIND_POLL_S = 1.0  # seconds between two reads of the swarm's job while it is not found yet
+WAITING_SAID_AFTER_S = 10.0  # a peer that cannot read the swarm's job says so after this long
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,12 @@ KindFactory = Callable[[Seat], KindWorker]
 JobKinds = Mapping[str, KindFactory]
 
 
-async def swarm_kind(node: SwarmNode, within_s: float) -> str:
-    """The kind of the swarm's own job, read from its signed spec; ``PIPELINE`` when no spec is readable
-    within ``within_s`` seconds (a coordinator that is restarting republishes it)."""
+async def swarm_kind(node: SwarmNode) -> str:
+    """The kind of the swarm's own job, read from its signed spec; asked again every ``KIND_POLL_S``
+    until it is readable (a coordinator that is restarting republishes it). Cancelled with the task."""
     key = JobKeys("", home=True).job
     loop = asyncio.get_running_loop()
-    give_up = loop.time() + within_s
+    started, said = loop.time(), False
     while True:
         try:
             found = [v.record for v in await node.fetch(key) if isinstance(v.record, JobSpec)]
@@ -75,7 +76,7 @@ async def swarm_kind(node: SwarmNode, within_s: float) -> str:
             found = []
         if found:
             return found[0].kind
-        if loop.time() + KIND_POLL_S > give_up:
-            logger.info("the swarm's job is not readable yet; following its plans as a %r job", PIPELINE)
-            return PIPELINE
+        if not said and loop.time() - started > WAITING_SAID_AFTER_S:
+            logger.info("the swarm's job spec is not readable yet; still asking")
+            said = True
         await asyncio.sleep(KIND_POLL_S)

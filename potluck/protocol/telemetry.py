@@ -183,7 +183,8 @@ class CoordinatorStatus(_Message):
     steps: int = Field(ge=0)  # the job's last step
     step: int = Field(default=0, ge=0)  # steps the whole swarm completed
     loss: float | None = Field(default=None, ge=-1e6, le=1e6)  # the newest step's loss
-    tokens_per_s: Num = 0.0  # the swarm's, over the last minute or so
+    tokens_per_s: Num = 0.0  # the swarm's since the first step observed (``telemetry.summary``)
+    eta_s: Num | None = None  # seconds to the last step at that rate; None while it is unknown
     bytes_per_step: int = Field(default=0, ge=0)  # sent by all placed peers in one step
     epoch: int | None = Field(default=None, ge=0)
     start_step: int = Field(default=0, ge=0)

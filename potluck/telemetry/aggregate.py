@@ -175,6 +175,7 @@ class SwarmView:
             "epoch": c.epoch,
             "loss": c.loss,
             "tokens_per_s": c.tokens_per_s,
+            "eta_s": c.eta_s,
             "reason": c.reason,
         }
 

@@ -118,6 +118,7 @@ def swarm_metrics_text(view: SwarmView, now: float) -> bytes:
     steps = GaugeMetricFamily("potluck_job_steps", "The job's last step", labels=["job"])
     loss = GaugeMetricFamily("potluck_job_loss", "Loss of the newest step", labels=["job"])
     tps = GaugeMetricFamily("potluck_job_tokens_per_second", "The swarm's tokens per second", labels=["job"])
+    eta = GaugeMetricFamily("potluck_job_eta_seconds", "Seconds to the job's last step", labels=["job"])
     epoch = GaugeMetricFamily("potluck_plan_epoch", "The plan epoch the swarm follows", labels=["job"])
     placed = GaugeMetricFamily("potluck_plan_peers", "Peers the plan places", labels=["job"])
     if c is not None:
@@ -126,6 +127,8 @@ def swarm_metrics_text(view: SwarmView, now: float) -> bytes:
         if c.loss is not None:
             loss.add_metric([c.job], c.loss)
         tps.add_metric([c.job], c.tokens_per_s)
+        if c.eta_s is not None:
+            eta.add_metric([c.job], c.eta_s)
         if c.epoch is not None:
             epoch.add_metric([c.job], float(c.epoch))
         placed.add_metric([c.job], float(sum(len(st.peers) for st in c.stages)))
@@ -143,4 +146,6 @@ def swarm_metrics_text(view: SwarmView, now: float) -> bytes:
     rows = [
         ({"peer": p}, e.status, e.metrics, view.peer_state(p, now)) for p, e in sorted(view.peers.items())
     ]
-    return _render([job, steps, loss, tps, epoch, placed, counts, messages, rejected, *_peer_families(rows)])
+    return _render(
+        [job, steps, loss, tps, eta, epoch, placed, counts, messages, rejected, *_peer_families(rows)]
+    )

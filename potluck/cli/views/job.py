@@ -1,14 +1,15 @@
 """What `potluck launch` and `potluck demo` show of a running job: the plan, the steps, the summary.
 
-``JobWatcher`` receives the coordinator service's callbacks (a new plan, fresh progress records) and
-keeps what a person wants to see: the swarm's step, the loss of the last step, tokens per second over
-the observed interval, and where the newest checkpoint is. Rendering is a line per step (launch) or a
-rich progress bar (demo); the one-line JSON summary is the same for both.
+``JobWatcher`` receives the coordinator service's events (a new plan, fresh progress records;
+``coordinator/events.py``) and keeps what a person wants to see: the swarm's step, the loss of the last
+step, tokens per second (the service's one figure, ``telemetry.summary``: the dashboard and /metrics
+show the same) and where the newest checkpoint is. Rendering is a line per step (launch) or a rich
+progress bar (demo); the one-line JSON summary is the same for both.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from potluck.cli.common import err_console
+from potluck.coordinator.events import PlanPublished, ProgressRead
 from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
+from potluck.telemetry.summary import Throughput
 
 
 def plan_table(plan: TrainPlan, reason: str) -> Table:
@@ -50,11 +53,11 @@ def plan_table(plan: TrainPlan, reason: str) -> Table:
 class JobWatcher:
     job: JobSpec
     checkpoint_root: Path
+    throughput: Callable[[], Throughput | None]  # the service's figure (``service.throughput``)
     bar: bool = False  # a rich progress bar (demo) instead of a line per step (launch)
     plan: TrainPlan | None = None
     losses: dict[int, float] = field(default_factory=dict)  # step (1-based: steps done) -> loss
-    first_seen: tuple[int, float] | None = None  # (step, monotonic time) of the first progress seen
-    last_seen: tuple[int, float] | None = None
+    shown = 0  # the newest step shown
     checkpoint_step: int | None = None
     bytes_per_step: dict[str, int] = field(default_factory=dict)  # peer -> bytes it sent in its last step
     timings: dict[str, dict[int, StepTiming]] = field(default_factory=dict)  # peer -> step -> its timing
@@ -81,6 +84,13 @@ class JobWatcher:
         if self._progress is not None:
             self._progress.stop()
 
+    def handle(self, event: object) -> None:
+        """An event of the coordinator service (``service.events.subscribe(watcher.handle)``)."""
+        if isinstance(event, PlanPublished):
+            self.on_plan(event.plan, event.reason)
+        elif isinstance(event, ProgressRead):
+            self.on_progress(event.plan, event.progress)
+
     def on_plan(self, plan: TrainPlan, reason: str) -> None:
         same = self.plan is not None and self.plan.epoch == plan.epoch  # re-published with new spares
         self.plan = plan
@@ -98,7 +108,6 @@ class JobWatcher:
             )
 
     def on_progress(self, plan: TrainPlan, progress: JobProgress) -> None:
-        step = progress.step(plan)
         last_stage = plan.stages[-1].peers
         for rec in progress.latest.values():
             if rec.peer_id in last_stage and rec.loss is not None and rec.step > 0:
@@ -109,29 +118,23 @@ class JobWatcher:
         done = progress.complete_checkpoint()
         if done:
             self.checkpoint_step = done
-        now = time.monotonic()
-        # A later epoch's start step is one the swarm holds (a hand-off plan may start at the last step).
-        if step > plan.start_step or 0 < plan.start_step == step:
-            if self.first_seen is None:
-                self.first_seen = (step, now)
-            if self.last_seen is None or step > self.last_seen[0]:
-                self.last_seen = (step, now)
-                self._show(step)
+        seen = self.throughput()
+        if seen is not None and seen.step > self.shown:
+            self.shown = seen.step
+            self._show(seen)
 
     @property
     def tokens_per_s(self) -> float:
-        if self.first_seen is None or self.last_seen is None or self.last_seen[1] <= self.first_seen[1]:
-            return 0.0
-        steps = self.last_seen[0] - self.first_seen[0]
-        return steps * self.job.batch.tokens_per_step / (self.last_seen[1] - self.first_seen[1])
+        seen = self.throughput()
+        return seen.tokens_per_s if seen is not None else 0.0
 
-    def _show(self, step: int) -> None:
+    def _show(self, seen: Throughput) -> None:
         loss = self.losses.get(max(self.losses)) if self.losses else None
-        info = f"loss {loss:.3f}  {self.tokens_per_s:,.0f} tok/s" if loss is not None else ""
+        info = f"loss {loss:.3f}  {seen.tokens_per_s:,.0f} tok/s" if loss is not None else ""
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, info=info)
+            self._progress.update(self._task, completed=seen.step, info=info)
         else:
-            err_console.print(f"step {step}/{self.job.steps}  {info}", highlight=False)
+            err_console.print(f"step {seen.step}/{self.job.steps}  {info}", highlight=False)
 
     def checkpoint_path(self) -> str | None:
         if self.checkpoint_step is None:
@@ -141,7 +144,7 @@ class JobWatcher:
     def summary(self) -> dict[str, object]:
         steps = sorted(self.losses)
         return {
-            "steps": self.last_seen[0] if self.last_seen else 0,
+            "steps": self.shown,
             "loss_first": round(self.losses[steps[0]], 4) if steps else None,
             "loss_last": round(self.losses[steps[-1]], 4) if steps else None,
             "tokens_per_s": round(self.tokens_per_s, 1),

@@ -53,9 +53,11 @@ def frame(snap: dict[str, Any], source: str) -> Group:
     head = Text(f"swarm {snap['swarm']}  ", style="bold")
     if job:
         loss = "–" if job["loss"] is None else f"{job['loss']:.4f}"
+        eta = job.get("eta_s")
         head.append(
             f"job {job['name']}: {job['state']}, step {job['step']}/{job['steps']}, loss {loss}, "
-            f"{job['tokens_per_s']:,.0f} tok/s, plan epoch {job['epoch']}"
+            f"{job['tokens_per_s']:,.0f} tok/s{'' if eta is None else f', ETA {eta / 60:,.0f} min'}, "
+            f"plan epoch {job['epoch']}"
         )
     else:
         head.append("no word from the coordinator yet", style="italic")

@@ -1,18 +1,20 @@
 """The coordinator's status and events, as pure functions of what the service knows."""
 
+from potluck.coordinator.events import JobLoad, Moment
 from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.state import SwarmState
-from potluck.coordinator.telemetry import Moment, Watch, swarm_events, swarm_links, swarm_status
+from potluck.coordinator.telemetry import Watch, swarm_events, swarm_links, swarm_status
 from potluck.protocol.records import LinkReport, LinkSample
+from potluck.telemetry.summary import JobRate
 from tests.unit.coordinator.job.test_plan import JOB, peer
 from tests.unit.coordinator.job.test_progress import PLAN, P, rec
 
 ME = "12D3KooW" + "c" * 44
 
 
-def moment(plan=PLAN, peers=P, progress=None, reason="", finished=False, error=None) -> Moment:
+def moment(plan=PLAN, peers=P, progress=None, reason="", finished=False, error=None, rate=None) -> Moment:
     state = SwarmState("s", 1.0, {p: peer(p) for p in peers})
-    return Moment(JOB, plan, progress or JobProgress(), state, reason, finished, error)
+    return Moment(JOB, plan, progress or JobProgress(), state, reason, finished, error, rate=rate)
 
 
 def test_status_names_the_members_the_plan_and_the_numbers():
@@ -21,6 +23,7 @@ def test_status_names_the_members_the_plan_and_the_numbers():
     st = swarm_status(moment(progress=prog), ME, 5.0)
     assert st.state == "training" and st.step == 12 and st.loss == 1.25 and st.bytes_per_step == 400
     assert set(st.members) == set(P) and [s.peers for s in st.stages] == [P[:2], P[2:]]
+    assert st.tokens_per_s == 0.0  # no rate observed yet
     assert swarm_status(moment(plan=None), ME, 5.0).state == "waiting"
     assert swarm_status(moment(finished=True, error="3 plans failed"), ME, 5.0).state == "failed"
 
@@ -55,7 +58,6 @@ def test_links_carry_the_measured_pairs_and_the_planners_estimates():
 
 
 def test_status_lists_every_job_with_its_lease_and_shares_on_a_swarm_of_several_jobs():
-    from potluck.coordinator.telemetry import JobLoad
     from potluck.protocol.allocation import Allocation, ClassShare, ClassWorkers, Lease, RowShare
     from potluck.telemetry.aggregate import SwarmView
 
@@ -92,3 +94,15 @@ def test_status_lists_every_job_with_its_lease_and_shares_on_a_swarm_of_several_
     view.coordinator = st
     snap = view.snapshot(5.0)
     assert [j["job"] for j in snap["jobs"]] == sorted(shares) and snap["lease"] == {"round": 3, "end": 61.0}
+
+
+def test_the_status_shows_the_services_one_tokens_per_second_figure():
+    """The dashboard, /metrics and the launch summary read one formula (``telemetry.summary``): the
+    status carries the service's figure, not a peer's own report of its last step."""
+    rate = JobRate(JOB.batch.tokens_per_step, JOB.steps)
+    rate.observe(2, 10.0)
+    rate.observe(12, 15.0)  # 10 steps in 5 s
+    prog = JobProgress()
+    prog.update(PLAN, [rec(p, 12).model_copy(update={"tokens_per_s": 1e9}) for p in P])
+    st = swarm_status(moment(progress=prog, rate=rate.view()), ME, 16.0)
+    assert st.tokens_per_s == 2 * JOB.batch.tokens_per_step

@@ -20,6 +20,12 @@ function el(tag, attrs, ...children) {
 
 const short = (id) => (id ? id.slice(-8) : "");
 const dot = (state) => el("span", { class: `dot s-${state}`, title: state });
+function duration(s) {
+  if (s < 90) return `${Math.round(s)} s`;
+  if (s < 5400) return `${Math.round(s / 60)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
 function human(n, unit) {
   if (n === null || n === undefined || Number.isNaN(n)) return "–";
   const k = ["", "k", "M", "G", "T", "P", "E"];
@@ -33,8 +39,9 @@ function renderHeader(s) {
   const j = s.job;
   if (!j) return;
   const loss = j.loss === null ? "–" : j.loss.toFixed(4);
+  const eta = j.eta_s === null || j.eta_s === undefined ? "" : ` · ETA ${duration(j.eta_s)}`;
   $("job").textContent =
-    `job ${j.name} · ${j.state} · step ${j.step} / ${j.steps} · loss ${loss} · ${human(j.tokens_per_s, "tok/s")}`;
+    `job ${j.name} · ${j.state} · step ${j.step} / ${j.steps} · loss ${loss} · ${human(j.tokens_per_s, "tok/s")}${eta}`;
   $("epoch").textContent = j.epoch === null ? "" : `epoch ${j.epoch}`;
 }
 

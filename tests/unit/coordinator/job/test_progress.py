@@ -4,6 +4,7 @@ import torch
 
 from potluck.coordinator.config import CoordinatorConfig
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
+from potluck.coordinator.pipeline import PipelineJob
 from potluck.coordinator.service import CoordinatorService
 from potluck.coordinator.state import SwarmState
 from potluck.model.checkpoint import save_stage
@@ -219,11 +220,13 @@ def test_resume_step_reads_the_newest_complete_checkpoint_of_the_same_job(tmp_pa
         save_stage(tmp_path, {"w": torch.zeros(2)}, meta)
     cfg = CoordinatorConfig(swarm_id="s", checkpoint_root=tmp_path)
     svc = CoordinatorService(cfg, JOB, Identity.generate())
-    assert svc._resume_step(set()) == 20
+    assert isinstance(svc.driver, PipelineJob)
+    assert svc.driver.planner.resume_step(set()) == 20
     (tmp_path / "step-00000020" / "stage-000.safetensors").write_bytes(b"damaged")
-    assert svc._resume_step(set()) == 10
+    assert svc.driver.planner.resume_step(set()) == 10
     other = CoordinatorService(cfg, JOB.model_copy(update={"name": "other"}), Identity.generate())
-    assert other._resume_step(set()) == 0  # another job's checkpoints are never resumed from
+    assert isinstance(other.driver, PipelineJob)
+    assert other.driver.planner.resume_step(set()) == 0  # another job's checkpoints are never resumed from
 
 
 def test_holdings_are_kept_across_epochs_and_the_newest_wins():
