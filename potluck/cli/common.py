@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +12,7 @@ from rich.table import Table
 
 from potluck.net.config import NetworkConfig
 from potluck.protocol.errors import ProtocolError
+from potluck.protocol.identity import write_private
 from potluck.protocol.invite import Invite, read_invite
 
 if TYPE_CHECKING:
@@ -95,6 +95,4 @@ def peers_table(peers: list[PeerView], now: float, title: str) -> Table:
 def write_private_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` readable by the owner only (an invite may carry a join token)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
+    write_private(path, (text + "\n").encode())

@@ -123,7 +123,7 @@ class Identity:
         pem = self.private_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        _write_private(path, pem)
+        write_private(path, pem)
 
     @classmethod
     def load_or_create(cls, path: Path) -> Identity:
@@ -139,11 +139,13 @@ class Identity:
         """Write (or refresh) the p2pd identity file derived from this key, mode 0600."""
         data = self.libp2p_private_key()
         if not (path.exists() and path.read_bytes() == data):
-            _write_private(path, data)
+            write_private(path, data)
         return path
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable by its owner only (mode 0600, whatever the file was before),
+    atomically: a new file is written and synced, then renamed over ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

@@ -1,16 +1,11 @@
 """Who the volunteers are: a hardware mix and home access links, per peer, drawn from a seed.
 
-The link model is the one of ``potluck.testbed.homes.home_swarm`` (the planner's and the link
-emulator's home swarms), written per peer so that a 10,000-peer swarm never needs its 10^8 pairs: the
-coordinator only ever builds the link matrices of the peers it plans over (``planning_state``).
-
-- regions on a line of one-way backbone delays ``region_gap_ms`` apart;
-- download lognormal around ``download_mbit`` (sigma 0.6, 20-2000 Mbit/s); upload = download / U(5, 20),
-  except a ``fast_share`` of symmetric peers (a campus, a rented server);
-- last mile 2-12 ms one way; a direction's delay differs from the other's by up to 5%;
-- a pair's rate a -> b is min(upload a, download b) times a backbone factor (1 inside a region, 0.6-1
-  across). Per-pair factors come from a counter-based hash of (seed, a, b), so a pair looks the same in
-  every subset it appears in.
+The link model is the one home-link model of ``potluck.testbed.homes`` (the planner's and the link
+emulator's home swarms): the same per-peer draws (``draw_access``) and the same per-pair formula
+(``pair_links``). Only the per-pair uniforms come from elsewhere: a counter-based hash of (seed, a, b),
+so a pair looks the same in every subset it appears in and a 10,000-peer swarm never needs its 10^8
+pairs (the coordinator only ever builds the link matrices of the peers it plans over,
+``planning_state``).
 
 GPU mix (effective dense TFLOP/s on training kernels, about 40-50% of datasheet peak, as in
 ``placement/scenario.py``; shares are our assumption for consumer volunteers, not a measurement).
@@ -28,6 +23,7 @@ from potluck.coordinator.placement.costmodel import DeviceSpec
 from potluck.coordinator.placement.netmodel import from_matrices
 from potluck.coordinator.placement.types import PlanningState
 from potluck.sim.errors import SimError
+from potluck.testbed.homes import Access, draw_access, pair_links
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +78,8 @@ def make_population(
     if n < 2 or regions < 1:
         raise SimError(f"a population needs n >= 2 and >= 1 region; got n={n}, regions={regions}")
     seed = int(rng.integers(0, 2**62))
-    region = rng.integers(0, regions, size=n)
-    down = rng.lognormal(np.log(download_mbit), 0.6, size=n).clip(20.0, 2000.0)
-    up = down / rng.uniform(5.0, 20.0, size=n)
-    fast = rng.random(n) < fast_share
-    up[fast] = down[fast]
-    last_mile = rng.uniform(2.0, 12.0, size=n)
+    acc = draw_access(n, rng, regions, download_mbit, fast_share)
+    region, down, up, last_mile = acc.region, acc.down_mbit, acc.up_mbit, acc.last_mile_ms
     shares = np.array([g[1] for g in GPU_MIX])
     gpu = rng.choice(len(GPU_MIX), size=n, p=shares / shares.sum())
     tflops = np.array([GPU_MIX[k][2] for k in gpu]) * rng.uniform(0.85, 1.15, size=n)
@@ -117,17 +109,10 @@ def link_matrices(pop: Population, ids: np.ndarray) -> tuple[np.ndarray, np.ndar
     """(one-way latency ms, rate Gbit/s; row = sender) among peers `ids`."""
     ids = np.asarray(ids, dtype=np.int64)
     a, b = ids[:, None], ids[None, :]
-    r = pop.region[ids]
-    gap = np.abs(r[:, None] - r[None, :]) * pop.region_gap_ms
-    lm = pop.last_mile_ms[ids]
-    jitter = 0.95 + 0.1 * _pair_uniform(pop.seed, a, b, 1)
-    lat = (gap + lm[:, None] + lm[None, :]) * jitter
-    across = 0.6 + 0.4 * _pair_uniform(pop.seed, np.minimum(a, b), np.maximum(a, b), 2)
-    backbone = np.where(r[:, None] == r[None, :], 1.0, across)
-    rate = np.minimum(pop.up_gbps[ids][:, None], pop.down_gbps[ids][None, :]) * backbone
-    np.fill_diagonal(lat, 0.0)
-    np.fill_diagonal(rate, max(float(rate.max()), 1.0))
-    return lat, rate
+    u_jitter = _pair_uniform(pop.seed, a, b, 1)
+    u_across = _pair_uniform(pop.seed, np.minimum(a, b), np.maximum(a, b), 2)
+    access = Access(pop.region, pop.down_gbps, pop.up_gbps, pop.last_mile_ms)
+    return pair_links(access, ids, pop.region_gap_ms, u_jitter, u_across)
 
 
 def planning_state(pop: Population, ids: np.ndarray, tflops_scale: np.ndarray | None = None) -> PlanningState:

@@ -6,23 +6,69 @@ a rented server) are worth far more than their GPU. The generator below draws su
 as scenario dictionaries in the format of ``potluck/coordinator/placement/scenario.py`` (one-way latency
 in ms, row = sender; Gbit/s) so the planner, the link emulator and the benchmarks read the same file.
 
-Model (all draws from one ``numpy`` generator, so a seed names a swarm):
+The one model of a home's access link: ``draw_access`` (per peer) and ``pair_links`` (per pair) serve the
+scenarios here and the simulator's population (``potluck/sim/population.py``) alike.
+
+Model (a scenario's draws all come from one ``numpy`` generator, so a seed names a swarm):
 - regions on a line of one-way backbone delays ``region_gap_ms`` apart (20-120 ms RTT across);
 - per peer: download lognormal around ``download_mbit``; upload = download / U(5, 20); a share
   ``fast_share`` of peers are symmetric (upload = download, e.g. a campus or a rented server);
-- each peer's last mile adds 2-12 ms one way, and a direction's delay differs from the other's by up to
-  10% (asymmetric routes);
+- each peer's last mile adds 2-12 ms one way, and each direction's delay is scaled by 0.95-1.05 on its
+  own, so the two directions of a pair differ by up to about 10% (asymmetric routes);
 - a pair's rate a -> b is min(upload a, download b) times a backbone factor (1 inside a region, 0.6-1
   across), so a transfer is limited by the sender's uplink in almost every case.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 REGIONS = ("us-west", "us-east", "europe", "asia")
+
+
+@dataclass(frozen=True)
+class Access:
+    """Each peer's access link (index = peer): the draws the model makes per peer."""
+
+    region: np.ndarray  # int, 0 .. regions - 1
+    down_mbit: np.ndarray
+    up_mbit: np.ndarray
+    last_mile_ms: np.ndarray  # one way
+
+
+def draw_access(
+    n: int, rng: np.random.Generator, regions: int, download_mbit: float, fast_share: float
+) -> Access:
+    """Per-peer draws, in this order from ``rng`` (the simulator draws more from it afterwards)."""
+    region = rng.integers(0, regions, size=n)
+    down = rng.lognormal(np.log(download_mbit), 0.6, size=n).clip(20.0, 2000.0)
+    up = down / rng.uniform(5.0, 20.0, size=n)
+    fast = rng.random(n) < fast_share
+    up[fast] = down[fast]
+    last_mile = rng.uniform(2.0, 12.0, size=n)
+    return Access(region, down, up, last_mile)
+
+
+def pair_links(
+    access: Access, ids: np.ndarray, region_gap_ms: float, u_jitter: np.ndarray, u_across: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(one-way latency ms, rate; row = sender) among peers ``ids``, the rate in the unit of ``access``'s
+    rates (Mbit/s as drawn), from per-pair U(0, 1) draws:
+    ``u_jitter`` (per direction) scales a direction's delay by 0.95-1.05, ``u_across`` (symmetric) a
+    cross-region pair's rate by 0.6-1. Where the uniforms come from is the caller's: a generator for a
+    scenario, a counter-based hash for the simulator's 10,000 peers (``sim/population.py``)."""
+    r = access.region[ids]
+    lm = access.last_mile_ms[ids]
+    gap = np.abs(r[:, None] - r[None, :]) * region_gap_ms
+    lat = (gap + lm[:, None] + lm[None, :]) * (0.95 + 0.1 * u_jitter)
+    backbone = np.where(r[:, None] == r[None, :], 1.0, 0.6 + 0.4 * u_across)
+    rate = np.minimum(access.up_mbit[ids][:, None], access.down_mbit[ids][None, :]) * backbone
+    np.fill_diagonal(lat, 0.0)
+    np.fill_diagonal(rate, max(float(rate.max()), 1.0))
+    return lat, rate
 
 
 def home_swarm(
@@ -43,18 +89,11 @@ def home_swarm(
     if n < 2 or not 1 <= regions <= len(REGIONS):
         raise ValueError(f"home_swarm needs n >= 2 and 1..{len(REGIONS)} regions; got n={n}, {regions}")
     rng = np.random.default_rng(seed)
-    region = rng.integers(0, regions, size=n)
-    down = rng.lognormal(np.log(download_mbit), 0.6, size=n).clip(20.0, 2000.0)
-    up = down / rng.uniform(5.0, 20.0, size=n)
-    fast = rng.random(n) < fast_share
-    up[fast] = down[fast]
-    last_mile = rng.uniform(2.0, 12.0, size=n)
-    gap = np.abs(region[:, None] - region[None, :]) * region_gap_ms
-    lat = (gap + last_mile[:, None] + last_mile[None, :]) * rng.uniform(0.95, 1.05, size=(n, n))
-    backbone = np.where(region[:, None] == region[None, :], 1.0, rng.uniform(0.6, 1.0, size=(n, n)))
-    rate = np.minimum(up[:, None], down[None, :]) * backbone
-    np.fill_diagonal(lat, 0.0)
-    np.fill_diagonal(rate, max(float(rate.max()), 1.0))
+    acc = draw_access(n, rng, regions, download_mbit, fast_share)
+    region, down, up = acc.region, acc.down_mbit, acc.up_mbit
+    u_jitter = rng.random((n, n))
+    u_across = rng.random((n, n))
+    lat, rate = pair_links(acc, np.arange(n), region_gap_ms, u_jitter, u_across)
     return {
         "name": f"home-{n}-s{seed}",
         "description": f"{n} home peers in {regions} regions, uploads 5-20x below downloads (seed {seed})",

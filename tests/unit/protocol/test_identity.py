@@ -69,3 +69,18 @@ def test_libp2p_key_file_is_private_and_stable(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     data = path.read_bytes()
     assert len(data) == 4 + 64 and data.endswith(ident.public_key)
+
+
+def test_a_private_text_replaces_a_file_others_could_read(tmp_path):
+    """The CLI writes invites (they may carry a join token) through the same private writer as keys:
+    a file that was world-readable before ends up readable by its owner only."""
+    from potluck.cli.common import write_private_text
+
+    invite = tmp_path / "sub" / "invite.txt"
+    invite.parent.mkdir()
+    invite.write_text("old")
+    os.chmod(invite, 0o644)
+    write_private_text(invite, "potluck:new")
+    assert invite.read_text() == "potluck:new\n"
+    assert stat.S_IMODE(invite.stat().st_mode) == 0o600
+    assert [p.name for p in invite.parent.iterdir()] == ["invite.txt"]  # no temporary file left
