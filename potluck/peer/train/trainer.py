@@ -36,7 +36,6 @@ from potluck.model.resume import load_layers
 from potluck.model.stage import StageRunner
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Phase, Round, before
-from potluck.peer.collectives.buckets import BucketSync
 from potluck.peer.collectives.diloco import DiLoCo
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_allreduce
@@ -49,23 +48,23 @@ from potluck.peer.errors import (
     PipelineError,
     StepAborted,
 )
-from potluck.peer.seal import Ledger
 from potluck.peer.state.source import StateSource, fetch_first
 from potluck.peer.train.barrier import start_barrier
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.checks.audit import ShardAudits
+from potluck.peer.train.checks.duties import Duties, Place, make_ledger
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
-from potluck.peer.train.commit import Ready, commit_step
-from potluck.peer.train.outer import Lateness, make_diloco, outer_step, stage_gather
+from potluck.peer.train.commit import Decision, Ready, commit_step
+from potluck.peer.train.outer import make_diloco, outer_step, stage_gather
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
-from potluck.peer.train.straggle import WINDOW, DeadlineSync, deadline_s, slowdown_s
+from potluck.peer.train.replicas import ReplicaSync
+from potluck.peer.train.straggle import WINDOW, deadline_s, slowdown_s
 from potluck.peer.train.waves import Waves
 from potluck.protocol.checkpoints import StageMeta, plan_stage_meta
-from potluck.protocol.collective import records_to_schedule
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.training import StepTiming, TrainPlan, audited, gradients_rechecked, spot_checked
+from potluck.protocol.training import StepTiming, TrainPlan
 from potluck.transfer.manifest import StateWant
 from potluck.transfer.snapshot import StageState
 
@@ -134,94 +133,36 @@ class Trainer:
         # each pipeline link's codecs: the plan's per-link chains (TrainPlan.link_codecs), else the job's
         self.pipe_codecs = link_codecs(plan, self.stage, self.replica, comp.activations)
         self.grad_codec_spec = comp.gradients
-        self.schedule = records_to_schedule(self.assignment.trees, self.assignment.peers)  # or one-hop
-        self.diloco: DiLoCo | None = None
-        if comp.sync_every > 1:  # compression.outer: a coded outer sync (outer.py)
-            self.diloco = make_diloco(self.runner.params, comp, job.trust)
-        # partial participation in the coded outer sync (collectives/partial.py): the job's deadline
-        # policy, over this replica's recent compute seconds per step
-        self.lateness: Lateness | None = None
-        self._compute_s: deque[float] = deque(maxlen=WINDOW)
-        if job.sync.policy == "deadline" and comp.outer is not None and plan.n_replicas > 1:
-            self.lateness = Lateness(job.sync.max_misses)
+        self._compute_s: deque[float] = deque(maxlen=WINDOW)  # recent compute s per step (deadline)
         self.audit = Audit()  # contributions this replica refused or found outlying, per peer
-        self.deadline: DeadlineSync | None = None  # the job's sync.policy = "deadline"
-        if job.sync.policy == "deadline" and self.diloco is None and plan.n_replicas > 1:
-            self.deadline = DeadlineSync(
-                self.runner,
-                box,
-                self.schedule,
-                self._allreduce_cfg(True),
-                job.sync,
-                comp.error_feedback,
-                self.audit,
-            )
         self._slowdown_s = slowdown_s(self.replica)  # test-only, 0 unless POTLUCK_TEST_STEP_DELAY_S
         self.budget = budget or WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
-        # Trust duties (docs/security.md): sealed messages kept in a ledger, pipeline spot checks, audits
-        # of the stage's shard owners under a robust rule
-        checks_pipeline = spot_checked(job, plan)
-        audits_owners = audited(job, plan, self.stage)
-        self.ledger: Ledger | None = None
-        if checks_pipeline or audits_owners:
-            if identity is None or identity.peer_id != box.peer_id:
-                raise ValueError(f"job {job.name} checks its peers' work: the peer's identity must sign")
-            self.ledger = Ledger(identity)
-        self.sync: BucketSync | None = None
-        if self.diloco is None and self.deadline is None and plan.n_replicas > 1:
-            self.sync = BucketSync(
-                self.runner,
-                box,
-                self.schedule,
-                self._allreduce_cfg(average=False),
-                cfg.bucket_elements,
-                comp.error_feedback,
-                cfg.overlap,
-                self.audit,
-                self.ledger if audits_owners else None,
-            )
-        self.audits: ShardAudits | None = None
-        if audits_owners and self.ledger is not None:
-            self.audits = ShardAudits(
-                box,
-                self.schedule,
-                self.ledger,
-                self._allreduce_cfg(average=False),
-                job.trust,
-                self.audit,
-                cfg.evidence_timeout_s,
-                label=f"{job.name}/{self.stage}",
-            )
-        self.rechecks: GradientChecks | None = None
-        if self.sync is not None and self.ledger is not None and gradients_rechecked(job, plan, self.stage):
-            self.rechecks = GradientChecks(
-                self.runner,
-                box,
-                list(self.assignment.peers),
-                self.schedule,
-                self.sync.buckets,
-                self.ledger,
-                self._allreduce_cfg(average=False),
-                job.trust,
-                self.audit,
-                self.micro_batches,
-                comp.error_feedback,
-                label=f"{job.name}/{self.stage}",
-            )
-        self.spot: SpotChecks | None = None
-        if checks_pipeline and self.ledger is not None:
-            self.spot = SpotChecks(
-                self.runner,
-                box,
-                plan,
-                pos,
-                self.ledger,
-                self.act_codec,
-                job.trust,
-                self.audit,
-                self.micro_batches,
-                cfg.evidence_timeout_s,
-            )
+        # Trust duties (docs/security.md): sealed messages kept in a ledger, then the replica sync (which
+        # seals into it for audits), then the checks that need both (checks/duties.py)
+        ledger = make_ledger(job, plan, self.stage, identity, box.peer_id)
+        self.replicas = ReplicaSync.build(
+            self.runner, box, job, plan, self.stage, cfg, self._allreduce_cfg, self.audit, ledger
+        )
+        self.schedule = self.replicas.schedule
+        self.sync, self.deadline = self.replicas.bucket, self.replicas.deadline
+        self.lateness = self.replicas.lateness
+        at = Place(
+            self.runner,
+            box,
+            job,
+            plan,
+            self.stage,
+            self.replica,
+            self.schedule,
+            self.audit,
+            self.act_codec,
+            self._allreduce_cfg(average=False),
+            self.micro_batches,
+            cfg.evidence_timeout_s,
+        )
+        self.duties = Duties.build(at, ledger, self.sync)
+        self.ledger = ledger
+        self.diloco: DiLoCo | None = self.replicas.diloco  # a new one each time the state is loaded
         # Two replicas' shares on this device (StageAssignment.waves): tick-tock waves (train/waves.py)
         self.shards = plan.shards(self.stage, self.replica)  # the data shards this peer trains on
         self.waves: Waves | None = None
@@ -238,6 +179,18 @@ class Trainer:
         self.n_params = sum(p.numel() for p in self.runner.params)
         # True iff the runner holds exactly the state after self.step steps (loaded, and no step half-applied)
         self._consistent = False
+
+    @property
+    def spot(self) -> SpotChecks | None:
+        return self.duties.spot
+
+    @property
+    def audits(self) -> ShardAudits | None:
+        return self.duties.audits
+
+    @property
+    def rechecks(self) -> GradientChecks | None:
+        return self.duties.rechecks
 
     def restore(self) -> None:
         """Load the plan's starting checkpoint (if it starts after step 0): weights and AdamW state."""
@@ -361,42 +314,8 @@ class Trainer:
         # under the deadline policy a left-out replica may lag its stage by up to max_misses steps
         lag = self.job.sync.max_misses + 2 if self.deadline is not None else None
         self.box.advance(self.plan.epoch, step, lag)
-        if self.ledger is not None:
-            self.ledger.forget(rnd.pack())  # an aborted attempt's messages
-        micro = self.micro_batches(step)
-        if self.sync is not None:
-            self.sync.arm(rnd, len(micro), timeout_s)
-        if self.rechecks is not None:
-            self.rechecks.before_step()
-        failed: PeerError | None = None
-        try:
-            if self.waves is not None:  # a whole-model stage: no pipeline neighbours, two shards
-                both = [micro, self.micro_batches(step, self.shards[1])]
-                loss_part, seconds = await asyncio.to_thread(self.waves.run, both)
-                timing.compute += seconds
-            else:
-                loss_part = await pipeline_step(
-                    self.box,
-                    self.runner,
-                    self.where,
-                    micro,
-                    rnd,
-                    self.pipe_codecs,
-                    timeout_s,
-                    timing,
-                    self.ledger,
-                    self.plan.run_ahead,
-                )
-            ready: Ready | None = await self._sync_gradients(rnd, timing, loss_part, timeout_s)
-        except LateError:
-            ready = None  # left out of the stage's mean: it votes nothing and catches up after the commit
-        except (PipelineError, CollectiveError) as e:
-            if isinstance(e, NeighbourError):
-                self.box.suspect(e.peer)  # the failure report names the peer that sent it
-            if self.sync is not None:
-                self.sync.disarm()
-            failed = e
-            ready = Ready(self.stage, self.replica, 0.0, 0.0, ok=False, reason=str(e)[:200])
+        self.duties.before_step(rnd)
+        ready, failed = await self._compute(rnd, timeout_s, timing)
         t0 = time.perf_counter()
         try:
             decision = await commit_step(self.box, self.plan, rnd, ready, timeout_s)
@@ -412,14 +331,60 @@ class Trainer:
             t0 = time.perf_counter()
             await self.deadline.catch_up(rnd, timeout_s)
             timing.allreduce += time.perf_counter() - t0
-        if self.audits is not None:
-            self.audits.after_commit(rnd, decision)
-        if self.rechecks is not None:  # before the update: the checker recomputes on these weights
-            await self.rechecks.after_commit(rnd, decision)
-        if self.spot is not None:  # before the update: checkers copy the weights the step ran on
-            await self.spot.after_commit(rnd, decision, self.most_micro_batches())
-        if self.ledger is not None:  # served: this step's messages go
-            self.ledger.forget(Round(self.plan.epoch, step + 1).pack())
+        await self.duties.after_commit(rnd, decision, self.most_micro_batches())
+        lr = await self._apply(step, decision, timing)
+        if self.diloco is not None:
+            await self._outer_sync(rnd, timing)
+        self.step = step + 1
+        self._consistent = True
+        checkpoint = await self._maybe_checkpoint()
+        await self.box.forget(before(self.plan.epoch, step + 1))  # step + 1's early messages stay
+        timing.bytes_sent = self.box.bytes_sent - sent_before  # activations, gradients, buckets, commit
+        if self.deadline is not None:
+            self.deadline.check()  # a straggler too many steps in a row: reported failed
+        ratio = timing.wire_raw / timing.wire_coded if timing.wire_coded else 0.0
+        total, st = _step_timing(timing)
+        return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint, ratio)
+
+    async def _compute(
+        self, rnd: Round, timeout_s: float, timing: Timing
+    ) -> tuple[Ready | None, PeerError | None]:
+        """Forward, backward and the replica sync of step ``rnd``: this replica's READY (None: left out
+        of the stage's mean under the deadline policy), or a failed READY and the failure to raise once
+        the step is decided."""
+        micro = self.micro_batches(rnd.step)
+        if self.sync is not None:
+            self.sync.arm(rnd, len(micro), timeout_s)
+        try:
+            if self.waves is not None:  # a whole-model stage: no pipeline neighbours, two shards
+                both = [micro, self.micro_batches(rnd.step, self.shards[1])]
+                loss_part, seconds = await asyncio.to_thread(self.waves.run, both)
+                timing.compute += seconds
+            else:
+                loss_part = await pipeline_step(
+                    self.box,
+                    self.runner,
+                    self.where,
+                    micro,
+                    rnd,
+                    self.pipe_codecs,
+                    timeout_s,
+                    timing,
+                    self.ledger,
+                    self.plan.run_ahead,
+                )
+            return await self._sync_gradients(rnd, timing, loss_part, timeout_s), None
+        except LateError:
+            return None, None  # it votes nothing and catches up after the commit
+        except (PipelineError, CollectiveError) as e:
+            if isinstance(e, NeighbourError):
+                self.box.suspect(e.peer)  # the failure report names the peer that sent it
+            if self.sync is not None:
+                self.sync.disarm()
+            return Ready(self.stage, self.replica, 0.0, 0.0, ok=False, reason=str(e)[:200]), e
+
+    async def _apply(self, step: int, decision: Decision, timing: Timing) -> float:
+        """AdamW at the scheduled rate, clipped by the committed global norm; returns the rate."""
         lr = learning_rate(self.job.optimizer, step, self.job.steps)
         coef = clip_coefficient(self.job.optimizer, decision.norms[self.replica])
         t0 = time.perf_counter()
@@ -428,35 +393,20 @@ class Trainer:
         if self.waves is not None:
             self.waves.follow()  # the second wave's weights: the first's after the update
         timing.compute += time.perf_counter() - t0
-        if self.diloco is not None:
-            peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
-            wait_s = None
-            if self.lateness is not None:
-                self._compute_s.append(timing.compute)
-                pol = self.job.sync
-                wait_s = deadline_s(list(self._compute_s), pol.deadline_factor, pol.min_deadline_s, timeout)
-            gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing, wait_s, self.lateness)
-            sync = lambda t: self._outer_allreduce(t, rnd, timing)  # noqa: E731
-            await outer_step(self.diloco, sync, gather, peers, self.audit)
-        self.step = step + 1
-        self._consistent = True
-        checkpoint = await self._maybe_checkpoint()
-        await self.box.forget(before(self.plan.epoch, step + 1))  # step + 1's early messages stay
-        timing.bytes_sent = self.box.bytes_sent - sent_before  # activations, gradients, buckets, commit
-        total = time.perf_counter() - timing.started
-        busy = timing.compute + timing.send + timing.recv + timing.allreduce
-        st = StepTiming(
-            compute=timing.compute,
-            send=timing.send,
-            recv=timing.recv,
-            allreduce=timing.allreduce,
-            idle=max(0.0, total - busy),
-            total=total,
-        )
-        if self.deadline is not None:
-            self.deadline.check()  # a straggler too many steps in a row: reported failed
-        ratio = timing.wire_raw / timing.wire_coded if timing.wire_coded else 0.0
-        return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint, ratio)
+        return lr
+
+    async def _outer_sync(self, rnd: Round, timing: Timing) -> None:
+        """Every H steps with local steps: the coded outer sync with the stage's replicas (``outer.py``)."""
+        assert self.diloco is not None
+        peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
+        wait_s = None
+        if self.lateness is not None:
+            self._compute_s.append(timing.compute)
+            pol = self.job.sync
+            wait_s = deadline_s(list(self._compute_s), pol.deadline_factor, pol.min_deadline_s, timeout)
+        gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing, wait_s, self.lateness)
+        sync = lambda t: self._outer_allreduce(t, rnd, timing)  # noqa: E731
+        await outer_step(self.diloco, sync, gather, peers, self.audit)
 
     async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
         if self.plan.n_replicas == 1:
@@ -516,8 +466,22 @@ class Trainer:
             drain = False  # a new plan: nobody will wait for this run's catch-up sends
             raise
         finally:
-            for duty in (self.spot, self.audits, self.rechecks):
-                if duty is not None:
-                    duty.close()
+            self.duties.close()
             if self.deadline is not None:  # replicas behind still need the last steps' means
                 await self.deadline.close(drain)
+
+
+def _step_timing(timing: Timing) -> tuple[float, StepTiming]:
+    """The step's wall seconds and its breakdown; idle is what compute, sends, receives and the
+    all-reduce leave of it."""
+    total = time.perf_counter() - timing.started
+    busy = timing.compute + timing.send + timing.recv + timing.allreduce
+    st = StepTiming(
+        compute=timing.compute,
+        send=timing.send,
+        recv=timing.recv,
+        allreduce=timing.allreduce,
+        idle=max(0.0, total - busy),
+        total=total,
+    )
+    return total, st
