@@ -31,7 +31,6 @@ from hivemind.utils import get_dht_time
 from potluck.aio import Supervisor
 from potluck.compression.kernels import native
 from potluck.model.data import TokenDataset, load_dataset
-from potluck.model.resume import kept
 from potluck.net.admit import admitted
 from potluck.net.config import TransportConfig
 from potluck.net.dial import dht_addresses
@@ -48,6 +47,7 @@ from potluck.peer.lease import describe
 from potluck.peer.leave import LeaveView, leave_verdict
 from potluck.peer.replans import Replans
 from potluck.peer.state.copies import CopyDuty
+from potluck.peer.state.holdings import Holdings
 from potluck.peer.state.source import StateSource
 from potluck.peer.state.sources import start_sources
 from potluck.peer.train.budget import WaitBudget
@@ -56,7 +56,7 @@ from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import JobKeys
-from potluck.protocol.training import Holding, Progress, ProgressState, StepTiming, TrainPlan, Witness
+from potluck.protocol.training import Progress, ProgressState, StepTiming, TrainPlan, Witness
 from potluck.transfer.errors import StateError
 from potluck.transfer.server import StateServer, TransferConfig
 
@@ -115,12 +115,9 @@ class PlanWorker(Replans):
         self._sending: set[asyncio.Task[None]] = set()  # progress records in flight
         self._last_report: StepReport | None = None  # the newest step under the current plan
         self._checkpoint: int | None = None  # the newest checkpoint this peer wrote
-        self._held: Holding | None = None  # the live state this peer holds (Progress.holds)
-        self._stored: list[Holding] = []  # the checkpoints its disk keeps (Progress.stored)
         self._last_record: Progress | None = None  # the newest progress record it published
         self.activity = Activity()  # what it does and did, for the volunteer and the telemetry
         self._running: Trainer | None = None  # the trainer of the current run
-        self._kept: Trainer | None = None  # the run whose end state is offered
         # Serving and fetching live state needs the key that signs manifests; without one, disk only.
         self.streams = Streams(node.p2p)
         self.streams.credentials = lambda: node.admission  # shown to the peers it fetches state from
@@ -129,6 +126,7 @@ class PlanWorker(Replans):
         if identity is not None:
             self.state = StateServer(self.streams, swarm_id, identity, self.transfer, self._may_fetch)
         self.copies = CopyDuty(self.streams, swarm_id, peer_id, self.transfer, on_copied=self._copy_landed)
+        self.holdings = Holdings(self.state)  # what it holds, as its progress records say (state/holdings.py)
 
     async def run(self) -> None:
         """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""
@@ -287,7 +285,7 @@ class PlanWorker(Replans):
             root = self.cfg.checkpoints(job.name, self.lease.keys_of(job.name).home)
             if self.state is not None:
                 self.state.serve_disk(job.name, root)  # its checkpoints, for peers that lost theirs
-            self._look_at_disk(root)  # a restarted peer's disk still counts
+            self.holdings.look_at_disk(root)  # a restarted peer's disk still counts
             trainer = Trainer(
                 self.box,
                 job,
@@ -324,22 +322,22 @@ class PlanWorker(Replans):
             logger.warning("training under plan epoch %d stopped: %s", plan.epoch, e)
             for holder in e.unreachable if isinstance(e, StateError) else ():
                 self.box.suspect(holder)  # a state holder no stream reached: the coordinator probes it
-            self._keep(trainer)  # before the record, which says what this peer holds
-            step = self._reported_step(plan, trainer)
+            self.holdings.keep(trainer)  # before the record, which says what this peer holds
+            step = self.holdings.reported_step(plan, trainer)
             self.activity.failed(step, str(e))
             await self._publish(
                 plan, stage, replica, step, state="failed", message=str(e)[:REASON_CHARS], force=True
             )
         except Exception as e:  # a bug or the device (KeyError, CUDA out of memory): same record, + traceback
             logger.exception("training under plan epoch %d failed", plan.epoch)
-            self._keep(trainer)
-            step = self._reported_step(plan, trainer)
+            self.holdings.keep(trainer)
+            step = self.holdings.reported_step(plan, trainer)
             self.activity.failed(step, failure_reason(e))
             await self._publish(
                 plan, stage, replica, step, state="failed", message=failure_reason(e), force=True
             )
         finally:
-            self._keep(trainer)
+            self.holdings.keep(trainer)
             if self._running is trainer:
                 self._running = None
 
@@ -355,8 +353,7 @@ class PlanWorker(Replans):
         """This peer now holds its stage of ``plan`` at the plan's start: say so at once. Until its first
         step commits, the coordinator would otherwise still count the layers it held before (a moved
         peer), and a death in the first step could look like the loss of a whole stage."""
-        a = plan.stages[stage]
-        self._held = Holding(step=plan.start_step, first_layer=a.first_layer, last_layer=a.last_layer)
+        self.holdings.at(plan.start_step, plan.stages[stage])
         trainer = self._running
         if trainer is not None and trainer.took is not None:
             self.activity.took_state(*trainer.took, step=plan.start_step)
@@ -366,42 +363,6 @@ class PlanWorker(Replans):
             self.state.offer_live(trainer.snapshot)
         publish = self._publish(plan, stage, replica, plan.start_step, force=True)  # not holding step 1 up
         self._send_later(f"progress-ready-{plan.epoch}", publish)
-
-    def _keep(self, trainer: Trainer | None) -> None:
-        """Serve what ``trainer`` ended with until the next run ends (once per run; a torn state is
-        never offered), and say so in the progress records (``holds``)."""
-        if self.state is None or trainer is None or trainer is self._kept:
-            return
-        self._kept = trainer
-        self.state.offer_live(None)
-        held = trainer.snapshot()
-        if held is not None:
-            self.state.offer(held)
-            meta = held.meta
-            self._held = Holding(step=meta.step, first_layer=meta.first_layer, last_layer=meta.last_layer)
-
-    def _also_held(self) -> list[Holding]:
-        """The states this peer offers besides its newest (``StateServer.offer``), for the report."""
-        extra = self.state.offered_all[1:] if self.state is not None else []
-        return [
-            Holding(step=s.meta.step, first_layer=s.meta.first_layer, last_layer=s.meta.last_layer)
-            for s in extra
-        ]
-
-    def _look_at_disk(self, root: Path) -> None:
-        """Note which checkpoints ``root`` keeps (manifests only: a few small files, read in place)."""
-        self._stored = [Holding(step=s, first_layer=a, last_layer=b) for s, a, b in kept(root)]
-
-    def _reported_step(self, plan: TrainPlan, trainer: Trainer | None) -> int:
-        """The step a failed run reports: the trainer's, or, when the run failed before it took any
-        state, the newer step this peer still holds in memory for the job. The coordinator resumes the
-        next epoch from the newest step live peers report, so a plan that asked for an older step than
-        the survivors hold (their last commit raced the re-plan) is corrected on the next try."""
-        step = trainer.step if trainer is not None else plan.start_step
-        held = self.state.offered if self.state is not None else None
-        if held is not None and held.meta.job == plan.job and step == plan.start_step:
-            return max(step, held.meta.step)
-        return step
 
     def _on_step(
         self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport, n_params: int
@@ -416,11 +377,10 @@ class PlanWorker(Replans):
         force = r.checkpoint is not None or r.step + 1 >= job.steps
         if r.checkpoint is not None:
             self._checkpoint = r.step + 1
-            self._look_at_disk(r.checkpoint.parent)
+            self.holdings.look_at_disk(r.checkpoint.parent)
             self.copies.after_checkpoint(job, plan, r.step + 1, r.checkpoint.parent)
         self._last_report = r
-        a = plan.stages[stage]
-        self._held = Holding(step=r.step + 1, first_layer=a.first_layer, last_layer=a.last_layer)
+        self.holdings.at(r.step + 1, plan.stages[stage])
         self._stop_at_handoff(r)
         self._send_later(
             f"progress-{r.step + 1}", self._publish(plan, stage, replica, r.step + 1, force=force)
@@ -469,9 +429,9 @@ class PlanWorker(Replans):
             state=state,
             message=message,
             suspects=self.box.take_suspects() if state == "failed" else [],  # the coordinator checks them
-            holds=self._held if self.state is not None else None,
-            stored=self._stored,
-            also_holds=self._also_held(),
+            holds=self.holdings.reported(),
+            stored=self.holdings.stored,
+            also_holds=self.holdings.also_held(),
             witnessed=self._witnessed(plan),
             issued_at=get_dht_time(),
         )
@@ -496,11 +456,11 @@ class PlanWorker(Replans):
         """A checkpoint copy was written under ``root``: say so now (the newest record again, with the
         copy), not with the next step's record. The copy exists for the moment its stage's only replica
         dies, and the coordinator can resume from it only once it knows."""
-        self._look_at_disk(root)
+        self.holdings.look_at_disk(root)
         last = self._last_record
         if last is None or self._tasks is None:
             return
-        record = last.model_copy(update={"stored": self._stored, "issued_at": get_dht_time()})
+        record = last.model_copy(update={"stored": self.holdings.stored, "issued_at": get_dht_time()})
         self._last_record = record
         self._send_later(f"progress-copy-{record.step}", self._put(record))
 
