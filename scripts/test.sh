@@ -3,7 +3,7 @@
 # (docs/development.md, Tests). Budgets are on 2 cores from a warm .venv.
 #   scripts/test.sh                    everything; what README and .ci/run call (<= 25 min; or --full)
 #   scripts/test.sh --commit           all but `extended` and `docker` tests, before a commit (<= 15 min)
-#   scripts/test.sh --fast             unit tests with no tier marker: no processes, no network (<= 3 min)
+#   scripts/test.sh --fast             unit tests with no tier marker: no swarm, no network (<= 3 min)
 #   scripts/test.sh --fast -x          other arguments go to pytest
 #   scripts/test.sh --fast tests/unit/sim -k dht   a path given replaces the tier's default paths
 # It prints its time and the 25 slowest tests. The commit and full tiers fail when mosquitto or chromium
