@@ -26,6 +26,18 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 fi
 export PATH="$VENV/bin:$PATH"
 # Build the native codec kernels now (~5 s once per machine and source): not inside the first peer, nor in
-# several test processes at once. Without a C compiler potluck runs the slower torch path instead.
-"$VENV/bin/python" -m potluck.compression.kernels >/dev/null \
-  || echo "==> no native codec kernels (is a C compiler installed?); using the torch path" >&2
+# several test processes at once. Without a C compiler potluck runs the slower torch path instead. A
+# stamp (the sources' and compiler's hash, the library's path) skips the build, and the ~5 s torch
+# import it needs, while that library is still there.
+kstamp="$VENV/.potluck-kernels"
+kwant="$(cat "$ROOT/potluck/compression/kernels/native_codec.c" "$ROOT/potluck/compression/kernels/native.py" \
+  | sha256sum | cut -c1-16)-${CC:-cc}-${POTLUCK_KERNEL_CACHE:-}"
+khave="" klib=""
+[ -f "$kstamp" ] && read -r khave klib < "$kstamp" || true
+if [ "$khave" != "$kwant" ] || [ -z "$klib" ] || [ ! -f "$klib" ]; then
+  if klib="$("$VENV/bin/python" -m potluck.compression.kernels)"; then
+    echo "$kwant $klib" > "$kstamp"
+  else
+    echo "==> no native codec kernels (is a C compiler installed?); using the torch path" >&2
+  fi
+fi

@@ -67,6 +67,7 @@ def test_a_declared_size_past_the_tensor_is_refused_before_zstd_runs() -> None:
         get_codec("none|zstd").decode(_bomb(numel * 4, 1 << 20), expect=SHAPE)
 
 
+@pytest.mark.slow  # a fresh process, so that its peak resident size is the decoder's
 def test_the_decompression_bomb_costs_no_memory() -> None:
     # The attack that was measured: a ~32 KiB payload whose frame states 1 GiB. In a fresh process, so
     # that the peak resident size says what decoding it cost.

@@ -28,6 +28,7 @@ def _compile(script: list[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # compiles 18 kernels for two GPU targets in a fresh process
 def test_every_kernel_variant_compiles_for_both_targets_without_spills():
     proc = _compile(["scripts/kernel_report.py", "--json"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -42,6 +43,7 @@ def test_every_kernel_variant_compiles_for_both_targets_without_spills():
         assert r["roofline_us_16m"] > 0
 
 
+@pytest.mark.slow  # compiles for sm_90 in a fresh process
 def test_a_kernel_the_interpreter_accepts_but_a_gpu_build_refuses_is_caught(tmp_path):
     # The mistake this test exists for (found in the quantize kernel): a jit kernel reading a plain
     # module global. The interpreter runs it; compiling for sm_90 must fail.

@@ -169,6 +169,7 @@ def test_crc32c_known_answers() -> None:
     assert ck.crc32c(bytes(range(32))) == 0x46DD794E  # RFC 3720 B.4: incrementing
 
 
+@pytest.mark.slow  # compiles the kernels into a fresh cache
 def test_build_is_cached_and_a_missing_compiler_is_survived(
     tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -205,6 +206,7 @@ def test_thread_pool_survives_fork() -> None:
     assert got == want
 
 
+@pytest.mark.slow  # compiles a portable build and loads it in a fresh process
 def test_a_portable_build_named_by_the_environment_gives_the_same_bytes(tmp_path: os.PathLike[str]) -> None:
     import subprocess
     import sys
@@ -244,6 +246,7 @@ def test_the_environment_picks_the_written_version_for_a_two_step_upgrade(
         codec.encode(x)
 
 
+@pytest.mark.slow  # compiles a build without the CRC32 instruction
 @pytest.mark.skipif(
     os.uname().machine not in ("x86_64", "AMD64"), reason="forces x86's table-driven CRC path"
 )

@@ -32,6 +32,7 @@ def _run_interpreted() -> dict[str, str]:
     return result
 
 
+@pytest.mark.slow  # the interpreted kernels run in a fresh process
 def test_triton_interpreter_matches_torch_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POTLUCK_CODEC_BACKEND", "eager")
     want = triton_check.run()

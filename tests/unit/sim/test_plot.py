@@ -77,6 +77,7 @@ def test_csv_rows_are_the_samples_with_running_totals(tmp_path: Path) -> None:
     assert all(float(r["optimum_tokens"]) >= 0.0 for r in rows)
 
 
+@pytest.mark.slow  # 400 simulated DHT lookups through the CLI, then a plot
 def test_potluck_sim_runs_the_simulator_and_writes_its_files(tmp_path: Path) -> None:
     runner = CliRunner()
     shown = runner.invoke(app, ["sim", "run", "--help"])

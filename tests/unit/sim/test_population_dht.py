@@ -39,6 +39,7 @@ def test_planning_state_names_identities() -> None:
         make_population(1, np.random.default_rng(0))
 
 
+@pytest.mark.slow  # 300 lookups in DHTs of 250 and 8,000 simulated peers
 def test_lookups_grow_with_log_n_not_n() -> None:
     small = measure(250, np.random.default_rng(0), lookups=150)
     large = measure(8000, np.random.default_rng(0), lookups=150)

@@ -28,6 +28,7 @@ def max_deviation(alloc: Allocation) -> float:
     return max(abs(s.received_s / r.present_s - s.allocation) for r in alloc.rows for s in r.shares)
 
 
+@pytest.mark.slow  # 501 allocation rounds a seed
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_g3_realised_fractions_follow_the_allocation(seed):
     jobs = [JobDemand(f"job-{i}", weight=1.0 + (i % 2)) for i in range(8)]  # 8 jobs, 6 peers

@@ -44,6 +44,7 @@ def test_unmeasured_claims_are_capped_at_the_median_and_measurements_win():
     assert got["a"] == 1.2 and got["liar"] == pytest.approx(1.6)
 
 
+@pytest.mark.slow  # two plans, each a 2 s search
 @pytest.mark.parametrize("claim", [10_000.0, 2_000.0])
 def test_a_liar_among_honest_peers_does_not_win_most_layers(claim):
     job = JobSpec.model_validate(

@@ -155,6 +155,7 @@ def slow_swarm(n: int, gbps: float) -> SwarmState:
     return SwarmState("s", 100.0, {p: peer(p) for p in pids}, links)
 
 
+@pytest.mark.slow  # three plans, each a 2 s search
 def test_the_coordinator_signs_each_links_chain_into_the_plan():
     state = slow_swarm(4, 0.5)
     job = JOB.model_copy(update={"compression": SELECTIVE})
@@ -215,6 +216,7 @@ def test_local_steps_and_a_coded_outer_sync_price_the_replica_sync_per_step():
     assert coded.gradient_wan < local.gradient_wan
 
 
+@pytest.mark.slow  # a plan and three join offers, each a 2 s search
 def test_a_join_offer_prices_the_links_at_the_measured_ratios():
     """Pricing a newcomer uses what the peers measured, as the re-plan itself will: a chain measured at
     8x its estimate makes the slow links, and so the running plan's predicted step, cheaper."""

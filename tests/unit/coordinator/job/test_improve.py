@@ -1,5 +1,7 @@
 """Placing peers that joined a running job: the price of the move against the predicted gain (pure)."""
 
+import pytest
+
 from potluck.coordinator.job.improve import (
     ImproveConfig,
     JoinOffer,
@@ -112,6 +114,7 @@ def test_a_third_replica_is_placed_early_in_a_long_job_but_not_near_its_end_or_p
     assert full_reason(job(max_replicas=2), running).startswith("the plan is full")
 
 
+@pytest.mark.slow  # the desk prices a join with the planner's 2 s search
 def test_the_desk_names_newcomers_at_once_and_prices_them_at_most_every_check():
     a, b, c, d = ids(4)
     j = job()
@@ -141,6 +144,7 @@ def test_a_slow_replica_does_not_hide_the_gain_of_growing_the_running_shape():
     assert join_verdict(ev.offer)[0] == "improve"
 
 
+@pytest.mark.slow  # the desk prices a join with the planner's 2 s search
 def test_a_spare_keeps_the_step_it_joined_at_and_hears_the_verdict():
     a, b, c = ids(3)
     j = job(steps=12)  # 5 steps left: placing it never pays

@@ -37,6 +37,7 @@ def test_splits_cut_only_at_positions_and_keep_each_stages_peers():
     assert not fits_memory(moved, sj, [8.0, 1e-4])  # the 3-layer stage's peers hold 100 kB
 
 
+@pytest.mark.slow  # three plans, each a 2 s search
 @pytest.mark.parametrize(("gbps", "cut"), [(0.005, 1), (50.0, 2)])
 def test_the_planner_keeps_the_positions_where_the_narrow_cut_pays(gbps, cut):
     """Even peers split 4 layers 2 + 2. With the bottleneck fixed at layer 1 by an earlier plan, a cut

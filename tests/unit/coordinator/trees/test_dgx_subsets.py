@@ -21,6 +21,7 @@ def test_subset_count(machine: str) -> None:
     assert len(connected_subsets(MACHINES[machine])) == 181
 
 
+@pytest.mark.slow  # packs and certifies all 181 subsets: 6-14 s a machine
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 def test_allreduce_reaches_partition_bound_on_every_subset(machine: str) -> None:
     full = MACHINES[machine]
@@ -38,6 +39,7 @@ def test_allreduce_reaches_partition_bound_on_every_subset(machine: str) -> None
     assert max(counts) <= 16
 
 
+@pytest.mark.slow  # packs trees and rings on all 181 subsets: 4-8 s a machine
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 def test_tree_model_never_slower_than_ring(machine: str) -> None:
     # A theorem of the model (reverse and average the rings, cut them into paths): failure = a bug.
