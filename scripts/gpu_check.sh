@@ -15,6 +15,11 @@
 #   here, no GPU: scripts/gpu_check.sh --cpu-dry-run     # the same phases, tiny, on the CPU
 set -uo pipefail
 cd "$(dirname "$0")/.."
+case ${1:-} in
+  -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  '' | --cpu-dry-run) ;;
+  *) echo "usage: scripts/gpu_check.sh [--cpu-dry-run]" >&2; exit 2 ;;
+esac
 DRY=()
 [[ ${1:-} == --cpu-dry-run ]] && DRY=(--cpu-dry-run)
 OUT=${OUT:-$PWD/gpu-out}
