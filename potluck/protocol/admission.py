@@ -3,7 +3,7 @@
 - A **join token** rides in the invite: ``pltok1.`` + base64url of ``msgpack([swarm, token id, expires,
   max_uses, roles]) || signature``, signed by the coordinator's key. Anyone holding that key can mint one
   (``potluck invite``), offline; the coordinator counts its uses.
-- A peer trades the token for an **admission** over a stream to the coordinator (``peer/admit.py`` and
+- A peer trades the token for an **admission** over a stream to the coordinator (``net/admit.py`` and
   ``coordinator/admission.py``): ``msgpack([magic, swarm, peer id, expires, roles, signature])``. The peer
   attaches it to every record it signs (``envelope.seal``); every node refuses a peer-signed record whose
   admission is missing, expired, for another peer or swarm, or not signed by the coordinator, so the DHT,
