@@ -49,14 +49,14 @@ from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers  # noqa: 
 from potluck.net.config import TransportConfig  # noqa: E402
 from potluck.net.mailbox import Mailbox  # noqa: E402
 from potluck.protocol.training import gradients_rechecked  # noqa: E402
-from tests.helpers.hostile import (  # noqa: E402
+from potluck.testbed.harness.hostile import (  # noqa: E402
     HostileMailbox,
     Oracle,
     OracleMailbox,
     SpyMailbox,
     little_is_enough,
 )
-from tests.helpers.training import PROTOCOL, tiny_job, train_swarm, witness_records  # noqa: E402
+from potluck.testbed.harness.training import PROTOCOL, tiny_job, train_swarm, witness_records  # noqa: E402
 
 ATTACKS = ("sign_flip", "scale100", "noise", "little")
 

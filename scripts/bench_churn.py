@@ -50,8 +50,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from potluck.protocol.identity import Identity
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.jobs import job_toml
 
 PEER_ARGS = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
 

@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from _outer_pipeline import PIPE_MODELS, pipeline_bench  # noqa: E402
 from bench_codecs import TinyLM, lm_loss, make_data  # noqa: E402
-from bench_outer_pipeline import PIPE_MODELS, pipeline_bench  # noqa: E402
 
 from potluck.compression import get_codec  # noqa: E402
 from potluck.peer.collectives.diloco import DiLoCo, OuterCodec  # noqa: E402
@@ -268,7 +268,7 @@ def main() -> None:
     ap.add_argument("--skip-act", action="store_true", help="gradients only")
     ap.add_argument("--out", default="bench-out/bench_compression_training.json")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the headline figures")
-    pipe = ap.add_argument_group("2 pipeline stages x 2 replicas (bench_outer_pipeline.py)")
+    pipe = ap.add_argument_group("2 pipeline stages x 2 replicas (_outer_pipeline.py)")
     pipe.add_argument(
         "--pipeline", nargs="+", choices=list(PIPE_MODELS), help="run this mode on these models"
     )

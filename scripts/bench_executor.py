@@ -49,9 +49,9 @@ from potluck.net.tags import Stream, make_tag  # noqa: E402
 from potluck.peer.collectives.tree import ring_allreduce, tree_allreduce  # noqa: E402
 from potluck.peer.config import AllReduceConfig  # noqa: E402
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec  # noqa: E402
+from potluck.testbed.harness.p2p import p2p_group  # noqa: E402
 from potluck.testbed.shaping import LinkShaper  # noqa: E402
 from potluck.testbed.topologies import lognormal_graph  # noqa: E402
-from tests.helpers.p2p import p2p_group  # noqa: E402
 
 MB = 1 << 20
 KB = 1 << 10

@@ -41,7 +41,7 @@ from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers  # noqa: 
 from potluck.net.tags import Round, Stream, make_tag  # noqa: E402
 from potluck.peer.seal import Ledger, check_seal  # noqa: E402
 from potluck.protocol.identity import Identity  # noqa: E402
-from tests.helpers.training import tiny_job, train_swarm, witness_records  # noqa: E402
+from potluck.testbed.harness.training import tiny_job, train_swarm, witness_records  # noqa: E402
 
 
 def seal_cost() -> tuple[float, float]:

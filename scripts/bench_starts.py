@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers
 
-from tests.helpers.starts import start_tiny_job
+from potluck.testbed.harness.starts import start_tiny_job
 
 
 def main() -> int:

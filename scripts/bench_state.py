@@ -28,10 +28,10 @@ from potluck.net.streams import Streams
 from potluck.peer.state.source import Holder, PeerSource
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.jobspec import ModelSpec
+from potluck.testbed.harness.p2p import keyed_group
 from potluck.transfer.manifest import StateWant
 from potluck.transfer.server import StateServer, TransferConfig
 from potluck.transfer.snapshot import StageState
-from tests.helpers.p2p import keyed_group
 
 SWARM = "bench-state"
 MODEL = ModelSpec(n_layers=4, d_model=128, n_heads=2, vocab_size=256, seq_len=16)

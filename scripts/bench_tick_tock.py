@@ -34,7 +34,7 @@ from potluck.model.stage import StageRunner
 from potluck.peer.errors import ColocationRefused
 from potluck.peer.train.ticktock import TickTock, admit, merge_gradients
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
-from tests.helpers.ticktock import (
+from potluck.testbed.harness.ticktock import (
     init_mlp,
     max_err,
     numpy_sim,

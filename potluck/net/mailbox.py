@@ -69,8 +69,12 @@ class Mailbox:
         pacer: Pacer | None = None,
         addresses: AddressBook | None = None,
         vouch: Callable[[str], Awaitable[bool]] | None = None,
+        drop: frozenset[str] = frozenset(),
     ) -> None:
+        """``drop``: peers whose link is down, injected by a test (``net/faults.py``): nothing is sent
+        to them and nothing they send is read."""
         self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
+        self.drop = drop
         self.pacer = pacer  # paces sends to configured link rates (benchmarks, upload caps)
         self.addresses = addresses  # where a peer said it listens (its heartbeat); None: the daemon's route
         self.vouch = vouch  # asked about a sender outside the admitted peers: is it in a newer plan?
@@ -120,6 +124,8 @@ class Mailbox:
 
     async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
         """Deliver ``payload`` to ``peer`` under ``tag``; raises ``WireError`` on failure or timeout."""
+        if peer in self.drop:
+            raise WireError(f"send to {peer} failed: the link is down (an injected fault)")
         if peer == self.peer_id:  # loopback to ourselves: no stream needed
             await self._reserve(peer, len(payload))
             await self._deliver(peer, tag, payload)
@@ -362,6 +368,9 @@ class Mailbox:
         self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         sender = info.peer_id.to_base58()
+        if sender in self.drop:  # an injected fault: the link is down both ways
+            writer.close()
+            return
         self._ended.discard(sender)  # it opened a stream: alive, whatever an older stream's end said
         known = self._admitted is None or sender in self._admitted  # strangers: see the first message
         try:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -34,6 +36,7 @@ from potluck.model.data import TokenDataset, load_dataset
 from potluck.net.admit import admitted
 from potluck.net.config import TransportConfig
 from potluck.net.dial import dht_addresses
+from potluck.net.faults import read_faults
 from potluck.net.mailbox import Mailbox
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
@@ -90,6 +93,7 @@ class PlanWorker(Replans):
         """``owner``: the coordinator's peer id; it keeps the job owner's checkpoint copy and serves it.
         ``cotenant``: this peer is a shared device's second peer; it trains only what a lease names."""
         self.node, self.peer_id, self.cfg, self.swarm_id = node, peer_id, cfg, swarm_id
+        self.faults = read_faults()  # injected by a test or benchmark (net/faults.py); none here
         self.lease = LeaseFollower(node, peer_id, cotenant)  # the job followed on a swarm of several jobs
         self.owner = owner
         self.identity = identity  # signs state manifests and (spot-checked jobs) pipeline messages
@@ -99,6 +103,7 @@ class PlanWorker(Replans):
             TransportConfig(timeout_s=cfg.step_timeout_s),
             addresses=dht_addresses(node),  # dial peers at the addresses their heartbeats announce
             vouch=self._in_newer_plan,
+            drop=self.faults.dropped(),
         )
         self._vouched: frozenset[str] = frozenset()  # peers of the newest plan read by _in_newer_plan
         self._vouched_at = -VOUCH_EVERY_S
@@ -381,6 +386,10 @@ class PlanWorker(Replans):
             self.copies.after_checkpoint(job, plan, r.step + 1, r.checkpoint.parent)
         self._last_report = r
         self.holdings.at(r.step + 1, plan.stages[stage])
+        if self.faults.kill_at_step is not None and r.step + 1 >= self.faults.kill_at_step:
+            logger.warning("committed step %d: killing this process (an injected fault)", r.step + 1)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
         self._stop_at_handoff(r)
         self._send_later(
             f"progress-{r.step + 1}", self._publish(plan, stage, replica, r.step + 1, force=force)

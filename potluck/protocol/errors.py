@@ -43,3 +43,7 @@ class CheckpointError(ProtocolError):
 
 class AdmissionError(RecordError):
     """A join token or admission is missing, malformed, forged, expired, for another peer, or banned."""
+
+
+class FaultError(ProtocolError):
+    """``POTLUCK_FAULTS`` holds something that is not a fault plan (``net/faults.py``)."""

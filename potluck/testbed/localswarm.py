@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,10 +78,11 @@ class LocalSwarm:
     procs: dict[str, Proc] = field(default_factory=dict)
     invite: Invite | None = None
 
-    def _spawn(self, name: str, args: list[str]) -> Proc:
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        """``env``: entries added to this process's environment (an injected fault, ``faults.as_env``)."""
         self.root.mkdir(parents=True, exist_ok=True)
         log = self.root / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         prefix, _ = self.placement(name)
         with open(log, "wb") as out:
             popen = subprocess.Popen(
@@ -169,7 +170,8 @@ class LocalSwarm:
             ],
         )
 
-    def start_peer(self, name: str, *extra: str) -> Proc:
+    def start_peer(self, name: str, *extra: str, env: Mapping[str, str] | None = None) -> Proc:
+        """``potluck peer`` as process ``name``; ``env`` adds to its environment (``faults.as_env``)."""
         assert self.invite is not None, "start the coordinator first"
         return self._spawn(
             name,
@@ -184,6 +186,7 @@ class LocalSwarm:
                 *self.peer_args,
                 *extra,
             ],
+            env,
         )
 
     def live_peers(self, timeout_s: float = 15.0) -> list[PeerView]:

@@ -15,11 +15,13 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 ENTRY_POINTS = sorted(p for p in SCRIPTS.glob("*.py") if not p.name.startswith("_"))
 
 
-def _help(script: Path) -> tuple[str, int, str]:
+def _help(script: Path) -> tuple[str, int, bool, str]:
+    """(name, exit code, whether it printed a usage line, the end of what it printed)."""
     done = subprocess.run(
         [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=300, check=False
     )
-    return script.name, done.returncode, (done.stdout + done.stderr)[-2000:]
+    out = done.stdout + done.stderr
+    return script.name, done.returncode, "usage" in out.lower(), out[-2000:]
 
 
 @pytest.mark.slow
@@ -27,7 +29,7 @@ def test_every_script_answers_help():
     assert len(ENTRY_POINTS) >= 20, ENTRY_POINTS  # the glob found the scripts
     with ThreadPoolExecutor(max_workers=4) as pool:  # mostly imports: four at a time on two cores
         results = list(pool.map(_help, ENTRY_POINTS))
-    bad = [f"{name}: exit {rc}\n{out}" for name, rc, out in results if rc != 0]
+    bad = [f"{name}: exit {rc}\n{out}" for name, rc, _, out in results if rc != 0]
     assert not bad, "\n\n".join(bad)
-    quiet = [name for name, _, out in results if "usage" not in out.lower()]
+    quiet = [name for name, _, usage, _ in results if not usage]
     assert not quiet, f"no usage text from {quiet}"

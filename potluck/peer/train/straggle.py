@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import statistics
 from collections import deque
 from collections.abc import Sequence
@@ -53,7 +52,6 @@ logger = logging.getLogger(__name__)
 WINDOW = 16  # recent compute times the deadline's median is taken over (steps)
 # Test-only: seconds each step of this peer sleeps before its gradients count as ready ("S"), or only
 # while it is replica R of its stage ("S@R"). Read here and nowhere else.
-TEST_DELAY_ENV = "POTLUCK_TEST_STEP_DELAY_S"
 
 
 def deadline_s(samples: Sequence[float], factor: float, floor_s: float, cap_s: float) -> float:
@@ -65,17 +63,6 @@ def deadline_s(samples: Sequence[float], factor: float, floor_s: float, cap_s: f
     if not samples:
         return cap_s
     return min(cap_s, max(floor_s, factor * statistics.median(samples)))
-
-
-def slowdown_s(replica: int) -> float:
-    """The test-only slowdown of this peer (``POTLUCK_TEST_STEP_DELAY_S``): 0 unless set."""
-    raw = os.environ.get(TEST_DELAY_ENV, "").strip()
-    if not raw:
-        return 0.0
-    seconds, _, only = raw.partition("@")
-    if only and int(only) != replica:
-        return 0.0
-    return max(0.0, float(seconds))
 
 
 class DeadlineSync:

@@ -34,6 +34,7 @@ from potluck.model.data import TokenDataset
 from potluck.model.optim import clip_coefficient, learning_rate
 from potluck.model.resume import load_layers
 from potluck.model.stage import StageRunner
+from potluck.net.faults import read_faults
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Phase, Round, before
 from potluck.peer.collectives.diloco import DiLoCo
@@ -59,7 +60,7 @@ from potluck.peer.train.commit import Decision, Ready, commit_step
 from potluck.peer.train.outer import make_diloco, outer_step, stage_gather
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
 from potluck.peer.train.replicas import ReplicaSync
-from potluck.peer.train.straggle import WINDOW, deadline_s, slowdown_s
+from potluck.peer.train.straggle import WINDOW, deadline_s
 from potluck.peer.train.waves import Waves
 from potluck.protocol.checkpoints import StageMeta, plan_stage_meta
 from potluck.protocol.identity import Identity
@@ -135,7 +136,7 @@ class Trainer:
         self.grad_codec_spec = comp.gradients
         self._compute_s: deque[float] = deque(maxlen=WINDOW)  # recent compute s per step (deadline)
         self.audit = Audit()  # contributions this replica refused or found outlying, per peer
-        self._slowdown_s = slowdown_s(self.replica)  # test-only, 0 unless POTLUCK_TEST_STEP_DELAY_S
+        self._slowdown_s = read_faults().delay_s(self.replica)  # injected by a test (net/faults.py)
         self.budget = budget or WaitBudget(cfg.step_timeout_s, cfg.timeout_floor_s, cfg.timeout_factor)
         # Trust duties (docs/security.md): sealed messages kept in a ledger, then the replica sync (which
         # seals into it for audits), then the checks that need both (checks/duties.py)
@@ -290,7 +291,7 @@ class Trainer:
     async def _sync_gradients(self, rnd: Round, timing: Timing, loss: float, timeout_s: float) -> Ready:
         """The stage's synchronised gradients and this replica's READY; ``LateError``: left out."""
         if self._slowdown_s:
-            await asyncio.sleep(self._slowdown_s)  # test-only: a straggler (straggle.slowdown_s)
+            await asyncio.sleep(self._slowdown_s)  # an injected straggler (testbed/faults.delay)
         t0 = time.perf_counter()
         members = None
         try:

@@ -14,18 +14,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from potluck.peer.train.straggle import TEST_DELAY_ENV
 from potluck.protocol.checkpoints import check_step, latest_complete, step_dir, weights_path
 from potluck.protocol.identity import Identity
+from potluck.testbed.faults import ENV as FAULTS
+from potluck.testbed.faults import delay, encode
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.jobs import job_toml
 from tests.helpers.logs import launch_summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 PEER_ARGS = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
 PEER_ARGS += ("--step-timeout", "5")
-PACE_S = 0.1  # seconds each peer sleeps per step (POTLUCK_TEST_STEP_DELAY_S)
+PACE_S = 0.1  # seconds each peer sleeps per step (an injected delay, testbed/faults.py)
 
 
 def _wait(what: str, check, timeout_s: float, log: Path):
@@ -52,7 +53,7 @@ def _same_tensors(a: Path, b: Path) -> bool:
 def test_losing_every_replica_of_a_stage_resumes_from_the_owners_copy(tmp_path, monkeypatch):
     # Paced (inherited by the peers): unpaced, this model runs 60 steps in a few seconds, and a peer may
     # prune step 10 (keep = 3) before the test compares it with the owner's copy, or finish before the kill.
-    monkeypatch.setenv(TEST_DELAY_ENV, str(PACE_S))
+    monkeypatch.setenv(FAULTS, encode(delay(PACE_S)))
     steps, owner = 60, tmp_path / "owner-ckpt"
     job = tmp_path / "job.toml"
     job.write_text(job_toml("copies", steps=steps, ckpt=owner, interval=10, stages=2, replicas=2))

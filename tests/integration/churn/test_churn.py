@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from potluck.protocol.checkpoints import check_step, step_dir, weights_path
 from potluck.protocol.identity import Identity
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.jobs import job_toml
 from tests.helpers.logs import assert_no_step_lost, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

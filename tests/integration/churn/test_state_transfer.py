@@ -20,12 +20,12 @@ from potluck.peer.state.source import DiskSource, Holder, PeerSource, fetch_firs
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
+from potluck.testbed.harness.p2p import keyed_group
+from potluck.testbed.harness.training import PROTOCOL, make_plan, tiny_dataset, tiny_job, train_swarm
 from potluck.transfer.errors import StateError
 from potluck.transfer.manifest import StateWant
 from potluck.transfer.server import Served, StateServer, TransferConfig
 from potluck.transfer.snapshot import StageState, rename, select
-from tests.helpers.p2p import keyed_group
-from tests.helpers.training import PROTOCOL, make_plan, tiny_dataset, tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from potluck.peer.train.straggle import TEST_DELAY_ENV
-from tests.helpers.jobs import job_toml
+from potluck.testbed.faults import ENV as FAULTS
+from potluck.testbed.faults import delay, encode
+from potluck.testbed.harness.jobs import job_toml
 from tests.helpers.logs import launch_finished, wait_for
 from tests.helpers.swarm import multijob_swarm
 
@@ -37,7 +38,7 @@ def _pauses_resume_where_they_stopped(text: str, job: str) -> int:
 def test_a_job_left_short_by_its_lease_pauses_and_resumes_from_the_step_it_stopped_at(tmp_path, monkeypatch):
     # At most ~45 steps/s whatever the machine: on a quiet fast one A ended before B's lease took its
     # peers, and nobody paused. Every peer process inherits this test-only delay (s per step).
-    monkeypatch.setenv(TEST_DELAY_ENV, str(STEP_DELAY_S))
+    monkeypatch.setenv(FAULTS, encode(delay(STEP_DELAY_S)))
     for name, steps, seed in (("pa", STEPS_A, 0), ("pb", STEPS_B, 1)):
         text = job_toml(name, steps=steps, ckpt=tmp_path / f"{name}-ckpt", interval=1000, seed=seed, stages=2)
         (tmp_path / f"{name}.toml").write_text(text.replace("[limits]", "[limits]\nmax_replicas = 1"))

@@ -16,7 +16,7 @@ import signal
 import pytest
 
 from potluck.protocol.identity import Identity
-from tests.helpers.jobs import job_toml
+from potluck.testbed.harness.jobs import job_toml
 from tests.helpers.logs import launch_finished, wait_for
 from tests.helpers.swarm import multijob_swarm, status_json
 

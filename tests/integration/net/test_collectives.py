@@ -15,9 +15,9 @@ from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import ring_allreduce, tree_allreduce
 from potluck.peer.config import AllReduceConfig
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, one_hop_schedule, split_elements
+from potluck.testbed.harness.hostile import HostileMailbox
+from potluck.testbed.harness.p2p import p2p_group
 from tests.helpers.gloo import gloo_mean
-from tests.helpers.hostile import HostileMailbox
-from tests.helpers.p2p import p2p_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -12,7 +12,7 @@ from potluck.net.config import TransportConfig
 from potluck.net.mailbox import MESSAGE_COST, Mailbox
 from potluck.net.tags import Round, Stream, make_tag
 from potluck.protocol.errors import WireError
-from tests.helpers.p2p import p2p_group
+from potluck.testbed.harness.p2p import p2p_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -12,7 +12,7 @@ from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round
 from potluck.peer.collectives.relaxed import LateError, relaxed_allreduce
 from potluck.peer.config import AllReduceConfig, RelaxedConfig
-from tests.helpers.p2p import p2p_group
+from potluck.testbed.harness.p2p import p2p_group
 from tests.integration.net.test_collectives import random_schedule
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -11,7 +11,7 @@ from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import RoundSpan, Tag
 from potluck.protocol.errors import WireError
-from tests.helpers.p2p import p2p_group
+from potluck.testbed.harness.p2p import p2p_group
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -285,3 +285,27 @@ def test_a_peer_that_never_heard_from_the_dead_one_is_told():
     why, elapsed = asyncio.run(main())
     assert "is gone" in why, why
     assert elapsed < 15.0  # c's own bound is 30 s
+
+
+def test_an_injected_dropped_link_carries_nothing_either_way_and_others_still_do():
+    """``drop`` (``testbed.faults.drop_links``, read by the worker from ``POTLUCK_FAULTS``): a's link to
+    b is down both ways; a and c still talk."""
+
+    async def main():
+        async with p2p_group(3) as nodes:
+            cfg = TransportConfig(timeout_s=2.0)
+            b, c = await mailboxes(nodes[1:], cfg)
+            a = Mailbox(nodes[0], PROTO, cfg, drop=frozenset({b.peer_id}))
+            await a.start()
+            with pytest.raises(WireError, match="the link is down"):
+                await a.send(b.peer_id, Tag(1), b"to b")
+            assert a.bytes_sent == 0
+            await b.send(a.peer_id, Tag(2), b"to a")  # b's side is up: its write goes out
+            with pytest.raises(WireError):
+                await a.recv(b.peer_id, Tag(2), 1.5)  # and a never reads it
+            assert await delivered(a, c, Tag(3), b"a to c") == b"a to c"
+            assert await delivered(c, a, Tag(4), b"c to a") == b"c to a"
+            for box in (a, b, c):
+                await box.close()
+
+    asyncio.run(main())

@@ -18,12 +18,13 @@ from potluck.coordinator.memory import SwarmMemory, memory_path, save_memory
 from potluck.coordinator.service import CoordinatorService
 from potluck.net.config import NetworkConfig
 from potluck.net.node import SwarmNode
-from potluck.peer.train.straggle import TEST_DELAY_ENV
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.keys import PLAN
+from potluck.testbed.faults import ENV as FAULTS
+from potluck.testbed.faults import delay, encode
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
-from tests.helpers.jobs import job_toml
 from tests.helpers.logs import launch_summary, wait_for
 from tests.unit.coordinator.job.test_plan import JOB
 from tests.unit.coordinator.job.test_recover import plan
@@ -93,7 +94,7 @@ def test_a_restarted_coordinator_carries_on_with_the_running_plan(tmp_path, monk
         peer_args += ("--step-timeout", "5", "--ttl", "8")
     else:
         peer_args += ("--ttl", "15")
-    monkeypatch.setenv(TEST_DELAY_ENV, str(PACE_S))  # inherited by the peers started below
+    monkeypatch.setenv(FAULTS, encode(delay(PACE_S)))  # inherited by the peers started below
     run = tmp_path / "run"
     with LocalSwarm(
         run, job, swarm_id="restart-test", peer_args=peer_args, coordinator_args=("--json",), verbose=1

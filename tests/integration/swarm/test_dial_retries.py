@@ -4,7 +4,7 @@ dials the leader over all announced addresses with backoff, and no start dies be
 
 import pytest
 
-from tests.helpers.starts import start_tiny_job
+from potluck.testbed.harness.starts import start_tiny_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

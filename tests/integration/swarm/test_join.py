@@ -27,11 +27,11 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
 from potluck.protocol.jobspec import JobSpec, load_job
 from potluck.protocol.keys import PEERS
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
 from potluck.transfer.errors import StateError
 from potluck.transfer.manifest import StateWant
 from potluck.transfer.server import TransferConfig
-from tests.helpers.jobs import job_toml
 from tests.helpers.logs import launch_summary, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -12,16 +12,17 @@ import time
 
 import pytest
 
-from potluck.peer.train.straggle import TEST_DELAY_ENV
 from potluck.protocol.identity import Identity
+from potluck.testbed.faults import ENV as FAULTS
+from potluck.testbed.faults import delay, encode
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.jobs import job_toml
 from tests.helpers.logs import assert_no_step_lost, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 STEPS = 250
-PACE_S = 0.05  # seconds each peer sleeps per step (POTLUCK_TEST_STEP_DELAY_S)
+PACE_S = 0.05  # seconds each peer sleeps per step (an injected delay, testbed/faults.py)
 LEAVE_WITHIN_S = 90.0  # the peer's leave_timeout_s (60 s) plus its shutdown, on a loaded machine
 
 
@@ -29,7 +30,7 @@ def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp
     # Paced so the hand-off step lands well before the job's end: unpaced CPU steps (~0.04 s) put the
     # new plan's start (handoff_lead_s of steps ahead) at the last step, and the job ended before the
     # leaving peer saw its state taken over.
-    monkeypatch.setenv(TEST_DELAY_ENV, str(PACE_S))
+    monkeypatch.setenv(FAULTS, encode(delay(PACE_S)))
     job = tmp_path / "job.toml"
     job.write_text(
         job_toml("leave-test", steps=STEPS, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=2, replicas=2)

@@ -22,6 +22,8 @@ from potluck.peer.config import PeerConfig
 from potluck.peer.daemon import PeerDaemon
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
+from potluck.testbed.faults import as_env, kill_at
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
 from tests.helpers.swarm import TINY_JOB, ProcInfo, descendants, kill_recorded, still_running
 
@@ -138,3 +140,31 @@ def test_p2pd_is_spawned_through_the_pdeathsig_hook(caplog):
         asyncio.run(main())
     assert len(lifeline._watchdogs) == watchdogs, "p2pd fell back to a watchdog: the hook did not run"
     assert not [r for r in caplog.records if "hook" in r.getMessage()]
+
+
+def test_a_peer_killed_by_an_injected_fault_at_a_step_takes_its_p2pd_with_it(tmp_path):
+    """``testbed.faults.kill_at``: the peer SIGKILLs itself right after committing the step, as a crash
+    there would, and its p2pd follows it (lifeline)."""
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml("fault-kill", steps=400, ckpt=tmp_path / "ckpt", interval=1000, replicas=2))
+    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--step-timeout", "5")
+    with LocalSwarm(tmp_path / "run", job, swarm_id="fault-kill", peer_args=peer_args) as swarm:
+        swarm.start_coordinator()
+        swarm.start_peer("steady")
+        victim = swarm.start_peer("victim", env=as_env(kill_at(3)))
+        daemons: list[ProcInfo] = []
+        deadline = time.monotonic() + 120
+        while not daemons and victim.alive():  # its p2pd, recorded while the peer still runs
+            daemons = [p for p in descendants(victim.pid) if p.comm == "p2pd"]
+            assert time.monotonic() < deadline, victim.tail()
+            time.sleep(0.2)
+        assert daemons, f"the victim exited before its p2pd could be seen: {victim.tail()}"
+        victim.popen.wait(timeout=120)
+        assert victim.popen.returncode == -signal.SIGKILL, victim.tail()
+        assert "committed step 3: killing this process (an injected fault)" in victim.log.read_text()
+        gone_by = time.monotonic() + GONE_WITHIN_S
+        while any(still_running(p) for p in daemons) and time.monotonic() < gone_by:
+            time.sleep(0.2)
+        left = [p for p in daemons if still_running(p)]
+        kill_recorded(left)
+        assert not left, f"the victim's p2pd outlived it: {left}"

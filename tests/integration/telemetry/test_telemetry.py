@@ -18,8 +18,8 @@ import pytest
 
 from potluck import lifeline
 from potluck.protocol.telemetry import CoordinatorStatus, Event, PeerMetrics, PeerStatus
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.jobs import job_toml
 from tests.helpers.logs import wait_for
 from tests.helpers.mqtt import MOSQUITTO, collect, mosquitto
 from tests.helpers.swarm import potluck_cli

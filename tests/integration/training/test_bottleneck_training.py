@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from potluck.model.reference import parameters_by_global_name, reference_run
-from tests.helpers.training import tiny_dataset, tiny_job, train_swarm
+from potluck.testbed.harness.training import tiny_dataset, tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -1,7 +1,7 @@
 """``sync.policy = "deadline"``: a replica slowed 5x by a sleep is left out of steps, catches up by
 applying the committed mean, and ends with the same parameters as the others; the others keep going.
 
-The slowdown is the test-only ``POTLUCK_TEST_STEP_DELAY_S`` ("S@R": only replica R sleeps S seconds
+The slowdown is the test-only ``an injected delay, testbed/faults.py`` ("S@R": only replica R sleeps S seconds
 per step), so the same knob slows one trainer of an in-process swarm or one peer process."""
 
 import asyncio
@@ -18,13 +18,14 @@ from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
 from potluck.peer.config import TrainerConfig
 from potluck.peer.errors import StragglerError
-from potluck.peer.train.straggle import TEST_DELAY_ENV
 from potluck.peer.train.trainer import StepReport, Trainer
+from potluck.testbed.faults import ENV as FAULTS
+from potluck.testbed.faults import delay, encode
+from potluck.testbed.harness.jobs import job_toml
+from potluck.testbed.harness.p2p import p2p_group
+from potluck.testbed.harness.training import PROTOCOL, make_plan, tiny_dataset, tiny_job, train_swarm
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.jobs import job_toml
 from tests.helpers.logs import wait_for
-from tests.helpers.p2p import p2p_group
-from tests.helpers.training import PROTOCOL, make_plan, tiny_dataset, tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -34,7 +35,7 @@ SYNC = {"policy": "deadline", "deadline_factor": 1.0, "min_deadline_s": 0.3, "ma
 
 def test_deadline_policy_without_stragglers_matches_the_reference(tmp_path, monkeypatch):
     """Nobody late (a generous floor): the deadline path's R x mean is the strict path's sum."""
-    monkeypatch.delenv(TEST_DELAY_ENV, raising=False)
+    monkeypatch.delenv(FAULTS, raising=False)
     job = tiny_job(steps=10, sync={"policy": "deadline", "min_deadline_s": 60.0})
     reports, trainers = asyncio.run(train_swarm(job, 2, 2, [(0, 2), (2, 4)], tmp_path))
     assert all(tr.deadline is not None and tr.deadline.left_out == 0 for tr in trainers.values())
@@ -50,7 +51,7 @@ def test_deadline_policy_without_stragglers_matches_the_reference(tmp_path, monk
 def test_a_slow_replica_is_left_out_and_ends_identical(tmp_path, monkeypatch):
     """1 stage x 3 replicas in one process, replica 2 slowed: the fast two finish first, the slow one is
     left out and catches up; all three hold bit-identical weights and optimizer state."""
-    monkeypatch.setenv(TEST_DELAY_ENV, f"{SLOW_S}@2")
+    monkeypatch.setenv(FAULTS, encode(delay(SLOW_S, replicas=[2])))
     job = tiny_job(steps=10, sync=SYNC)
     dataset = tiny_dataset(job)
     slow_step_when_fast_done: list[int] = []
@@ -96,7 +97,7 @@ def test_a_slow_replica_is_left_out_and_ends_identical(tmp_path, monkeypatch):
 def test_a_slow_pipeline_replica_is_left_out_of_both_stages(tmp_path, monkeypatch):
     """2 stages x 2 replicas, replica 1 of each stage slowed: pipeline 1 is left out, both stages'
     replicas still end identical and agree on every step's loss."""
-    monkeypatch.setenv(TEST_DELAY_ENV, f"{SLOW_S}@1")
+    monkeypatch.setenv(FAULTS, encode(delay(SLOW_S, replicas=[1])))
     job = tiny_job(steps=8, sync=SYNC)
     reports, trainers = asyncio.run(train_swarm(job, 2, 2, [(0, 2), (2, 4)], tmp_path))
     assert all(tr.step == job.steps for tr in trainers.values())
@@ -111,7 +112,7 @@ def test_a_slow_pipeline_replica_is_left_out_of_both_stages(tmp_path, monkeypatc
 def test_repeated_misses_are_reported_as_failures(tmp_path, monkeypatch):
     """max_misses = 2: the slow replica reports itself and the leader reports it, both as
     StragglerError, after the same step and with the same weights (the last catch-up was delivered)."""
-    monkeypatch.setenv(TEST_DELAY_ENV, f"{SLOW_S}@1")
+    monkeypatch.setenv(FAULTS, encode(delay(SLOW_S, replicas=[1])))
     job = tiny_job(steps=10, sync={**SYNC, "max_misses": 2})
 
     async def main() -> tuple[list[object], list[Trainer]]:
@@ -147,7 +148,7 @@ def test_a_slow_peer_is_left_out_on_a_local_swarm(tmp_path, monkeypatch):
     sleeps SLOW_S per step. It is left out of steps, the other two finish the job first, and all three
     write the same final checkpoint."""
     steps = 16
-    monkeypatch.setenv(TEST_DELAY_ENV, f"{SLOW_S}@2")  # inherited by the peers started below
+    monkeypatch.setenv(FAULTS, encode(delay(SLOW_S, replicas=[2])))  # inherited by the peers started below
     text = job_toml(
         "deadline-test", steps=steps, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=1, replicas=3
     )

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from potluck.protocol.identity import Identity
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.jobs import job_toml
 from tests.helpers.swarm import status_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

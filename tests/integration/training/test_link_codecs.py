@@ -8,7 +8,7 @@ import math
 import pytest
 
 from potluck.protocol.training import LinkCodecs
-from tests.helpers.training import tiny_job, train_swarm
+from potluck.testbed.harness.training import tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

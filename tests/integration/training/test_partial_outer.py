@@ -11,7 +11,7 @@ import torch
 from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import INDEX_BITS, Stream, Tag
-from tests.helpers.training import PROTOCOL, tiny_job, train_swarm
+from potluck.testbed.harness.training import PROTOCOL, tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

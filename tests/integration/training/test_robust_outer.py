@@ -13,8 +13,8 @@ from potluck.net.config import TransportConfig
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import INDEX_BITS, Stream, Tag
 from potluck.peer.errors import ContributionError
-from tests.helpers.hostile import forge, rewritten
-from tests.helpers.training import PROTOCOL, tiny_job, train_swarm
+from potluck.testbed.harness.hostile import forge, rewritten
+from potluck.testbed.harness.training import PROTOCOL, tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from tests.helpers.training import PROTOCOL, make_plan, tiny_dataset, tiny_job
+from potluck.testbed.harness.training import PROTOCOL, make_plan, tiny_dataset, tiny_job
 
 SPLITS = [(0, 2), (2, 4)]  # [first, last) layers
 BOUND_S = 60.0  # each scenario must end well within this; start_wait_s is 600
@@ -49,7 +49,7 @@ def test_a_peer_dying_right_after_the_barrier_fails_the_first_step_within_the_st
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import PeerError
     from potluck.peer.train.barrier import start_barrier
-    from tests.helpers.p2p import keyed_group
+    from potluck.testbed.harness.p2p import keyed_group
 
     cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0, start_wait_s=600.0)
 
@@ -78,8 +78,8 @@ def test_a_peer_dying_right_after_the_barrier_fails_the_first_step_within_the_st
 def test_a_peer_that_cannot_take_its_state_stops_the_plan_at_once_with_its_reason(tmp_path):
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StartError
+    from potluck.testbed.harness.p2p import keyed_group
     from potluck.transfer.errors import StateError
-    from tests.helpers.p2p import keyed_group
 
     cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=600.0)
 
@@ -104,7 +104,7 @@ def test_a_peer_that_cannot_take_its_state_stops_the_plan_at_once_with_its_reaso
 def test_a_peer_that_never_comes_is_named_after_the_barrier_wait(tmp_path):
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StartError
-    from tests.helpers.p2p import keyed_group
+    from potluck.testbed.harness.p2p import keyed_group
 
     cfg = TrainerConfig(step_timeout_s=4.0, start_wait_s=2.0)
     splits = [(0, 2), (2, 3), (3, 4)]

@@ -9,8 +9,8 @@ import pytest
 from potluck.model.data import load_dataset
 from potluck.model.reference import reference_run
 from potluck.protocol.jobspec import load_job
+from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.jobs import job_toml
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

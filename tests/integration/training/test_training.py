@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from potluck.model.reference import parameters_by_global_name, reference_run
-from tests.helpers.training import tiny_dataset, tiny_job, train_swarm
+from potluck.testbed.harness.training import tiny_dataset, tiny_job, train_swarm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -64,8 +64,8 @@ def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
     from potluck.peer.config import TrainerConfig
     from potluck.peer.errors import StepAborted
     from potluck.peer.train.trainer import Trainer
-    from tests.helpers.p2p import keyed_group
-    from tests.helpers.training import PROTOCOL, make_plan
+    from potluck.testbed.harness.p2p import keyed_group
+    from potluck.testbed.harness.training import PROTOCOL, make_plan
 
     job = tiny_job()
     dataset = tiny_dataset(job)

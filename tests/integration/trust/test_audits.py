@@ -12,7 +12,7 @@ from potluck.peer.collectives import tree
 from potluck.peer.collectives.robust import Combined
 from potluck.peer.config import TrainerConfig
 from potluck.peer.train.checks.audit import ShardAudits
-from tests.helpers.training import tiny_job, train_swarm, witness_records
+from potluck.testbed.harness.training import tiny_job, train_swarm, witness_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

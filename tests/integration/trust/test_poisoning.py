@@ -8,7 +8,7 @@ import math
 import pytest
 
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers
-from tests.helpers.training import tiny_job, train_swarm, witness_records
+from potluck.testbed.harness.training import tiny_job, train_swarm, witness_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

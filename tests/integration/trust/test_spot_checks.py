@@ -10,7 +10,7 @@ import torch
 
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers
 from potluck.peer.train.trainer import Trainer
-from tests.helpers.training import tiny_job, train_swarm, witness_records
+from potluck.testbed.harness.training import tiny_job, train_swarm, witness_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

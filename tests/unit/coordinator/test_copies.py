@@ -9,8 +9,8 @@ from pathlib import Path
 from potluck.coordinator.copies import CheckpointCopier
 from potluck.protocol.identity import Identity
 from potluck.protocol.training import StageAssignment, TrainPlan
+from potluck.testbed.harness.training import tiny_job
 from potluck.transfer.server import TransferConfig
-from tests.helpers.training import tiny_job
 
 PEERS = sorted(Identity.generate().peer_id for _ in range(2))
 

@@ -7,7 +7,7 @@ import torch
 from potluck.model.reference import reference_run
 from potluck.model.stage import StageRunner
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
-from tests.helpers.training import tiny_dataset, tiny_job
+from potluck.testbed.harness.training import tiny_dataset, tiny_job
 
 SPEC = ModelSpec(n_layers=2, d_model=32, n_heads=2, vocab_size=64, seq_len=16)
 

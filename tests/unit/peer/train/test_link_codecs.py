@@ -15,7 +15,7 @@ from potluck.peer.errors import NeighbourError
 from potluck.peer.train.pipeline import Neighbours, PipeCodecs, Timing, link_codecs, pipeline_step
 from potluck.protocol.identity import Identity
 from potluck.protocol.training import LinkCodecs, StageAssignment, TrainPlan
-from tests.helpers.training import tiny_job
+from potluck.testbed.harness.training import tiny_job
 from tests.unit.peer.train.test_pipeline_staging import MemBox, _micro
 
 PEERS = [Identity.generate().peer_id for _ in range(3)]

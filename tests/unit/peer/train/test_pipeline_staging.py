@@ -14,7 +14,7 @@ from potluck.model.staging import Staging
 from potluck.net.tags import Round, Tag
 from potluck.peer.errors import PipelineError
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, pipeline_step
-from tests.helpers.training import tiny_dataset, tiny_job
+from potluck.testbed.harness.training import tiny_dataset, tiny_job
 
 
 class MemBox:

@@ -4,7 +4,7 @@ and the commit leader's decision when a replica was left out of its stage's all-
 import pytest
 
 from potluck.peer.train.commit import Ready, _complete, _decide, _parse_ready
-from potluck.peer.train.straggle import TEST_DELAY_ENV, deadline_s, slowdown_s
+from potluck.peer.train.straggle import deadline_s
 from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity
 from potluck.protocol.training import StageAssignment, TrainPlan
@@ -23,18 +23,6 @@ def test_deadline_follows_the_measured_times():
     fast = deadline_s([0.1] * 16, factor=1.5, floor_s=0.0, cap_s=100.0)
     slow = deadline_s([2.0] * 16, factor=1.5, floor_s=0.0, cap_s=100.0)
     assert fast == pytest.approx(0.15) and slow == pytest.approx(3.0)
-
-
-def test_slowdown_is_read_from_the_environment(monkeypatch):
-    monkeypatch.delenv(TEST_DELAY_ENV, raising=False)
-    assert slowdown_s(0) == 0.0
-    monkeypatch.setenv(TEST_DELAY_ENV, "1.5")
-    assert slowdown_s(0) == 1.5 and slowdown_s(2) == 1.5
-    monkeypatch.setenv(TEST_DELAY_ENV, "0.75@2")
-    assert slowdown_s(2) == 0.75 and slowdown_s(1) == 0.0
-    monkeypatch.setenv(TEST_DELAY_ENV, "soon")
-    with pytest.raises(ValueError):
-        slowdown_s(0)
 
 
 def plan(grid: list[list[str]]) -> TrainPlan:

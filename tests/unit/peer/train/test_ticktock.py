@@ -16,7 +16,7 @@ from potluck.model.stage import StageRunner
 from potluck.peer.errors import ColocationRefused
 from potluck.peer.train.ticktock import TickTock, activation_budget, admit, merge_gradients
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
-from tests.helpers.ticktock import (
+from potluck.testbed.harness.ticktock import (
     TINY,
     init_mlp,
     max_err,

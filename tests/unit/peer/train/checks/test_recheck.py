@@ -19,8 +19,8 @@ from potluck.peer.train.commit import Decision
 from potluck.protocol.collective import one_hop_schedule
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import TrustSpec
-from tests.helpers.hostile import raw_payload
-from tests.helpers.training import tiny_job
+from potluck.testbed.harness.hostile import raw_payload
+from potluck.testbed.harness.training import tiny_job
 
 CODEC = "int8:block=64"
 JOB = tiny_job()

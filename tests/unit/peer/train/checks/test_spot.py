@@ -21,7 +21,7 @@ from potluck.peer.train.checks.evidence import (
 from potluck.peer.train.checks.spot import select_checks
 from potluck.peer.train.commit import Decision
 from potluck.protocol.identity import Identity
-from tests.helpers.training import tiny_job
+from potluck.testbed.harness.training import tiny_job
 
 A, B, C = (Identity.generate() for _ in range(3))
 TAG = make_tag(Round(2, 7), Stream.ACTIVATIONS, chunk=1)

@@ -19,7 +19,8 @@ from potluck.model.stage import StageRunner
 from potluck.peer.train.ticktock import TickTock, merge_gradients
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
 
-ADAM = {"lr": 0.05, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.01}
+LR, BETAS, EPS, WEIGHT_DECAY = 0.05, (0.9, 0.95), 1e-8, 0.01
+ADAM = {"lr": LR, "betas": BETAS, "eps": EPS, "weight_decay": WEIGHT_DECAY}
 Data = list[list[list[tuple[np.ndarray, np.ndarray, float]]]]  # [step][wave][micro] = (x, y, weight)
 
 
@@ -54,7 +55,7 @@ def numpy_sim(data: Data, params: list[np.ndarray]) -> list[list[np.ndarray]]:
     p = [a.copy() for a in params]
     m = [np.zeros_like(a) for a in p]
     v = [np.zeros_like(a) for a in p]
-    lr, (b1, b2), eps, wd = ADAM["lr"], ADAM["betas"], ADAM["eps"], ADAM["weight_decay"]
+    lr, (b1, b2), eps, wd = LR, BETAS, EPS, WEIGHT_DECAY
     trace = []
     for t, step in enumerate(data, start=1):
         g = [np.zeros_like(a) for a in p]

@@ -41,7 +41,7 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def tiny_job(path: Path, steps: int, checkpoints: Path) -> Path:
+def tiny_job_file(path: Path, steps: int, checkpoints: Path) -> Path:
     """examples/tiny.toml, cut to ``steps`` steps, writing its checkpoints under ``checkpoints``."""
     text = TINY_JOB.read_text()
     text = re.sub(r"(?m)^steps = \d+", f"steps = {steps}", text)
@@ -54,7 +54,7 @@ def start_tiny_job(root: Path, swarm_id: str, steps: int = 1, timeout_s: float =
     """One start: coordinator + peers a, b, each announcing a dead 127.0.0.1 port before its real one;
     the job runs ``steps`` steps and ``potluck launch`` exits by itself. Every process is reaped."""
     root.mkdir(parents=True, exist_ok=True)
-    job = tiny_job(root / "job.toml", steps, root / "ckpt")
+    job = tiny_job_file(root / "job.toml", steps, root / "ckpt")
     t = time.monotonic()
     with LocalSwarm(root, job, swarm_id=swarm_id, peer_args=PEER_ARGS, coordinator_args=("--json",)) as swarm:
         swarm.start_coordinator()

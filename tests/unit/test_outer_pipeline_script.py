@@ -1,4 +1,4 @@
-"""The 2 stages x 2 replicas benchmark (``scripts/bench_outer_pipeline.py``) counts what it claims:
+"""The 2 stages x 2 replicas benchmark (``scripts/_outer_pipeline.py``) counts what it claims:
 fp32 data parallelism's bytes by the formula, the coded run's by its payloads, replicas identical."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_short_2x2_run_counts_bytes_per_link_and_keeps_replicas_identical(monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import bench_outer_pipeline as bench
+        import _outer_pipeline as bench
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     monkeypatch.setitem(bench.PIPE_MODELS, "t", (2, 32, 2, 4, 16))  # 2 layers, d=32, 4 x 16 tokens/step

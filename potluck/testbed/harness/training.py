@@ -16,8 +16,8 @@ from potluck.peer.config import TrainerConfig
 from potluck.peer.train.trainer import StepReport, Trainer
 from potluck.protocol.jobspec import AggregationRule, JobSpec
 from potluck.protocol.training import LinkCodecs, Progress, StageAssignment, TrainPlan
-from tests.helpers.hostile import Forge, HostileMailbox
-from tests.helpers.p2p import keyed_group
+from potluck.testbed.harness.hostile import Forge, HostileMailbox
+from potluck.testbed.harness.p2p import keyed_group
 
 PROTOCOL = "potluck/test/train/1"
 
