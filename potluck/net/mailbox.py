@@ -39,6 +39,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
@@ -97,7 +98,7 @@ class Mailbox:
         self._suspects: dict[str, float] = {}  # peer -> when it last failed us (monotonic s)
         self._checks: dict[str, asyncio.Task[None]] = {}  # peer -> its liveness check under way
         # Its own background tasks: a watch per outgoing stream (has its receiver closed it?), GONE sends
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()
         self._told: set[str] = set()  # peers this mailbox told its plan's peers are gone
         self._step = 0  # the step this peer runs (advance)
         # Peers whose stream to us ended and that have not opened another since: a wait on one of them
@@ -474,13 +475,17 @@ class Mailbox:
         self._told.add(peer)
         tag = make_tag(Round(self._epoch or 0, self._step), Stream.GONE)
         for other in sorted(self._admitted - {self.peer_id, peer}):
-            task = asyncio.create_task(self._send_quietly(other, tag, peer.encode()), name="gone")
+            task = asyncio.create_task(self.send_quietly(other, tag, peer.encode()), name="gone")
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _send_quietly(self, peer: str, tag: Tag, payload: bytes) -> None:
-        with contextlib.suppress(WireError):
+    async def send_quietly(self, peer: str, tag: Tag, payload: bytes) -> str | None:
+        """``send``, for a peer that may be gone: the failure's reason instead of an error (None: sent)."""
+        try:
             await self.send(peer, tag, payload)
+        except WireError as e:
+            return str(e) or type(e).__name__
+        return None
 
     def _on_gone(self, sender: str, payload: bytes) -> None:
         """``sender`` says a peer of the plan is gone: check it ourselves (a connection attempt) if we wait

@@ -26,6 +26,7 @@ from typing import Any
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Stream, Tag, make_tag
 from potluck.peer.collectives.gather import check_own, receive_parts, send_parts
+from potluck.peer.collectives.rounds import announce
 from potluck.peer.errors import CollectiveError, ContributionError
 from potluck.protocol.errors import WireError
 
@@ -115,12 +116,14 @@ async def _lead(
     late = [peers[i][-8:] for i in recvs if i not in members]
     if late:
         logger.info("outer sync: left out %s (not in by the %.1f s deadline)", ", ".join(late), deadline_s)
-    decision = encode_members(members, len(peers))
-    others = sorted(recvs)
-    sent = await asyncio.gather(*(box.send(peers[i], tag, decision) for i in others), return_exceptions=True)
-    for i, result in zip(others, sent, strict=True):
-        if isinstance(result, BaseException):  # that replica fails its own sync; this one goes on
-            logger.info("outer sync: the decision did not reach %s: %s", peers[i][-8:], result)
+    # a replica the decision does not reach fails its own sync; this one goes on
+    await announce(
+        box,
+        [peers[i] for i in sorted(recvs)],
+        tag,
+        encode_members(members, len(peers)),
+        "outer sync: the decision",
+    )
     return members
 
 

@@ -24,15 +24,15 @@ of later steps, and of collectives running in other phases of the same step, sta
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import msgpack
 import torch
 
 from potluck.net.mailbox import Mailbox
-from potluck.net.tags import ATTEMPTS, Round, Stream, Tag, make_tag
+from potluck.net.tags import ATTEMPTS, Round, Stream, make_tag
 from potluck.peer.collectives.robust import Audit
+from potluck.peer.collectives.rounds import announce, collect, raw
 from potluck.peer.collectives.tree import tree_allreduce
 from potluck.peer.config import AllReduceConfig, RelaxedConfig
 from potluck.peer.errors import CollectiveError, LateError
@@ -67,11 +67,10 @@ async def relaxed_allreduce(
                 members = await _collect_ready(box, alive, tag_round, relax.deadline_s)
                 if len(members) < relax.min_members:
                     members = []  # tell everyone the round is off
-                for p in alive:
-                    if p != me:
-                        await _send_quietly(
-                            box, p, make_tag(tag_round, Stream.RELAXED_DECISION), msgpack.packb(members)
-                        )
+                decision = make_tag(tag_round, Stream.RELAXED_DECISION)
+                await announce(
+                    box, [p for p in alive if p != me], decision, msgpack.packb(members), "members"
+                )
                 if not members:
                     raise CollectiveError(f"round {rnd}: only {len(members)} contributors")
             else:
@@ -92,9 +91,8 @@ async def relaxed_allreduce(
             if me == leader:
                 failed, silent = await _collect_done(box, members, tag_round, 2 * cfg.timeout_s)
                 verdict = b"commit" if result is not None and not failed else b"retry"
-                for p in members:
-                    if p != me and p not in silent:
-                        await _send_quietly(box, p, make_tag(tag_round, Stream.RELAXED_VERDICT), verdict)
+                told = [p for p in members if p != me and p not in silent]
+                await announce(box, told, make_tag(tag_round, Stream.RELAXED_VERDICT), verdict, "verdict")
                 # Peers that reported a failure are alive (hit by someone else's); the silent are gone.
                 alive = [p for p in members if p not in silent]
             else:
@@ -116,11 +114,8 @@ async def relaxed_allreduce(
 async def _collect_ready(box: Mailbox, peers: list[str], tag_round: int, deadline_s: float) -> list[str]:
     """Members of this attempt: the leader plus every peer whose READY arrives before the deadline."""
     others = [p for p in peers if p != box.peer_id]
-    tag = make_tag(tag_round, Stream.RELAXED_READY)
-    waits = {p: asyncio.create_task(box.recv(p, tag, deadline_s)) for p in others}
-    await asyncio.gather(*waits.values(), return_exceptions=True)
-    ready = {p for p, t in waits.items() if t.exception() is None}
-    return [p for p in peers if p == box.peer_id or p in ready]
+    got = await collect(box, others, make_tag(tag_round, Stream.RELAXED_READY), deadline_s, raw)
+    return [p for p in peers if p == box.peer_id or p in got.got]
 
 
 async def _collect_done(
@@ -128,16 +123,6 @@ async def _collect_done(
 ) -> tuple[set[str], set[str]]:
     """(members that failed or went silent, members that went silent) in this attempt, leader excluded."""
     others = [p for p in members if p != box.peer_id]
-    tag = make_tag(tag_round, Stream.RELAXED_DONE)
-    waits = {p: asyncio.create_task(box.recv(p, tag, timeout_s)) for p in others}
-    await asyncio.gather(*waits.values(), return_exceptions=True)
-    silent = {p for p, t in waits.items() if t.exception() is not None}
-    return silent | {p for p, t in waits.items() if p not in silent and t.result() != b"ok"}, silent
-
-
-async def _send_quietly(box: Mailbox, peer: str, tag: Tag, payload: bytes) -> None:
-    """Control messages to a peer that may be gone: failure to deliver is that peer's loss."""
-    try:
-        await box.send(peer, tag, payload)
-    except WireError as e:
-        logger.info("could not reach %s: %s", peer, e)
+    got = await collect(box, others, make_tag(tag_round, Stream.RELAXED_DONE), timeout_s, raw)
+    silent = set(got.failed)
+    return silent | {p for p, done in got.got.items() if done != b"ok"}, silent

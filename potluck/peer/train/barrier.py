@@ -26,6 +26,7 @@ import logging
 
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, Tag, make_tag
+from potluck.peer.collectives.rounds import announce, collect
 from potluck.peer.errors import StartError
 from potluck.protocol.errors import WireError
 from potluck.protocol.training import TrainPlan
@@ -79,10 +80,7 @@ async def start_barrier(box: Mailbox, plan: TrainPlan, wait_s: float, failed: st
     if not reason:
         reason, missing = await _collect(box, others, tag_ready, wait_s)
     answer = json.dumps({"go": not reason, "reason": reason[:REASON_CHARS], "missing": missing}).encode()
-    sent = await asyncio.gather(*(box.send(p, tag_go, answer) for p in others), return_exceptions=True)
-    for p, res in zip(others, sent, strict=True):
-        if isinstance(res, BaseException):
-            logger.info("start barrier: answer not delivered to %s: %s", p, res)
+    await announce(box, others, tag_go, answer, "start barrier: answer")
     if reason and failed is None:
         raise StartError(f"start barrier: {reason}")
 
@@ -101,31 +99,22 @@ async def _collect(box: Mailbox, others: list[str], tag: Tag, wait_s: float) -> 
     """The leader's wait for every READY: ("", []) when all came and say ok, else (why not, the peers
     not heard from), at the first peer that failed, not after the others' waits."""
 
-    async def one(peer: str) -> tuple[str, str]:
+    def parse(peer: str, data: bytes) -> str:
+        """ "" when ``peer`` holds its state, else why not."""
         try:
-            ok, why = _parse(await box.recv(peer, tag, wait_s), peer, "ok")
-        except WireError:
-            return peer, "missing"  # box.recv named it a suspect: the coordinator checks its heartbeat
+            ok, why = _parse(data, peer, "ok")
         except StartError as e:
-            return peer, str(e)
-        return peer, "" if ok else f"{peer} could not take its state: {why}"
+            return str(e)
+        return "" if ok else f"{peer} could not take its state: {why}"
 
-    waits = {asyncio.create_task(one(p)) for p in others}
-    missing: list[str] = []
-    try:
-        while waits:
-            done, waits = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                peer, why = task.result()
-                if why == "missing":
-                    missing.append(peer)
-                elif why:
-                    return why, sorted(missing)[:MAX_NAMED]
-    finally:
-        for task in waits:
-            task.cancel()
+    got = await collect(box, others, tag, wait_s, parse, lambda r: any(r.got.values()))
+    # a peer not heard from: box.recv named it a suspect, so the coordinator checks its heartbeat
+    missing = sorted(got.failed)
+    failed = next((why for why in got.got.values() if why), "")
+    if failed:
+        return failed, missing[:MAX_NAMED]
     if missing:
-        named = sorted(missing)[:MAX_NAMED]
+        named = missing[:MAX_NAMED]
         return f"no READY from {named} (gone, or no state within {wait_s:.0f} s)", named
     return "", []
 

@@ -19,7 +19,6 @@ Messages are small JSON objects, size-capped and schema-checked before use.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -28,6 +27,7 @@ from typing import Any
 
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, make_tag
+from potluck.peer.collectives.rounds import announce, collect
 from potluck.peer.errors import StepAborted
 from potluck.protocol.errors import WireError
 from potluck.protocol.training import TrainPlan
@@ -155,26 +155,17 @@ async def commit_step(
     if me == leader:
         readies = {me: ready} if ready is not None else {}
 
-        async def collect(peer: str) -> tuple[str, Ready | None]:
-            where = plan.position(peer) or (-1, -1)
-            try:
-                data = await box.recv(peer, tag_ready, timeout_s)
-                return peer, _parse_ready(data, peer, where, plan.n_replicas)
-            except WireError as e:
-                logger.warning("step commit: %s", e)
-                return peer, None
+        def parse(peer: str, data: bytes) -> Ready:
+            return _parse_ready(data, peer, plan.position(peer) or (-1, -1), plan.n_replicas)
 
-        waits = {asyncio.create_task(collect(p)) for p in peers if p != me}
-        try:  # until every READY the decision needs is in: left-out replicas send none
-            while waits and not _complete(plan, readies):
-                done, waits = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    peer, got = task.result()
-                    if got is not None:
-                        readies[peer] = got
-        finally:
-            for task in waits:
-                task.cancel()
+        # until every READY the decision needs is in: left-out replicas send none
+        others = [p for p in peers if p != me]
+        got = await collect(
+            box, others, tag_ready, timeout_s, parse, lambda r: _complete(plan, {**readies, **r.got})
+        )
+        for why in got.failed.values():
+            logger.warning("step commit: %s", why)
+        readies |= got.got
         decision = _decide(plan, readies)
         payload = _dumps(
             {
@@ -184,12 +175,7 @@ async def commit_step(
                 "reason": decision.reason,
             }
         )
-        results = await asyncio.gather(
-            *(box.send(p, tag_decision, payload) for p in peers if p != me), return_exceptions=True
-        )
-        for p, res in zip([p for p in peers if p != me], results, strict=True):
-            if isinstance(res, BaseException):
-                logger.warning("step commit: decision not delivered to %s: %s", p, res)
+        await announce(box, others, tag_decision, payload, "step commit: decision", logging.WARNING)
     else:
         try:
             if ready is not None:
