@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_codecs import TinyLM, lm_loss, make_data  # noqa: E402
+from _codec_training import TinyLM, lm_loss, make_data  # noqa: E402
 from bench_outer_pipeline import PIPE_MODELS, pipeline_bench  # noqa: E402
 
 from potluck.compression import get_codec  # noqa: E402
