@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from _codec_training import TinyLM, lm_loss, make_data  # noqa: E402
 from _outer_pipeline import PIPE_MODELS, pipeline_bench  # noqa: E402
-from bench_codecs import TinyLM, lm_loss, make_data  # noqa: E402
 
 from potluck.compression import get_codec  # noqa: E402
 from potluck.peer.collectives.diloco import DiLoCo, OuterCodec  # noqa: E402

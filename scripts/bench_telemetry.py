@@ -26,10 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from potluck.cli.demo_cmd import demo_job, run_local_job
+from potluck.cli.demo_cmd import run_local_job
 from potluck.cli.telemetry_opts import TelemetryOptions
 from potluck.protocol.identity import Identity
 from potluck.protocol.telemetry import VERSION, PeerMetrics, open_message, peer_topic, seal_message
+from potluck.testbed.demojob import demo_job
 
 MOSQUITTO = next((p for p in ("/usr/sbin/mosquitto", "/usr/bin/mosquitto") if os.path.exists(p)), None)
 

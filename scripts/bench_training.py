@@ -19,12 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from potluck.cli.demo_cmd import demo_job, run_local_job
+from potluck.cli.demo_cmd import run_local_job
 from potluck.cli.views.job import JobWatcher
 from potluck.compat import use_fork
 from potluck.coordinator.job.plan import calibrated_tflops, network, predict_step
 from potluck.coordinator.placement.costmodel import DeviceSpec
 from potluck.protocol.jobspec import JobSpec
+from potluck.testbed.demojob import demo_job
 
 PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
 

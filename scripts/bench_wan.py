@@ -42,7 +42,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))  # bench_training's timing report, wan_hivemind's summary
+sys.path.insert(0, str(ROOT / "scripts"))  # bench_training's timing report
 
 logger = logging.getLogger("bench_wan")
 
@@ -270,7 +270,7 @@ def run_potluck(
 def run_hivemind(lab: Any, args: argparse.Namespace, tokens: int) -> dict[str, Any]:
     """``scripts/wan_hivemind.py`` in nodes 1..N of ``lab`` (node 1 first, the rest bootstrap from it),
     to ``tokens`` tokens; the swarm's summary plus tokens/s between its first and last full epoch."""
-    from wan_hivemind import read_records, swarm_summary
+    from potluck.testbed.baseline.summary import read_records, swarm_summary
 
     n = lab.spec.n
     worker = [sys.executable, str(ROOT / "scripts" / "wan_hivemind.py")]

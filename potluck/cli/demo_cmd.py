@@ -29,32 +29,13 @@ from potluck.coordinator.config import CoordinatorConfig
 from potluck.net.config import NetworkConfig, Reachability
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
-from potluck.protocol.jobspec import JobSpec, parse_job
+from potluck.protocol.jobspec import JobSpec
+from potluck.testbed.demojob import demo_job
 
 if TYPE_CHECKING:
     from potluck.testbed.localswarm import Placement
 
-STAGES, REPLICAS = 2, 2
 STOP_TIMEOUT_S = 15.0  # bound on stopping the coordinator service when the demo ends
-
-
-def demo_job(steps: int, checkpoint_dir: Path) -> JobSpec:
-    """The embedded job: small enough for 2 CPU cores, big enough to learn the corpus visibly."""
-    return parse_job(
-        {
-            "name": "demo",
-            "seed": 0,
-            "steps": steps,
-            "min_peers": STAGES * REPLICAS,
-            "model": {"n_layers": 4, "d_model": 128, "n_heads": 4, "vocab_size": 256, "seq_len": 64},
-            "batch": {"tokens_per_step": 64 * 32, "micro_batch_size": 4},
-            "data": {"source": "generated", "generated_chars": 400_000},
-            "optimizer": {"lr": 3e-3, "warmup_steps": 10, "min_lr_ratio": 0.1},
-            "checkpoint": {"dir": str(checkpoint_dir), "interval": max(10, steps // 4), "keep": 2},
-            "limits": {"stages": STAGES, "replicas": REPLICAS},
-        },
-        source="demo job",
-    )
 
 
 def demo(

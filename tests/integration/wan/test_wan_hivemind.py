@@ -1,11 +1,11 @@
-"""The hivemind baseline of the headline benchmark (scripts/wan_hivemind.py) on loopback: two workers
-train potluck's demo model with hivemind.Optimizer for a few epochs, really average (their weights move
-together, far from where they started), learn, and leave no process behind."""
+"""The hivemind baseline of the headline benchmark (potluck/testbed/baseline/, which
+scripts/wan_hivemind.py and scripts/wan_hivemind_local.py run) on loopback: two workers train potluck's
+demo model with hivemind.Optimizer for a few epochs, really average (their weights move together, far
+from where they started), learn, and leave no process behind."""
 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +13,8 @@ import pytest
 pytest.importorskip("hivemind")
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import wan_hivemind  # noqa: E402
-import wan_hivemind_local  # noqa: E402
+from potluck.testbed.baseline import local
+from potluck.testbed.baseline.summary import read_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -35,7 +32,7 @@ def gone(pid: int) -> bool:
 
 
 def test_two_workers_average_and_learn(tmp_path: Path) -> None:
-    args = wan_hivemind_local.parse_args(
+    args = local.parse_args(
         [
             "--peers",
             "2",
@@ -53,8 +50,8 @@ def test_two_workers_average_and_learn(tmp_path: Path) -> None:
             "120",
         ]
     )
-    summary = wan_hivemind_local.run(args)
-    peers = [wan_hivemind.read_records(tmp_path / f"peer{i}.jsonl") for i in range(2)]
+    summary = local.run(args)
+    peers = [read_records(tmp_path / f"peer{i}.jsonl") for i in range(2)]
     starts = [next(r for r in rs if r["event"] == "start") for rs in peers]
     dones = [next(r for r in rs if r["event"] == "done") for rs in peers]
 

@@ -1,4 +1,4 @@
-"""Bytes on the wire of one hivemind peer (scripts/wan_hivemind.py), two counters per record:
+"""Bytes on the wire of one hivemind baseline peer (``worker.py``), two counters per record:
 
 - ``p2pd_sent`` / ``p2pd_recv``: TCP payload bytes of this peer's p2p daemon, which carries every byte
   hivemind sends (DHT, matchmaking, all-reduce, state): ``bytes_acked`` and ``bytes_received`` of the
