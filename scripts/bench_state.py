@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's potluck
 
 from potluck.net.streams import Streams
 from potluck.peer.state.source import Holder, PeerSource

@@ -33,6 +33,7 @@ from hivemind.utils import get_dht_time
 from potluck.aio import Supervisor
 from potluck.compression.kernels import native
 from potluck.model.data import TokenDataset, load_dataset
+from potluck.model.resume import kept
 from potluck.net.admit import admitted
 from potluck.net.config import TransportConfig
 from potluck.net.dial import dht_addresses
@@ -187,8 +188,31 @@ class PlanWorker(Replans):
         logger.info("plan epoch %d (%s) from step %d", plan.epoch, plan.status, plan.start_step)
         if plan.status == "done" or (at is not None and at > plan.start_step and await self._overshot(plan)):
             return
+        if await self._stopped_there(plan):
+            return
         assert self._tasks is not None
         self._task = self._tasks.start(f"train-epoch-{plan.epoch}", self._train(plan, list(self._recent)))
+
+    async def _stopped_there(self, plan: TrainPlan) -> bool:
+        """Whether this peer already stopped at ``plan``'s pause (``TrainPlan.stop_at``) and must not
+        start the epoch again: a peer that paused with its checkpoint, served another job's lease and
+        came back reads the paused epoch before the one that resumes it, and starting it would run the
+        epoch from its first step up to the pause once more (minutes of work thrown away). A placed
+        peer that holds nothing at the pause (it restarted on the way there) still runs up to it."""
+        pos = plan.position(self.peer_id)
+        if plan.stop_at is None or pos is None:
+            return False
+        a = plan.stages[pos[0]]
+        root = self.cfg.checkpoints(plan.job, self.lease.keys_of(plan.job).home)
+        kept_steps = await asyncio.to_thread(kept, root)
+        layers = (a.first_layer, a.last_layer)
+        if not any(step >= plan.stop_at and (first, last) == layers for step, first, last in kept_steps):
+            return False
+        why = f"paused at step {plan.stop_at}: the job waits for its lease (checkpoint kept)"
+        await self._publish(plan, pos[0], pos[1], plan.stop_at, state="waiting", message=why, force=True)
+        self.activity.spared(plan.job, plan.epoch, why)
+        logger.info("plan epoch %d: already %s", plan.epoch, why)
+        return True
 
     def _may_fetch(self, peer: str, admission: bytes | None) -> bool:
         """Whether ``peer`` may fetch this peer's state: admitted (or the coordinator), not banned."""

@@ -69,7 +69,8 @@ def potluck_cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProces
 
 
 def status_json(invite: Invite) -> dict[str, Any]:
-    result = potluck_cli("status", "--join", invite.encode(), "--json", "--timeout", "20")
+    # The process itself may take a minute to start on a loaded machine (it imports torch).
+    result = potluck_cli("status", "--join", invite.encode(), "--json", "--timeout", "20", timeout=120)
     assert result.returncode == 0, result.stderr
     doc: dict[str, Any] = json.loads(result.stdout)
     return doc

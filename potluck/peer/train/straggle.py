@@ -50,8 +50,6 @@ from potluck.protocol.jobspec import SyncSpec
 logger = logging.getLogger(__name__)
 
 WINDOW = 16  # recent compute times the deadline's median is taken over (steps)
-# Test-only: seconds each step of this peer sleeps before its gradients count as ready ("S"), or only
-# while it is replica R of its stage ("S@R"). Read here and nowhere else.
 
 
 def deadline_s(samples: Sequence[float], factor: float, floor_s: float, cap_s: float) -> float:

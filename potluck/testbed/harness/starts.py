@@ -15,7 +15,7 @@ from pathlib import Path
 
 from potluck.testbed.localswarm import LocalSwarm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: potluck/testbed/harness/ -> repo root
 TINY_JOB = ROOT / "examples" / "tiny.toml"
 PEER_ARGS = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
 

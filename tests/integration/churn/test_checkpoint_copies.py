@@ -50,6 +50,7 @@ def _same_tensors(a: Path, b: Path) -> bool:
     return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_losing_every_replica_of_a_stage_resumes_from_the_owners_copy(tmp_path, monkeypatch):
     # Paced (inherited by the peers): unpaced, this model runs 60 steps in a few seconds, and a peer may
     # prune step 10 (keep = 3) before the test compares it with the owner's copy, or finish before the kill.

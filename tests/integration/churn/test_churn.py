@@ -25,7 +25,11 @@ STEPS = 80
 INTERVAL = 10  # checkpoints all along: none may be needed, and the victim writes them too
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.extended)],  # sigterm: full tier only
+    ids=["sigkill", "sigterm"],
+)
 def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
     """SIGKILL (a crash) or SIGTERM (a graceful leave) of one replica: the next epoch starts where the
     survivors stand."""

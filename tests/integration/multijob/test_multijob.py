@@ -15,7 +15,7 @@ from potluck.testbed.harness.jobs import job_toml
 from tests.helpers.logs import launch_finished, wait_for
 from tests.helpers.swarm import multijob_swarm, status_json
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(300)]
 
 STEPS_A, STEPS_B = 1200, 100
 LEASE_S = 15  # allocation rounds: a job's peers change only at their ends

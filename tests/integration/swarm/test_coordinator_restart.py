@@ -32,7 +32,7 @@ from tests.unit.coordinator.job.test_recover import plan
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 SLOW = pytest.mark.skipif(os.environ.get("POTLUCK_SLOW_TESTS") != "1", reason="POTLUCK_SLOW_TESTS=1 runs it")
 
-# Paced steps (the test-only straggle.slowdown_s: every step of every peer sleeps PACE_S) take ~0.35 s
+# Paced steps (an injected delay, testbed/faults.py: every step of every peer sleeps PACE_S) take ~0.35 s
 # whatever the machine's speed, and the peers leave the 2 cores to the restarting coordinator. The job
 # only has to outlast the restart (SIGKILL -> "recovered", 8-20 s on a busy 2-core machine: steps 25-45);
 # 90 steps (~30 s) leave room for twice that.
@@ -62,7 +62,7 @@ def _stage0(table: str) -> set[str]:
 # then-replan; it runs only with POTLUCK_SLOW_TESTS=1 to keep the suite within its time budget.
 @pytest.mark.parametrize(
     "then_kill_a_peer",
-    [pytest.param(False, marks=SLOW), True],
+    [pytest.param(False, marks=SLOW), pytest.param(True, marks=pytest.mark.extended)],
     ids=["carry-on", "then-replan"],
 )
 def test_a_restarted_coordinator_carries_on_with_the_running_plan(tmp_path, monkeypatch, then_kill_a_peer):

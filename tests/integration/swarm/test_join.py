@@ -1,12 +1,12 @@
-"""Joining a running job: a third peer joins a 1 x 2 job mid-run, each peer in its own directory.
+"""Joining a running job: a second peer joins a 1 x 1 job mid-run, each peer in its own directory.
 
 Within seconds it is named in the plan as a spare with the reason it is not placed yet (its own log
 says so at WARNING, the level a volunteer's terminal shows); once the coordinator prices placing it
-(three replicas of a batch of twelve micro-batches predict a step a third shorter, which repays the
-move over the remaining steps) it is placed by a new epoch that starts where the swarm stands,
-pulls its layers from the replicas over the swarm, and the job finishes. After the last step every
-replica serves its state: the newcomer's and its replicas' are fetched over libp2p and compared byte
-for byte."""
+(two replicas of a batch of eight micro-batches predict a step half as long, which repays the move
+over the remaining steps) it is placed by a new epoch that starts where the swarm stands, pulls its
+layers from the running replica over the swarm, and the job finishes. After the last step every
+replica serves its state: the newcomer's and the other replica's are fetched over libp2p and compared
+byte for byte."""
 
 import asyncio
 import re
@@ -34,7 +34,7 @@ from potluck.transfer.manifest import StateWant
 from potluck.transfer.server import TransferConfig
 from tests.helpers.logs import launch_summary, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(600)]
 
 STEPS = 250
 SPARE_WITHIN_S = 30.0  # first heartbeat lands ~1 s after start; a loaded machine gets the rest
@@ -98,14 +98,16 @@ def test_a_peer_joining_mid_run_is_a_spare_at_once_then_placed_with_its_layers_o
         interval=1000,
         d_model=128,
         stages=1,
-        max_replicas=3,
+        max_replicas=2,
     )
-    # 24 sequences a step in micro-batches of 2: two replicas run 6 micro-batches each, three run 4.
-    job_file.write_text(text.replace("tokens_per_step = 128", "tokens_per_step = 384"))
+    # One peer trains alone until the newcomer comes; 16 sequences a step in micro-batches of 2: one
+    # replica runs 8 micro-batches, two run 4 each.
+    text = text.replace("min_peers = 2", "min_peers = 1")
+    job_file.write_text(text.replace("tokens_per_step = 128", "tokens_per_step = 256"))
     job = load_job(job_file)
     # No start-up probe: on this shared, loaded machine a 0.1 s matmul can make one of two identical
-    # peers look three times slower (the first plan is then 1 x 1); unprobed peers plan as equals, and
-    # from the first steps on the coordinator plans with the speeds they measure while training.
+    # peers look three times slower; unprobed peers plan as equals, and from the first steps on the
+    # coordinator plans with the speeds they measure while training.
     peer_args = ("--probe-seconds", "0", "--threads", "1", "--device", "cpu", "--ttl", "15")
     peer_args += ("--step-timeout", "10")
     with LocalSwarm(
@@ -119,21 +121,19 @@ def test_a_peer_joining_mid_run_is_a_spare_at_once_then_placed_with_its_layers_o
         verbose=1,
     ) as swarm:
         invite = swarm.start_coordinator()
-        for name in ("a", "b"):
-            swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
+        swarm.start_peer("a", "--checkpoint-dir", str(tmp_path / "run" / "a" / "ckpt"))
         log = swarm.procs["coordinator"].log
-        wait_for(log, r"plan epoch 1: 1 stages x 2 replicas", 120)
+        wait_for(log, r"plan epoch 1: 1 stages x 1 replicas", 120)
         before = int(wait_for(log, r"step (1[5-9]|[2-9]\d)/", 120).group(1))
 
         joined = time.monotonic()
-        newcomer = swarm.start_peer("c", "--checkpoint-dir", str(tmp_path / "run" / "c" / "ckpt"))
+        newcomer = swarm.start_peer("b", "--checkpoint-dir", str(tmp_path / "run" / "b" / "ckpt"))
         told = wait_for(newcomer.log, r"not placed in plan epoch 1: (joined at step \d+.*)", 60)
         assert re.search(r"spare in plan epoch 1: \w{12}: joined at step", log.read_text(errors="replace"))
         assert time.monotonic() - joined < SPARE_WITHIN_S + 15, "named as a spare too late"
 
-        # Placed as a third replica, or in the stead of a replica the swarm measured slower (this shared
-        # machine makes one peer's steps slower now and then): whichever the model predicts faster.
-        placed = wait_for(log, r"plan epoch 2: 1 stages x ([23]) replicas, from step (\d+)", 120)
+        # Placed as a second replica: in the stead of the running one it would predict no shorter step.
+        placed = wait_for(log, r"plan epoch 2: 1 stages x (2) replicas, from step (\d+)", 120)
         start = int(placed.group(2))
         assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
         resumed = wait_for(newcomer.log, r"stage 0 resumed at step (\d+) from (peers:\S+)", 120)
@@ -153,7 +153,7 @@ def test_a_peer_joining_mid_run_is_a_spare_at_once_then_placed_with_its_layers_o
         )
         assert "placing 1 newcomer(s)" in text, told.group(1)
 
-        ids = [Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in ("c", "a", "b")]
+        ids = [Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in ("b", "a")]
         try:
             assert reader.states(job, ids[:1]) == [None]  # not admitted: served nothing
             coordinator = Identity.load(tmp_path / "run" / "coordinator.pem")
@@ -163,7 +163,7 @@ def test_a_peer_joining_mid_run_is_a_spare_at_once_then_placed_with_its_layers_o
         finally:
             reader.close()
     mine, others = states[0], [s for s in states[1:] if s is not None]
-    assert mine is not None and len(others) == int(placed.group(1)) - 1, "the final replicas serve no state"
+    assert mine is not None and len(others) == 1, "the final replicas serve no state"
     for other in others:
         assert other.keys() == mine.keys()
         for name, tensor in mine.items():

@@ -19,7 +19,7 @@ from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.logs import assert_no_step_lost, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(420)]
 
 STEPS = 250
 PACE_S = 0.05  # seconds each peer sleeps per step (an injected delay, testbed/faults.py)

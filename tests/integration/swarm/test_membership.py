@@ -103,6 +103,7 @@ def test_link_probes_are_served_to_members_only(swarm, tmp_path):
     assert "closed" in outcome, outcome  # the stream was opened, then closed before the first pong
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_forged_records_from_a_raw_node_are_never_shown(swarm):
     peers = swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
     victim = peers[0]
@@ -141,6 +142,7 @@ def test_forged_records_from_a_raw_node_are_never_shown(swarm):
         raw.close()
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_unadmitted_and_replayed_admission_records_are_never_shown(swarm):
     peers = swarm.wait_for(lambda ps: len(ps) >= 3, timeout_s=30)
     now = time.time()
@@ -167,6 +169,7 @@ def test_unadmitted_and_replayed_admission_records_are_never_shown(swarm):
         raw.close()
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_a_peer_without_a_valid_token_is_refused_with_the_reason(swarm, tmp_path):
     untokened = Invite(swarm.invite.swarm_id, swarm.invite.bootstrap, swarm.invite.coordinator_key)
     for name, invite, why in [
@@ -221,6 +224,7 @@ def test_sigkill_peer_disappears_after_ttl(swarm):
     assert len(after) == len(before) - 1
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_unreachable_bootstrap_fails_with_advice(tmp_path):
     dead = f"/ip4/127.0.0.1/tcp/9/p2p/{Identity.generate().peer_id}"
     invite = Invite("itest", (dead,), Identity.generate().public_key)

@@ -51,6 +51,7 @@ def _wait_for_swarm(demo: subprocess.Popen[bytes], timeout_s: float) -> list[Pro
         time.sleep(0.5)
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_sigkilled_demo_leaves_no_process_behind(tmp_path):
     with open(tmp_path / "demo.err", "wb") as err:
         demo = subprocess.Popen(

@@ -140,6 +140,7 @@ def test_telemetry_over_mosquitto_survives_the_broker_and_a_killed_peer_goes_off
 @pytest.mark.skipif(
     shutil.which("chromium") is None and not Path("/usr/bin/chromium").exists(), reason="no chromium"
 )
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_the_demo_needs_nothing_installed_and_chromium_renders_its_live_dashboard(tmp_path):
     import subprocess
     import sys

@@ -1,8 +1,10 @@
-"""``sync.policy = "deadline"``: a replica slowed 5x by a sleep is left out of steps, catches up by
-applying the committed mean, and ends with the same parameters as the others; the others keep going.
+"""``sync.policy = "deadline"``: a replica slowed several times by a sleep is left out of steps, catches
+up by applying the committed mean, and ends with the same parameters as the others; the others keep
+going.
 
-The slowdown is the test-only ``an injected delay, testbed/faults.py`` ("S@R": only replica R sleeps S seconds
-per step), so the same knob slows one trainer of an in-process swarm or one peer process."""
+The slowdown is an injected delay (``testbed/faults.delay(S, replicas=[R])``: only replica R sleeps S
+seconds per step, before its gradients count as ready), so the same fault slows one trainer of an
+in-process swarm or one peer process."""
 
 import asyncio
 import json
@@ -29,7 +31,7 @@ from tests.helpers.logs import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-SLOW_S = 2.0  # the slow replica's extra seconds per step: several times a tiny step's compute
+SLOW_S = 1.0  # the slow replica's extra seconds per step: several times a tiny step's compute
 SYNC = {"policy": "deadline", "deadline_factor": 1.0, "min_deadline_s": 0.3, "max_misses": 1000}
 
 
@@ -143,6 +145,7 @@ def _finished_at(text: str) -> datetime:
     return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_a_slow_peer_is_left_out_on_a_local_swarm(tmp_path, monkeypatch):
     """Real peer processes, each in its own directory, 1 stage x 3 replicas; whichever peer is replica 2
     sleeps SLOW_S per step. It is left out of steps, the other two finish the job first, and all three

@@ -9,7 +9,7 @@ import pytest
 from potluck.protocol.checkpoints import check_step
 from tests.helpers.swarm import potluck_cli
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(400)]
 
 
 def test_demo_trains_and_generate_samples(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -45,6 +45,7 @@ def test_launch_trains_to_the_end_and_explains_spares(tmp_path):
     assert (tmp_path / "ckpt" / "step-00000008" / "stage-001.json").exists()
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_status_shows_plan_and_progress(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text(launch_job(tmp_path / "ckpt", steps=400))
@@ -64,6 +65,7 @@ def test_status_shows_plan_and_progress(tmp_path):
         assert any(r["loss"] is not None and r["timing"]["total"] > 0 for r in states.values())
 
 
+@pytest.mark.extended  # full tier only (docs/development.md, Tests)
 def test_a_killed_peer_is_suspected_and_replaced_before_its_heartbeat_expires(tmp_path):
     """SIGKILL leaves no "leaving" record: the peer's heartbeat lives on for up to its TTL (60 s here).
     Its neighbour's stream fails, the neighbour names it as a suspect, and the coordinator re-plans

@@ -12,7 +12,7 @@ from potluck.protocol.jobspec import load_job
 from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(300)]
 
 STEPS = 6
 

@@ -1,7 +1,8 @@
 """Audits of shard owners in a real in-process swarm (p2pd on loopback, 1 stage x 4 replicas under
 centered clipping): an owner that broadcasts a wrong aggregate for its shard, and one that withholds
 the evidence of its aggregation, are each caught by the auditors and convicted; honest owners pass
-every audit (peer/train/checks/audit.py, coordinator/job/accuse.py)."""
+every audit, read from the trust tests' shared honest swarm (conftest.py: 1 x 5, int8 gradients)
+(peer/train/checks/audit.py, coordinator/job/accuse.py)."""
 
 import asyncio
 
@@ -19,10 +20,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 STEPS, N = 10, 4
 # half of all chunks audited, so every owner is audited a few times in a short run (the default is 1%)
 JOB = tiny_job(steps=STEPS, batch={"tokens_per_step": 16 * 8}, trust={"spot_checks": 0.5})
-
-
-def run(tmp_path):
-    return asyncio.run(train_swarm(JOB, 1, N, [(0, 4)], tmp_path, aggregation="centered_clip"))
 
 
 def convicted(trainers):
@@ -80,9 +77,10 @@ def test_an_owner_withholding_its_evidence_is_convicted(tmp_path, monkeypatch):
     assert convicted(trainers) == liar
 
 
-def test_honest_owners_pass_every_audit(tmp_path):
-    reports, trainers = run(tmp_path)
-    assert all(len(r) == STEPS for r in reports.values())
+def test_honest_owners_pass_every_audit(honest_swarm):
+    """The shared honest swarm (conftest.py: 1 x 5, every chunk audited, int8 gradients)."""
+    reports, trainers = honest_swarm.reports, honest_swarm.trainers
+    assert all(len(r) == honest_swarm.job.steps for r in reports.values())
     checked = sum(sum(tr.audit.checked.values()) for tr in trainers.values())
     assert checked >= 10
     assert all(sum(tr.audit.failed.values()) == 0 for tr in trainers.values())

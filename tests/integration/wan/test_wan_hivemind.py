@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 from potluck.testbed.baseline import local
 from potluck.testbed.baseline.summary import read_records
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(150)]
 
 EPOCHS = 4
 
