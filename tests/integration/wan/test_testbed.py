@@ -72,7 +72,11 @@ def test_check_measures_every_direction_within_ten_percent():
 
 
 def test_ctrl_c_mid_run_leaves_no_namespace_and_no_process():
-    proc = subprocess.Popen(check_cmd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Each rate measured for 30 s: the run is surely still going when Ctrl+C comes (with the default
+    # 1 s, a loaded machine once saw the namespaces and agents only near the end, and the check had
+    # finished, exit 0, by the time the signal arrived).
+    cmd = check_cmd("--measure-s", "30")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tag = f"plw{proc.pid}"
     kids = []
     try:
