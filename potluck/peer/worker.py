@@ -33,7 +33,6 @@ from hivemind.utils import get_dht_time
 from potluck.aio import Supervisor
 from potluck.compression.kernels import native
 from potluck.model.data import TokenDataset, load_dataset
-from potluck.model.resume import kept
 from potluck.net.admit import admitted
 from potluck.net.config import TransportConfig
 from potluck.net.dial import dht_addresses
@@ -202,17 +201,19 @@ class PlanWorker(Replans):
         pos = plan.position(self.peer_id)
         if plan.stop_at is None or pos is None:
             return False
-        a = plan.stages[pos[0]]
         root = self.cfg.checkpoints(plan.job, self.lease.keys_of(plan.job).home)
-        kept_steps = await asyncio.to_thread(kept, root)
-        layers = (a.first_layer, a.last_layer)
-        if not any(step >= plan.stop_at and (first, last) == layers for step, first, last in kept_steps):
+        await asyncio.to_thread(self.holdings.look_at_disk, root)  # what its reports claim, too
+        if not self.holdings.stores(plan.stop_at, plan.stages[pos[0]]):
             return False
-        why = f"paused at step {plan.stop_at}: the job waits for its lease (checkpoint kept)"
-        await self._publish(plan, pos[0], pos[1], plan.stop_at, state="waiting", message=why, force=True)
-        self.activity.spared(plan.job, plan.epoch, why)
-        logger.info("plan epoch %d: already %s", plan.epoch, why)
+        await self._report_paused(plan, pos[0], pos[1], plan.stop_at)
         return True
+
+    async def _report_paused(self, plan: TrainPlan, stage: int, replica: int, step: int) -> None:
+        """Say that this peer stopped at ``plan``'s pause after ``step`` steps, its checkpoint kept."""
+        why = f"paused at step {step}: the job waits for its lease (checkpoint kept)"
+        await self._publish(plan, stage, replica, step, state="waiting", message=why, force=True)
+        self.activity.spared(plan.job, plan.epoch, why)
+        logger.info("plan epoch %d: %s", plan.epoch, why)
 
     def _may_fetch(self, peer: str, admission: bytes | None) -> bool:
         """Whether ``peer`` may fetch this peer's state: admitted (or the coordinator), not banned."""
@@ -337,12 +338,7 @@ class PlanWorker(Replans):
             )
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
             if trainer.step < job.steps:  # a pause (TrainPlan.stop_at): the job goes on later
-                why = f"paused at step {trainer.step}: the job waits for its lease (checkpoint kept)"
-                await self._publish(
-                    plan, stage, replica, trainer.step, state="waiting", message=why, force=True
-                )
-                self.activity.spared(plan.job, plan.epoch, why)
-                logger.info("%s", why)
+                await self._report_paused(plan, stage, replica, trainer.step)
                 return
             await self._publish(plan, stage, replica, trainer.step, state="done", force=True)
             self.activity.finished(trainer.step)

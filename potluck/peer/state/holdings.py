@@ -61,6 +61,14 @@ class Holdings:
         """Note which checkpoints ``root`` keeps (manifests only: a few small files, read in place)."""
         self.stored = [Holding(step=s, first_layer=a, last_layer=b) for s, a, b in kept(root)]
 
+    def stores(self, step: int, a: StageAssignment) -> bool:
+        """Whether this peer's disk (as ``look_at_disk`` last read it) keeps stage ``a``'s layers at
+        ``step`` or later."""
+        return any(
+            h.step >= step and (h.first_layer, h.last_layer) == (a.first_layer, a.last_layer)
+            for h in self.stored
+        )
+
     def reported(self) -> Holding | None:
         """``held`` as a record may claim it: only a peer that can serve it."""
         return self.held if self.server is not None else None

@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout
 STEPS_A, STEPS_B = 2000, 200  # A must outlast two rounds after B arrives (~10 steps/s paced, 2 cores)
 LEASE_S = 10
 STEP_DELAY_S = 0.02
+EPOCH_FROM = r"published plan epoch \d+ from step (\d+)"  # a launch log's epochs and where each starts
 
 
 def _pauses_resume_where_they_stopped(text: str, job: str) -> int:
@@ -33,14 +34,14 @@ def _pauses_resume_where_they_stopped(text: str, job: str) -> int:
     job's end); returns how many pauses the log shows."""
     pauses = [(m.end(), int(m.group(1))) for m in re.finditer(r"pauses after step (\d+)", text)]
     for at, stop in pauses:
-        resumed = re.search(r"published plan epoch \d+ from step (\d+)", text[at:])
+        resumed = re.search(EPOCH_FROM, text[at:])
         if resumed is not None:
             assert int(resumed.group(1)) == stop, f"{job} paused after {stop}, resumed at {resumed.group(0)}"
     return len(pauses)
 
 
 def _last_epoch_start(text: str) -> int:
-    return [int(s) for s in re.findall(r"published plan epoch \d+ from step (\d+)", text)][-1]
+    return [int(s) for s in re.findall(EPOCH_FROM, text)][-1]
 
 
 def _wait_past_last_epoch(log: Path, timeout_s: float) -> str:
@@ -94,5 +95,5 @@ def test_a_job_left_short_by_its_lease_pauses_and_resumes_from_the_step_it_stopp
     pauses = _pauses_resume_where_they_stopped(text_a, "A") + _pauses_resume_where_they_stopped(text_b, "B")
     assert pauses >= 1, f"no pause seen:\n{text_a[-2000:]}\n{text_b[-2000:]}"
     for name, text in (("A", text_a), ("B", text_b)):
-        starts = [int(s) for s in re.findall(r"published plan epoch \d+ from step (\d+)", text)]
+        starts = [int(s) for s in re.findall(EPOCH_FROM, text)]
         assert starts == sorted(starts), f"{name}'s epochs went back: {starts}"  # no committed step lost

@@ -78,3 +78,20 @@ def test_a_run_failing_before_it_took_state_reports_the_newer_step_it_still_hold
     assert h.reported_step(start, Run(25, None)) == 25  # a run that stepped reports its own step
     other = PLAN.model_copy(update={"start_step": 20, "job": "other"})
     assert h.reported_step(other, None) == 20  # another job's state says nothing of this one
+
+
+def test_a_peer_whose_disk_keeps_the_pause_step_of_its_layers_stores_it():
+    """A peer back from another job's lease skips a paused epoch only when its disk keeps that pause's
+    step (or a later one) of exactly its stage's layers (``PlanWorker._stopped_there``)."""
+    holdings = Holdings(None)
+    a = StageAssignment(first_layer=0, last_layer=2, peers=PLAN.stages[0].peers)
+    assert not holdings.stores(10, a)  # nothing read from disk yet
+    holdings.stored = [
+        Holding(step=10, first_layer=0, last_layer=2),
+        Holding(step=30, first_layer=2, last_layer=4),
+    ]
+    assert holdings.stores(10, a) and holdings.stores(5, a)
+    assert not holdings.stores(11, a)  # an older checkpoint: the peer must still train up to the pause
+    assert not holdings.stores(
+        10, StageAssignment(first_layer=0, last_layer=3, peers=PLAN.stages[0].peers)
+    )  # other layers
