@@ -6,6 +6,9 @@
 #   scripts/test.sh --fast             unit tests with no tier marker: no swarm, no network (<= 3 min)
 #   scripts/test.sh --fast -x          other arguments go to pytest
 #   scripts/test.sh --fast tests/unit/sim -k dht   a path given replaces the tier's default paths
+# It runs on one pytest worker per core, at most 4 (POTLUCK_TEST_WORKERS=N sets N; 1 runs in this
+# process, as a caller's own -n or -p no:xdist also does). Each test file stays on one worker, so its
+# module fixtures (a swarm) start once; tests/conftest.py groups files that share a session fixture.
 # It prints its time and the 25 slowest tests. The commit and full tiers fail when mosquitto or chromium
 # is missing and cannot be installed: the tests that need them would otherwise only be skipped.
 set -euo pipefail
@@ -36,6 +39,16 @@ case "$tier" in
   full) select=(); paths=() ;;
 esac
 if [ "$has_path" = 1 ]; then paths=(); fi
+
+# Workers: the cores, at most 4 (a process swarm is ~2 cores' work at its peak; more workers than
+# cores only stretch every swarm's timeouts). The caller's -n, --numprocesses or -p no:xdist wins.
+workers="${POTLUCK_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+if [ -z "${POTLUCK_TEST_WORKERS:-}" ] && [ "$workers" -gt 4 ]; then workers=4; fi
+for a in ${args[@]+"${args[@]}"}; do
+  case "$a" in -n|-n[0-9]*|--numprocesses*|no:xdist) workers=1 ;; esac
+done
+parallel=()
+if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup); fi
 
 elapsed() { echo $(( $(date +%s) - $1 )); }
 report() {
@@ -93,10 +106,10 @@ echo "==> ruff";  ruff check potluck tests scripts && ruff format --check potluc
 echo "==> mypy";  mypy
 echo "==> lint and types took $(elapsed "$t") s"
 
-echo "==> pytest ($tier tier)"
+echo "==> pytest ($tier tier, $workers worker(s))"
 t=$(date +%s)
 rc=0
-pytest -q -p no:cacheprovider --durations=25 ${select[@]+"${select[@]}"} ${paths[@]+"${paths[@]}"} \
+pytest -q -p no:cacheprovider --durations=25 ${parallel[@]+"${parallel[@]}"} ${select[@]+"${select[@]}"} ${paths[@]+"${paths[@]}"} \
   ${args[@]+"${args[@]}"} || rc=$?
 echo "==> pytest took $(elapsed "$t") s"
 if [ "$rc" = 5 ]; then

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch._dynamo
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +109,8 @@ def run(name: str, n: int, *args: Any) -> Any:
     if name not in _compiled:
         # one specialization per (bits, block, rounding, EF) combination; dynamo's default limit of 8
         # would silently drop us back to eager
-        import torch._dynamo.config as dcfg
+        import torch._dynamo.config as dcfg  # here, not at the top: importing dynamo costs ~2 s of CPU
+        # in every peer and coordinator process, and most never compile (tensors under the threshold)
 
         dcfg.recompile_limit = max(dcfg.recompile_limit, 64)
         # dynamic=None + marking only the tensors' length dynamic keeps block and bits static:

@@ -44,7 +44,7 @@ def test_three_peers_appear_in_status_json(swarm):
 
 def test_links_are_measured_and_published(swarm):
     """Every peer measures the others over real libp2p streams and publishes a signed LinkReport."""
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 90  # a round every links.interval_s; slower on a loaded machine
     while True:
         doc = status_json(swarm.invite)
         ids = {p["peer_id"] for p in doc["peers"]}
