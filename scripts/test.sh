@@ -7,8 +7,8 @@
 #   scripts/test.sh --fast -x          other arguments go to pytest
 #   scripts/test.sh --fast tests/unit/sim -k dht   a path given replaces the tier's default paths
 # It runs on one pytest worker per core, at most 4 (POTLUCK_TEST_WORKERS=N sets N; 1 runs in this
-# process, as a caller's own -n or -p no:xdist also does). Each test file stays on one worker, so its
-# module fixtures (a swarm) start once; tests/conftest.py groups files that share a session fixture.
+# process, as a caller's own -n or -p no:xdist also does): the process swarms one after another on one
+# worker, the unit tests file by file on the others (tests/conftest.py groups them).
 # It prints its time and the 25 slowest tests. The commit and full tiers fail when mosquitto or chromium
 # is missing and cannot be installed: the tests that need them would otherwise only be skipped.
 set -euo pipefail
@@ -40,8 +40,8 @@ case "$tier" in
 esac
 if [ "$has_path" = 1 ]; then paths=(); fi
 
-# Workers: the cores, at most 4 (a process swarm is ~2 cores' work at its peak; more workers than
-# cores only stretch every swarm's timeouts). The caller's -n, --numprocesses or -p no:xdist wins.
+# Workers: the cores, at most 4 (the swarms take one worker whatever the count; the unit tests, ~6 min
+# of CPU, spread over the rest). The caller's -n, --numprocesses or -p no:xdist wins.
 workers="${POTLUCK_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 if [ -z "${POTLUCK_TEST_WORKERS:-}" ] && [ "$workers" -gt 4 ]; then workers=4; fi
 for a in ${args[@]+"${args[@]}"}; do

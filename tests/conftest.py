@@ -46,16 +46,19 @@ def over_budget(report: pytest.TestReport, markers: set[str], limit: float) -> s
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under tests/integration is `integration`, whether or not its module says so
-    (a ``pytestmark`` in a conftest.py marks nothing), before ``-m`` selects the tier. Under
-    pytest-xdist (scripts/test.sh runs ``--dist loadgroup``) a test without a worker group gets its
-    file's, so a module's fixtures (a process swarm) start once; files that share a session fixture
-    name one group (``pytest.mark.xdist_group("name")``). xdist reads the groups after this hook."""
+    (a ``pytestmark`` in a conftest.py marks nothing), before ``-m`` selects the tier.
+
+    Under pytest-xdist (scripts/test.sh runs ``--dist loadgroup``) the process swarms run one after
+    another on one worker (the ``integration`` group), while the other workers share the unit tests
+    file by file (a module's fixtures start once). Swarms side by side on 2 cores missed their
+    deadlines: 6 failed, 2 of them by their 300 s timeout (docs/benchmarks/suite.md)."""
     grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if INTEGRATION in item.path.parents and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.integration)
         if grouped and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.path.as_posix()))
+            swarm = item.get_closest_marker("integration") is not None
+            item.add_marker(pytest.mark.xdist_group("integration" if swarm else item.path.as_posix()))
 
 
 @pytest.hookimpl(wrapper=True)

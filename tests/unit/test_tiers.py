@@ -69,18 +69,18 @@ def test_every_test_under_tests_integration_is_marked_integration(request: pytes
     assert items[1].get_closest_marker("integration") is None  # this file is a unit test
 
 
-def test_under_xdist_each_file_is_one_worker_group_unless_it_names_one(
-    request: pytest.FixtureRequest,
-) -> None:
+def test_under_xdist_swarms_share_one_worker_and_unit_files_spread(request: pytest.FixtureRequest) -> None:
     assert request.config.pluginmanager.hasplugin("xdist"), "pytest-xdist is a dev dependency"
-    items = [pytest.Function.from_parent(request.node.parent, name=request.node.name) for _ in range(3)]
+    items = [pytest.Function.from_parent(request.node.parent, name=request.node.name) for _ in range(4)]
     items[0].path = conftest.INTEGRATION / "churn" / "test_a.py"
-    items[1].path = conftest.INTEGRATION / "churn" / "test_b.py"
-    items[2].add_marker(pytest.mark.xdist_group("shared"))
+    items[1].path = conftest.INTEGRATION / "wan" / "test_b.py"
+    items[2].path = conftest.INTEGRATION.parent / "unit" / "test_c.py"
+    items[3].add_marker(pytest.mark.xdist_group("shared"))
     conftest.pytest_collection_modifyitems(request.config, items)
     groups = [item.get_closest_marker("xdist_group") for item in items]
     assert [g.args[0] for g in groups if g is not None] == [
-        items[0].path.as_posix(),
-        items[1].path.as_posix(),
+        "integration",
+        "integration",
+        items[2].path.as_posix(),
         "shared",
     ]

@@ -15,8 +15,7 @@ from potluck.peer.config import TrainerConfig
 from potluck.peer.train.checks.audit import ShardAudits
 from potluck.testbed.harness.training import tiny_job, train_swarm, witness_records
 
-# one worker builds the shared honest swarm (conftest.py) for both files
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.xdist_group("honest_swarm")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 STEPS, N = 10, 4
 # half of all chunks audited, so every owner is audited a few times in a short run (the default is 1%)

@@ -10,8 +10,7 @@ import pytest
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers
 from potluck.testbed.harness.training import tiny_job, train_swarm, witness_records
 
-# one worker builds the shared honest swarm (conftest.py) for both files
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.xdist_group("honest_swarm")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 STEPS, N = 16, 5
 JOB = tiny_job(steps=STEPS, batch={"tokens_per_step": 16 * 10})  # 10 sequences: 2 per replica
