@@ -48,7 +48,7 @@ for a in ${args[@]+"${args[@]}"}; do
   case "$a" in -n|-n[0-9]*|--numprocesses*|no:xdist) workers=1 ;; esac
 done
 parallel=()
-if [ "$workers" -gt 1 ]; then parallel=(-n "$workers" --dist loadgroup); fi
+if [ "$workers" -gt 1 ]; then parallel=(-n "$workers"); fi  # tests/conftest.py brings the scheduler
 
 elapsed() { echo $(( $(date +%s) - $1 )); }
 report() {

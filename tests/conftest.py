@@ -44,21 +44,34 @@ def over_budget(report: pytest.TestReport, markers: set[str], limit: float) -> s
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/integration is `integration`, whether or not its module says so
-    (a ``pytestmark`` in a conftest.py marks nothing), before ``-m`` selects the tier.
-
-    Under pytest-xdist (scripts/test.sh runs ``--dist loadgroup``) the process swarms run one after
-    another on one worker (the ``integration`` group), while the other workers share the unit tests
-    file by file (a module's fixtures start once). Swarms side by side on 2 cores missed their
-    deadlines: 6 failed, 2 of them by their 300 s timeout (docs/benchmarks/suite.md)."""
-    grouped = config.pluginmanager.hasplugin("xdist")
+    (a ``pytestmark`` in a conftest.py marks nothing), before ``-m`` selects the tier."""
     for item in items:
         if INTEGRATION in item.path.parents and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.integration)
-        if grouped and item.get_closest_marker("xdist_group") is None:
-            swarm = item.get_closest_marker("integration") is not None
-            item.add_marker(pytest.mark.xdist_group("integration" if swarm else item.path.as_posix()))
+
+
+def worker_scope(nodeid: str) -> str:
+    """The unit of work one pytest-xdist worker takes whole (scripts/test.sh runs ``-n``): every process
+    swarm (``tests/integration``) in one, so they run one after another while the other workers share
+    the unit tests file by file (a module's fixtures start once). Swarm files side by side on 2 cores
+    saved about a fifth of their time but missed deadlines (docs/benchmarks/suite.md)."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/integration" if path.startswith("tests/integration/") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's own ``--dist loadgroup`` marks do nothing under pytest 9 (it renames node ids, which
+    pytest 9 no longer reads), so the suite brings its scheduler: xdist's per-scope one, scoped above."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SwarmsOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_scope(nodeid)
+
+    return SwarmsOnOneWorker(config, log)
 
 
 @pytest.hookimpl(wrapper=True)

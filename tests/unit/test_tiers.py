@@ -64,23 +64,26 @@ def test_the_environment_overrides_the_ini_files_limit(
 def test_every_test_under_tests_integration_is_marked_integration(request: pytest.FixtureRequest) -> None:
     items = [pytest.Function.from_parent(request.node.parent, name=request.node.name) for _ in range(2)]
     items[0].path = conftest.INTEGRATION / "training" / "test_x.py"
-    conftest.pytest_collection_modifyitems(request.config, items)
+    conftest.pytest_collection_modifyitems(items)
     assert items[0].get_closest_marker("integration") is not None
     assert items[1].get_closest_marker("integration") is None  # this file is a unit test
 
 
-def test_under_xdist_swarms_share_one_worker_and_unit_files_spread(request: pytest.FixtureRequest) -> None:
-    assert request.config.pluginmanager.hasplugin("xdist"), "pytest-xdist is a dev dependency"
-    items = [pytest.Function.from_parent(request.node.parent, name=request.node.name) for _ in range(4)]
-    items[0].path = conftest.INTEGRATION / "churn" / "test_a.py"
-    items[1].path = conftest.INTEGRATION / "wan" / "test_b.py"
-    items[2].path = conftest.INTEGRATION.parent / "unit" / "test_c.py"
-    items[3].add_marker(pytest.mark.xdist_group("shared"))
-    conftest.pytest_collection_modifyitems(request.config, items)
-    groups = [item.get_closest_marker("xdist_group") for item in items]
-    assert [g.args[0] for g in groups if g is not None] == [
-        "integration",
-        "integration",
-        items[2].path.as_posix(),
-        "shared",
+def test_under_xdist_every_swarm_is_one_work_unit_and_each_unit_file_another() -> None:
+    scopes = [
+        conftest.worker_scope(n)
+        for n in (
+            "tests/integration/churn/test_churn.py::test_a[sigkill]",
+            "tests/integration/wan/test_wan_nat.py::test_b",
+            "tests/unit/sim/test_run.py::test_c[1]",
+            "tests/unit/sim/test_run.py::test_d",
+            "tests/unit/test_layers.py::test_e",
+        )
+    ]
+    assert scopes == [
+        "tests/integration",
+        "tests/integration",
+        "tests/unit/sim/test_run.py",
+        "tests/unit/sim/test_run.py",
+        "tests/unit/test_layers.py",
     ]
