@@ -174,14 +174,19 @@ class Agents:
             raise TestbedError(f"probe agent {i}: {out['error']}")
         return out
 
-    def close(self) -> None:
-        """Close their stdin (they exit on EOF); the lab's ``close`` ends any that linger, by PID."""
+    def close(self, abort: bool = False) -> None:
+        """Close their stdin: they exit on EOF, 2 s in all. ``abort`` (Ctrl+C, an error): end them at once,
+        since one mid-flow reads the EOF only when its flow ends (30 s and more with a long
+        ``measure_s``). The lab's ``close`` ends any that linger, by PID."""
         for proc in self.procs:
             if proc.stdin is not None:
                 proc.stdin.close()
+            if abort:
+                proc.terminate()
+        deadline = time.monotonic() + 2.0
         for proc in self.procs:
             try:
-                proc.wait(2.0)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.terminate()
 
@@ -196,6 +201,7 @@ def measure(
     cpu0 = lab.relay_cpu_s()
     targets = {(t.a, t.b): t for t in link_targets(lab.spec) if not lab.spec.nat_of(t.b)}
     agents = Agents(lab)
+    aborted = True
     try:
         rtt = _pings(lab, agents, pings, max(t.rtt_ms for t in targets.values()))
         flows: dict[Pair, dict[str, Any]] = {}
@@ -208,8 +214,9 @@ def measure(
             longest = max(skip for _, skip in plans.values()) + measure_s
             for a, b in plans:
                 flows[(a, b)] = agents.reply(a, 30.0 + 5 * longest)
+        aborted = False
     finally:
-        agents.close()
+        agents.close(abort=aborted)
     links = [link_result(t, rtt[pair], flows[pair], lab.mtu) for pair, t in sorted(targets.items())]
     elapsed = time.monotonic() - start
     return CheckReport(lab.spec.name, tolerance, links, lab.relay_cpu_s() - cpu0, elapsed)
