@@ -25,6 +25,7 @@ def _help(script: Path) -> tuple[str, int, bool, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # ~100 s of imports: 56 s alone on 2 cores, over 180 s beside a process swarm
 def test_every_script_answers_help():
     assert len(ENTRY_POINTS) >= 20, ENTRY_POINTS  # the glob found the scripts
     with ThreadPoolExecutor(max_workers=4) as pool:  # mostly imports: four at a time on two cores

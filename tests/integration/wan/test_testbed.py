@@ -71,12 +71,21 @@ def test_check_measures_every_direction_within_ten_percent():
     assert root_tun_devices() == tuns  # the relay never made a device in the root namespace
 
 
+def default_sigint() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_run_leaves_no_namespace_and_no_process():
     # Each rate measured for 30 s: the run is surely still going when Ctrl+C comes (with the default
     # 1 s, a loaded machine once saw the namespaces and agents only near the end, and the check had
     # finished, exit 0, by the time the signal arrived).
     cmd = check_cmd("--measure-s", "30")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A terminal's Ctrl+C, whatever this test process's own signal state is (a test runner's worker may
+    # block or ignore SIGINT, and a child inherits both across exec).
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint
+    )
     tag = f"plw{proc.pid}"
     kids = []
     try:
@@ -89,7 +98,12 @@ def test_ctrl_c_mid_run_leaves_no_namespace_and_no_process():
         time.sleep(1.0)
         kids = descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=20)
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate(timeout=10)
+            raise AssertionError(f"the check ran on 20 s after Ctrl+C:\n{err[-3000:]}") from None
         assert proc.returncode != 0
         assert namespaces(tag) == []
         assert [k for k in kids if still_running(k)] == []
