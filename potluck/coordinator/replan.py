@@ -205,6 +205,7 @@ class Replanner:
                 job.ratios.update(job.plan, host.job, job.progress.latest.values()),
                 # a bottleneck job's positions, fixed by earlier plans: a moved cut keeps its maps
                 job.plan.bottleneck_cuts if job.plan is not None else None,
+                running=job.plan is not None,  # below min_peers a running job goes on if they hold it
             )
         if plan is None:
             if reason != host.last_reason:

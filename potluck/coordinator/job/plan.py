@@ -37,6 +37,7 @@ from potluck.coordinator.placement.costmodel import (
     link_weight,
     micro_batch_flops,
     micro_batches,
+    peers_to_hold,
     step_time,
 )
 from potluck.coordinator.placement.netmodel import (
@@ -210,6 +211,16 @@ def usable_peers(state: SwarmState, job: JobSpec) -> tuple[list[str], list[Spare
     return usable, spares
 
 
+def short_of_memory(live: int, need: int | None) -> str:
+    """What a running job waits for when its live peers cannot hold the model (the text the launch
+    view, status and the dashboard show, and each peer's line)."""
+    if live == 0:
+        return "waiting for peers: none live that can hold a layer"
+    if need is None:
+        return f"waiting for peers: {live} live, and the model needs more memory than such peers give"
+    return f"waiting for peers: {live} live, {need} needed to hold the model"
+
+
 def make_train_plan(
     state: SwarmState,
     job: JobSpec,
@@ -222,6 +233,7 @@ def make_train_plan(
     distrusted: frozenset[str] = frozenset(),
     measured_ratios: Mapping[str, float] | None = None,
     positions: Sequence[int] | None = None,
+    running: bool = False,
 ) -> tuple[TrainPlan | None, PlacementPlan | None, str]:
     """(plan, the planner's placement, reason). None when the swarm cannot run the job yet.
 
@@ -232,12 +244,18 @@ def make_train_plan(
     the activation codecs' ratios measured on the job (``codecs.measured_chain_ratios``);
     ``positions``: a bottleneck job's positions fixed by earlier plans (``TrainPlan.bottlenecks``): the
     plan keeps them, and its split may move onto them where that is faster
-    (``positions.keep_positions``); None: the plan's own cuts become the positions."""
+    (``positions.keep_positions``); None: the plan's own cuts become the positions. ``running``: the job
+    has trained under an earlier plan. ``min_peers`` is the threshold to start; a running job re-plans
+    on whatever peers it has as long as they hold the model, and says what it waits for when not."""
     cfg = cfg or JobPlanConfig()
     sj = step_job(job, measured_ratios)
     usable, spares = usable_peers(state, job)
-    if len(usable) < job.min_peers:
+    if not running and len(usable) < job.min_peers:
         return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
+    if running:
+        need = peers_to_hold(sj, [device_of(state.peers[p].record).memory_gb for p in usable])
+        if need is None or need > len(usable):
+            return None, None, short_of_memory(len(usable), need)
     claimed = {p: device_of(state.peers[p].record) for p in usable}
     speeds = believed_tflops(
         {p: d.tflops for p, d in claimed.items()},

@@ -196,13 +196,13 @@ def next_action(
         why = f"step failed at {failed[0].peer_id[:12]}: {failed[0].message}"
     pending, excluded = progress.verdicts(state, now, retry)
     left = [p for p in (state.peers if usable is None else usable) if p in state.peers and p not in excluded]
-    if len(left) < job.min_peers:
-        if progress.failures >= retry.max_failures:
-            return "fail", (
-                f"{progress.failures} plans in a row failed before completing a step and only "
-                f"{len(left)} usable live peer(s) remain of the {job.min_peers} the job needs ({why})"
-            )
-        return "replan", why  # the planner waits for peers; a peer that comes back is planned at once
+    if len(left) < job.min_peers and progress.failures >= retry.max_failures:
+        return "fail", (
+            f"{progress.failures} plans in a row failed before completing a step and only "
+            f"{len(left)} usable live peer(s) remain of the {job.min_peers} the job needs ({why})"
+        )
+    # Below min_peers too: a running job re-plans on the peers it has while they hold the model (the
+    # planner says what it waits for when they cannot; ``plan.make_train_plan(running=True)``).
     if pending:
         return "hold", f"{why}; confirming suspect(s) {', '.join(p[:12] for p in pending)} by heartbeat"
     if failed:

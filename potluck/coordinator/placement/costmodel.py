@@ -17,6 +17,7 @@ layer splits. All times in seconds.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -230,6 +231,24 @@ def layer_memory(job: StepJob) -> tuple[float, float]:
         # Korthikanti et al. (2022) estimate for a transformer layer without recomputation.
         act = b * m.seq_len * m.d_model * (34.0 + 5.0 * m.heads * m.seq_len / m.d_model)
     return state, act
+
+
+def peers_to_hold(job: StepJob, memory_gb: Sequence[float]) -> int | None:
+    """The fewest peers that together hold the model as one pipeline (1F1B: stage j keeps
+    ``min(micro-batches, k - j)`` micro-batches' activations), the largest memories on the first
+    stages and, past the ``memory_gb`` given (the live peers), more like the largest: what a job short
+    of memory waits for. None: no pipeline would (a stage holds at least one layer, so it has at most
+    as many stages as the model has layers)."""
+    if not memory_gb:
+        return None
+    mem = sorted(memory_gb, reverse=True)
+    mb = micro_batches(job, 1)
+    for k in range(1, job.model.layers + 1):
+        have = np.array((mem + [mem[0]] * k)[:k], dtype=np.float64)
+        caps = memory_caps(job, have, np.minimum(mb, k - np.arange(k)))
+        if caps.min() >= 1 and int(caps.sum()) >= job.model.layers:
+            return k
+    return None
 
 
 def memory_caps(job: StepJob, memory_gb: np.ndarray, in_flight: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ def job_toml(
     seed: int = 0,
     n_layers: int = 4,
     d_model: int = 64,
+    min_peers: int = 2,
     **limits: int,
 ) -> str:
     """A TOML job: a byte-level model of ``n_layers`` x ``d_model`` on 20k generated characters,
@@ -22,7 +23,7 @@ def job_toml(
         f'name = "{name}"',
         f"seed = {seed}",
         f"steps = {steps}",
-        "min_peers = 2",
+        f"min_peers = {min_peers}",
         "[model]",
         f"n_layers = {n_layers}",
         f"d_model = {d_model}",

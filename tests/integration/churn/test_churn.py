@@ -88,3 +88,44 @@ def test_a_replica_leaving_costs_no_committed_step(tmp_path, sig):
         for other in copies[1:]:  # weights and AdamW moments alike
             assert other.keys() == first.keys()
             assert all(torch.equal(other[k], first[k]) for k in first), f"stage {stage} replicas differ"
+
+
+@pytest.mark.extended  # the commit tier's churn swarm is the SIGKILL above
+def test_a_job_below_min_peers_after_a_kill_replans_on_the_peers_it_has(tmp_path):
+    """Issue 38, item 0: ``min_peers`` is the threshold to start, not to go on. A 1 x 4 job with
+    ``min_peers = 4`` loses its stage leader (replica 0) to SIGKILL mid-run; the three survivors hold the
+    model, so the coordinator re-plans on them at once, from their live step, and the job reaches its
+    last step (it used to publish no plan while the survivors dialled the dead leader)."""
+    job = tmp_path / "job.toml"
+    job.write_text(
+        job_toml(
+            "stall-test", steps=STEPS, ckpt=tmp_path / "owner-ckpt", interval=INTERVAL, min_peers=4, stages=1
+        )
+    )
+    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
+    peer_args += ("--step-timeout", "5")
+    with LocalSwarm(
+        tmp_path / "run", job, swarm_id="stall-test", peer_args=peer_args, coordinator_args=("--json",)
+    ) as swarm:
+        swarm.start_coordinator()
+        names = ("a", "b", "c", "d")
+        for name in names:
+            swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
+        log = swarm.procs["coordinator"].log
+        wait_for(log, r"plan epoch 1: 1 stages x 4 replicas", 120)
+        wait_for(log, r"step (1[5-9]|[2-9]\d)/", 120)
+        ids = {n: Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in names}
+        text = log.read_text(errors="replace")
+        stage0 = re.search(r"│ 0 +│ [0-9-]+ +│ (\w{12}),", text[text.index("plan epoch 1") :])
+        assert stage0 is not None, text[-3000:]
+        leader = next(n for n, pid in ids.items() if pid.startswith(stage0.group(1)))
+        before = max(int(s) for s in re.findall(r"step (\d+)/", log.read_text(errors="replace")))
+        swarm.stop(leader, signal.SIGKILL, timeout_s=90)
+
+        start = int(wait_for(log, r"plan epoch 2: 1 stages x 3 replicas.*?from step (\d+)", 120).group(1))
+        assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
+        coordinator = swarm.procs["coordinator"]
+        coordinator.popen.wait(timeout=180)
+        text = log.read_text(errors="replace")
+        assert coordinator.popen.returncode == 0, text[-3000:]
+        assert_no_step_lost(text, STEPS, before, "kill")

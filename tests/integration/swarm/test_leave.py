@@ -85,11 +85,12 @@ def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp
 
 
 def test_a_second_sigterm_leaves_at_once_while_the_swarm_cannot_replan(tmp_path):
-    """Two peers, and the job needs two: the coordinator cannot re-plan without the leaving peer, so
+    """Two peers on a job of two stages: the coordinator cannot re-plan without the leaving peer, so
     it trains on and says why it waits; a second SIGTERM (Ctrl-C twice) ends the wait long before the
-    60 s bound."""
+    60 s bound. (Below ``min_peers`` alone a running job re-plans on the peers it has, as long as they
+    can run it: test_churn.py.)"""
     job = tmp_path / "job.toml"
-    job.write_text(job_toml("leave-now", steps=5000, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=1))
+    job.write_text(job_toml("leave-now", steps=5000, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=2))
     peer_args = ("--probe-seconds", "0", "--threads", "1", "--device", "cpu", "--ttl", "15")
     with LocalSwarm(tmp_path / "run", job, swarm_id="leave-now", peer_args=peer_args) as swarm:
         swarm.start_coordinator()

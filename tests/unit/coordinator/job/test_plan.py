@@ -1,6 +1,7 @@
 """The coordinator's job planning: swarm records + job -> a consistent TrainPlan, spares told why."""
 
 from potluck.coordinator.job.plan import make_train_plan, step_job
+from potluck.coordinator.placement.costmodel import layer_memory, peers_to_hold
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
@@ -87,3 +88,52 @@ def test_codec_choice_reaches_the_step_model():
         )
     )
     assert packed.codecs.activation_wan < raw.codecs.activation_wan
+
+
+# No forced shape: the planner picks one from the peers it has (as examples/tiny.toml does).
+FREE = JOB.model_copy(update={"limits": JOB.limits.model_copy(update={"stages": None, "replicas": None})})
+
+
+def four_needed_bytes() -> int:
+    """Device memory with which three peers cannot hold FREE's 4 layers and four can (found by
+    ``peers_to_hold``; the planner must agree with it)."""
+    sj = step_job(FREE)
+    state, act = layer_memory(sj)
+    step = (state + act) / 20
+    mem = (sj.model.embed_params * sj.bytes_per_param + state + act) / sj.memory_headroom
+    while peers_to_hold(sj, [mem / 1e9] * 3) != 4:
+        mem += step
+        assert mem < 1e12, "no memory makes exactly four peers needed"
+    return int(mem) + 1
+
+
+def test_a_running_job_replans_below_min_peers_when_the_peers_hold_the_model():
+    """min_peers is the threshold to start; a job that lost a peer goes on with the three it has."""
+    pids = ids(3)
+    state = SwarmState("s", 100.0, {p: peer(p) for p in pids})
+    plan, _, reason = make_train_plan(state, FREE, 100.0, epoch=1, start_step=0)
+    assert plan is None and "waiting for peers: 3 usable of the 4" in reason  # not started yet
+    plan, _, reason = make_train_plan(state, FREE, 100.0, epoch=2, start_step=50, running=True)
+    assert plan is not None, reason
+    assert plan.start_step == 50 and set(plan.peers) <= set(pids) and len(plan.peers) >= 1
+
+
+def test_a_running_job_short_of_memory_waits_and_says_how_many_peers_would_hold_it():
+    pids = ids(3)
+    mem = four_needed_bytes()
+    state = SwarmState("s", 100.0, {p: peer(p, memory=mem) for p in pids})
+    plan, _, reason = make_train_plan(state, FREE, 100.0, epoch=2, start_step=50, running=True)
+    assert plan is None and reason == "waiting for peers: 3 live, 4 needed to hold the model"
+    fourth = ids(1)[0]
+    state = SwarmState("s", 100.0, {p: peer(p, memory=mem) for p in [*pids, fourth]})
+    plan, _, reason = make_train_plan(state, FREE, 100.0, epoch=2, start_step=50, running=True)
+    assert plan is not None and len(plan.stages) == 4, reason
+
+
+def test_peers_to_hold_counts_the_largest_memories_first_and_extrapolates_past_the_live_ones():
+    sj = step_job(FREE)
+    mem_gb = four_needed_bytes() / 1e9
+    assert peers_to_hold(sj, [mem_gb] * 3) == 4  # one more like them
+    assert peers_to_hold(sj, [64.0, mem_gb, mem_gb]) == 1  # the big one holds everything
+    assert peers_to_hold(sj, []) is None
+    assert peers_to_hold(sj, [mem_gb / 100]) is None  # not even a layer each, however many

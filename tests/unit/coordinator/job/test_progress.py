@@ -113,7 +113,9 @@ def test_failed_plans_never_end_a_job_while_enough_peers_heartbeat():
 def test_the_job_gives_up_only_when_peers_are_gone_and_says_so():
     prog = JobProgress()
     three = swarm({p: 99.0 for p in P[:3]})  # P[3] left; the job needs 4
-    assert next_action(three, JOB, PLAN, prog, 100.0)[0] == "replan"  # the planner waits for peers
+    # min_peers is the threshold to start: a re-plan on the three (the planner waits if they cannot
+    # hold the model)
+    assert next_action(three, JOB, PLAN, prog, 100.0)[0] == "replan"
     live = swarm({p: 99.0 for p in P})
     for _ in range(3):
         prog.new_epoch(failed=True)
@@ -163,7 +165,7 @@ def test_a_suspect_without_a_heartbeat_since_is_left_out_within_seconds():
     assert prog.verdicts(quiet, 114.0) == ([P[0]], [])  # interval 10 s + slack 5 s not over yet
     pending, excluded = prog.verdicts(quiet, 116.0)  # well before its heartbeat's TTL runs out (125 s)
     assert pending == [] and excluded == [P[0]]
-    # Without it 3 usable peers remain of the 4 the job needs: the planner waits; no give-up yet.
+    # Without it 3 usable peers remain of the 4 the job needs: a re-plan on them; no give-up yet.
     assert next_action(quiet, JOB, PLAN, prog, 116.0)[0] == "replan"
     gone = SwarmState("s", 116.0, {p: beating(p, 99.0) for p in P[1:]})
     assert prog.verdicts(gone, 100.5) == ([], [P[0]])  # no heartbeat at all: out at once
