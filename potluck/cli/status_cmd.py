@@ -57,7 +57,8 @@ def status(
         console.print(f"{n_links} measured links from {len(links)} peers (details: --json)")
         if plan is not None:
             paused = f", paused after step {plan.stop_at}" if plan.stop_at is not None else ""
-            console.print(plan_table(plan, f"job {plan.job}: {plan.status}{paused}"))
+            waits = f", {plan.waiting} (gone: {', '.join(p[:12] for p in plan.gone)})" if plan.waiting else ""
+            console.print(plan_table(plan, f"job {plan.job}: {plan.status}{paused}{waits}"))
             for r in progress:
                 loss = f"loss {r.loss:.3f}" if r.loss is not None else ""
                 where = f"stage {r.stage} replica {r.replica} {r.peer_id[:12]}"

@@ -211,6 +211,7 @@ class Replanner:
             if reason != host.last_reason:
                 logger.info("not planning yet: %s", reason)
             host.last_reason = reason
+            await self._say_waiting(live, reason)
             return
         plan = plan.model_copy(update={"resume_from": self.resume_from})  # where peers look first
         if excluded:
@@ -225,6 +226,24 @@ class Replanner:
         host.last_reason = f"{why} -> {reason}"
         logger.info("published plan epoch %d from step %d: %s", epoch, start, host.last_reason)
         job.published(plan, host.last_reason)
+
+    async def _say_waiting(self, live: set[str], reason: str) -> None:
+        """A running plan lost peers and no new one can run yet: re-publish the SAME epoch naming its
+        gone peers and why it waits (``TrainPlan.gone``, ``.waiting``), so the survivors stop dialling
+        the dead at once and every view says what the job waits for, until a plan can run again."""
+        plan = self.plan
+        if plan is None or plan.status != "training":
+            return
+        gone = sorted(p for p in plan.peers if p not in live)
+        waiting = reason[:128]
+        if not gone or (gone == plan.gone and waiting == plan.waiting):
+            return
+        plan = plan.model_copy(update={"gone": gone, "waiting": waiting, "issued_at": get_dht_time()})
+        await self.publish(plan)
+        logger.info(
+            "plan epoch %d waits: %s (gone: %s)", plan.epoch, waiting, ", ".join(p[:12] for p in gone)
+        )
+        self.published(plan, f"waiting: {waiting}")
 
     async def tend_joiners(self) -> None:
         """Name the peers the plan does not place as spares, with why, by re-publishing the SAME epoch

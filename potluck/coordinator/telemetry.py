@@ -50,7 +50,13 @@ def swarm_status(m: Moment, peer: str, now: float) -> CoordinatorStatus:
     plan = m.plan
     step = m.progress.step(plan) if plan is not None else 0
     state: Literal["waiting", "training", "done", "failed"] = (
-        "failed" if m.error else "done" if m.finished else "training" if plan is not None else "waiting"
+        "failed"
+        if m.error
+        else "done"
+        if m.finished
+        else "training"
+        if plan is not None and plan.waiting is None  # a plan that lost peers and cannot go on: waiting
+        else "waiting"
     )
     loss, sent = None, 0
     tps = m.rate.tokens_per_s if m.rate is not None else 0.0  # the launch summary's figure too

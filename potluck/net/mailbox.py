@@ -105,6 +105,10 @@ class Mailbox:
         # that starts later checks it at once (a wait begun after the stream ended would otherwise run
         # out its whole bound on a peer that died before anyone waited on it).
         self._ended: set[str] = set()
+        # Peers the coordinator declared gone (``declare_gone``) and their dials under way: no message
+        # goes to them and no wait on them lasts, until a plan admits them again.
+        self._declared: set[str] = set()
+        self._dialing: dict[str, set[asyncio.Task[Any]]] = {}
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
@@ -127,6 +131,8 @@ class Mailbox:
         """Deliver ``payload`` to ``peer`` under ``tag``; raises ``WireError`` on failure or timeout."""
         if peer in self.drop:
             raise WireError(f"send to {peer} failed: the link is down (an injected fault)")
+        if peer in self._declared:
+            raise WireError(f"send to {peer} failed: the coordinator declared it gone")
         if peer == self.peer_id:  # loopback to ourselves: no stream needed
             await self._reserve(peer, len(payload))
             await self._deliver(peer, tag, payload)
@@ -160,13 +166,25 @@ class Mailbox:
             return await self._open(peer)
 
     async def _open(self, peer: str) -> tuple[asyncio.StreamWriter, asyncio.Lock]:
+        # A task of its own, so that the coordinator's verdict (``declare_gone``) can end the dial now.
+        dial = asyncio.create_task(
+            open_stream(self.p2p, peer, self.protocol, self.cfg.timeout_s, self.addresses)
+        )
+        dials = self._dialing.setdefault(peer, set())
+        dials.add(dial)
         try:
-            reader, writer = await open_stream(
-                self.p2p, peer, self.protocol, self.cfg.timeout_s, self.addresses
-            )
+            reader, writer = await dial
         except WireError:
             self.suspect(peer)
             raise
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if dial.cancelled() and peer in self._declared and (me is None or not me.cancelling()):
+                raise WireError(f"send to {peer} failed: the coordinator declared it gone") from None
+            dial.cancel()  # our caller was cancelled: the dial goes with it
+            raise
+        finally:
+            dials.discard(dial)
         entry = (writer, asyncio.Lock())
         self._out[peer] = entry
         self._used[peer] = time.monotonic()
@@ -207,10 +225,33 @@ class Mailbox:
 
     # ---- who may send what ---------------------------------------------------------------------------
 
+    def declare_gone(self, peers: list[str] | frozenset[str]) -> None:
+        """The coordinator declared ``peers`` gone (``TrainPlan.gone``): sends to them and waits on them
+        fail now, dials under way included, instead of retrying until the step's bound (issue 38: the
+        survivors of a dead leader dialled it for minutes while the job waited for peers). Lasts until
+        ``admit`` names one of them again (a newer plan placed it: it came back)."""
+        new = set(peers) - self._declared - {self.peer_id}
+        if not new:
+            return
+        self._declared |= new
+        failed = 0
+        for peer in new:
+            for dial in self._dialing.get(peer, ()):
+                dial.cancel()
+            verdict = WireError(f"{peer} is gone: the coordinator declared it")
+            for (p, _), fut in list(self._waiters.items()):
+                if p == peer and not fut.done():
+                    fut.set_exception(verdict)
+                    failed += 1
+            if (out := self._out.pop(peer, None)) is not None:
+                out[0].close()
+        logger.info("declared gone by the coordinator: %s (%d wait(s) failed now)", sorted(new), failed)
+
     async def admit(self, peers: frozenset[str] | set[str] | None) -> None:
         """Accept messages only from ``peers`` (and ourselves); ``None``: from anyone. Buffered messages
         of senders no longer admitted are dropped."""
         self._admitted = None if peers is None else frozenset(peers) | {self.peer_id}
+        self._declared -= self._admitted or set()  # placed again: back, whatever was declared before
         if self._admitted is None:
             return
         self._ended &= self._admitted
@@ -279,6 +320,9 @@ class Mailbox:
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
             self._waiters[key] = fut
+        if peer in self._declared:
+            self._waiters.pop(key, None)
+            raise WireError(f"{peer} is gone: the coordinator declared it")
         if peer in self._ended:
             self._check_alive(peer)
         timeout = self.cfg.timeout_s if timeout_s is None else timeout_s

@@ -89,5 +89,10 @@ class Activity:
         self.last_abort = f"step {step} (epoch {self.epoch}): {reason}"[:500]
         self.event("step_aborted", reason[:500], epoch=self.epoch, step=step)
 
+    def waiting(self, reason: str) -> None:
+        """The coordinator says why the job has no plan that runs now (``TrainPlan.waiting``): this
+        peer's line and status message show it (the coordinator's own telemetry reports the wait)."""
+        self.why = reason
+
     def finished(self, step: int) -> None:
         self.phase, self.step, self.why = "done", step, "the job is done"

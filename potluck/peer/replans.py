@@ -1,6 +1,7 @@
 """The worker's answers to re-published and newer plans: train on to a newer plan's start step before
 switching, stop exactly there, report a plan that starts behind what this peer committed, pause at a
-re-published ``stop_at``, and tell a spare its reason (``peer/leave.py`` decides the switches).
+re-published ``stop_at``, dial no peer the coordinator declared gone, and tell a spare its reason
+(``peer/leave.py`` decides the switches).
 
 A mixin of ``PlanWorker`` (``peer/worker.py``): the state it reads is the worker's, declared below.
 """
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from potluck.net.mailbox import Mailbox
 from potluck.peer.activity import Activity
 from potluck.peer.leave import switch_deadline, switch_verdict
 from potluck.peer.train.trainer import StepReport, Trainer
@@ -32,6 +34,7 @@ class Replans:
     _running: Trainer | None
     state: StateServer | None
     activity: Activity
+    box: Mailbox
     _publish: Callable[..., Coroutine[Any, Any, None]]  # PlanWorker._publish: a progress record
 
     def _train_on(self, plan: TrainPlan) -> bool:
@@ -88,6 +91,16 @@ class Replans:
         if self._running is not None and plan.stop_at is not None:
             logger.info("plan epoch %d pauses after step %d", plan.epoch, plan.stop_at)
             self._running.stop_step = plan.stop_at
+
+    def _note_gone(self, plan: TrainPlan) -> None:
+        """The followed epoch re-published with peers the coordinator declared gone and why it waits
+        (``TrainPlan.gone``, ``.waiting``): dial them no more, and show the reason on this peer's line.
+        Reads nothing else of the re-published plan (``_note_stop`` and ``_note_spare`` do)."""
+        if plan.gone:
+            self.box.declare_gone(plan.gone)
+        if plan.waiting is not None and plan.waiting != self.activity.why:
+            logger.warning("plan epoch %d waits: %s", plan.epoch, plan.waiting)
+            self.activity.waiting(plan.waiting)
 
     def _spare_reason(self, plan: TrainPlan) -> str:
         return next((s.reason for s in plan.spares if s.peer_id == self.peer_id), "not placed by the plan")

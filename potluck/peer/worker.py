@@ -170,6 +170,7 @@ class PlanWorker(Replans):
         plan = max(plans, key=lambda p: p.epoch)
         if self.plan is not None and plan.epoch <= self.plan.epoch:
             if plan.epoch == self.plan.epoch:
+                self._note_gone(plan)
                 self._note_stop(plan)
                 await self._note_spare(plan)
             return

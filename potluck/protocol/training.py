@@ -144,6 +144,13 @@ class TrainPlan(Record):
     # maps. None (the default, left out of the signed bytes as older versions sign and read it): this
     # plan's own cuts.
     bottlenecks: list[int] | None = Field(default=None, max_length=1024)
+    # Peers of this plan the coordinator declared gone (heartbeat lapsed, or unreachable and silent)
+    # while it cannot re-plan without them: the other peers stop dialling them at once. ``waiting``: why
+    # no new plan comes yet ("waiting for peers: 3 live, 4 needed to hold the model"), shown on every
+    # peer's line. Both set by re-publishing the running epoch; empty and None (the defaults, left out of
+    # the signed bytes as older versions sign and read it) on every plan that lost nobody.
+    gone: list[PeerId] = Field(default_factory=list, max_length=1024)
+    waiting: ShortText | None = None
     issued_at: NonNegFloat
 
     @model_validator(mode="after")
@@ -164,6 +171,8 @@ class TrainPlan(Record):
             # a wave runs the whole model from tokens to loss (peer/train/waves.py); waves of a middle
             # stage would need two pipelines' activations on one peer, which no executor runs yet
             raise ValueError("waves (tick-tock replicas) need a one-stage plan")
+        if not set(self.gone) <= seen:
+            raise ValueError("a plan declares gone only peers it places")
         if self.stop_at is not None and self.stop_at < self.start_step:
             raise ValueError(f"stop_at {self.stop_at} is before the plan's start step {self.start_step}")
         self._links_fit(width)
@@ -185,9 +194,11 @@ class TrainPlan(Record):
 
     def canonical_bytes(self) -> bytes:
         body = self.model_dump(mode="json")
-        for key in ("stop_at", "link_codecs", "bottlenecks"):
+        for key in ("stop_at", "link_codecs", "bottlenecks", "waiting"):
             if body.get(key) is None:
                 body.pop(key, None)  # as older versions sign and read it
+        if not body.get("gone"):
+            body.pop("gone", None)
         return canonical_json(body)
 
     def link_chain(self, boundary: int, replica: int, backward: bool, default: str) -> str:

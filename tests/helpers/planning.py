@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from potluck.coordinator.placement import PlanningState
-from potluck.coordinator.placement.costmodel import DeviceSpec
+from potluck.coordinator.placement.costmodel import DeviceSpec, StepJob, layer_memory, peers_to_hold
 from potluck.coordinator.placement.netmodel import NetModel, from_matrices
 
 
@@ -29,3 +29,15 @@ def clustered_state(n: int, clusters: int, seed: int, tflops: list[float] | None
         tuple(DeviceSpec(speeds[i % len(speeds)], 24.0) for i in range(n)),
         clustered_net(n, clusters, seed),
     )
+
+
+def memory_for(job: StepJob, peers: int) -> int:
+    """Device memory (bytes) with which ``peers - 1`` peers cannot hold ``job``'s model as one pipeline
+    and ``peers`` can (``peers_to_hold``, which the planner agrees with): a swarm short of memory."""
+    state, act = layer_memory(job)
+    step = (state + act) / 20
+    mem = (job.model.embed_params * job.bytes_per_param + state + act) / job.memory_headroom
+    while peers_to_hold(job, [mem / 1e9] * (peers - 1)) != peers:
+        mem += step
+        assert mem < 1e12, f"no memory makes exactly {peers} peers needed"
+    return int(mem) + 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -169,3 +170,61 @@ def kill_recorded(procs: list[ProcInfo]) -> None:
         if still_running(p):
             with suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGKILL)
+
+
+CHURN_PEERS = ("a", "b", "c", "d")
+
+
+def start_on_own_disks(swarm: LocalSwarm, names: tuple[str, ...] = CHURN_PEERS) -> None:
+    """The coordinator, then one peer per name, each keeping its checkpoints on its own "disk" (no
+    peer can read another's): the churn and leave swarms."""
+    swarm.start_coordinator()
+    for name in names:
+        swarm.start_peer(name, "--checkpoint-dir", str(swarm.root / name / "ckpt"))
+
+
+def placed_at(swarm: LocalSwarm, stage: int, replica: int, names: tuple[str, ...] = CHURN_PEERS) -> str:
+    """The name of the peer that plan epoch 1 (the coordinator's table) placed at (stage, replica)."""
+    from potluck.protocol.identity import Identity
+
+    text = swarm.procs["coordinator"].log.read_text(errors="replace")
+    row = re.search(rf"│ {stage} +│ [0-9-]+ +│ ([\w, ]+?) +│", text[text.index("plan epoch 1") :])
+    assert row is not None, text[-3000:]
+    short = re.findall(r"\w{12}", row.group(1))[replica]
+    ids = {n: Identity.load(swarm.root / n / "identity.pem").peer_id for n in names}
+    return next(n for n, pid in ids.items() if pid.startswith(short))
+
+
+def committed_step(swarm: LocalSwarm) -> int:
+    """The newest step the coordinator's log shows committed."""
+    text = swarm.procs["coordinator"].log.read_text(errors="replace")
+    return max(int(s) for s in re.findall(r"step (\d+)/", text))
+
+
+def churn_swarm(tmp_path: Path, job: Path, swarm_id: str, step_timeout_s: float = 5, **kw: Any) -> LocalSwarm:
+    """A LocalSwarm of CPU peers with a 15 s heartbeat TTL, under ``tmp_path/run``, whose coordinator
+    logs JSON as well (the summary ``assert_no_step_lost`` reads)."""
+    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
+    peer_args += ("--step-timeout", f"{step_timeout_s:g}")
+    return LocalSwarm(
+        tmp_path / "run", job, swarm_id=swarm_id, peer_args=peer_args, coordinator_args=("--json",), **kw
+    )
+
+
+def assert_goes_on_to_the_end(
+    swarm: LocalSwarm, steps: int, before: int, event: str, epoch2: str, wait_s: float, end_s: float
+) -> str:
+    """After ``event`` (the swarm had committed ``before``): epoch 2 (``epoch2``, a pattern whose group
+    is its start step) starts at or after it within ``wait_s``, and the launch ends by itself at the
+    job's last step within ``end_s``, no committed step lost. Returns the coordinator's log."""
+    from tests.helpers.logs import assert_no_step_lost, wait_for
+
+    log = swarm.procs["coordinator"].log
+    start = int(wait_for(log, epoch2, wait_s).group(1))
+    assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
+    coordinator = swarm.procs["coordinator"]
+    coordinator.popen.wait(timeout=end_s)
+    text = log.read_text(errors="replace")
+    assert coordinator.popen.returncode == 0, text[-3000:]
+    assert_no_step_lost(text, steps, before, event)
+    return text

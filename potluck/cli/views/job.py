@@ -92,11 +92,17 @@ class JobWatcher:
             self.on_progress(event.plan, event.progress)
 
     def on_plan(self, plan: TrainPlan, reason: str) -> None:
-        same = self.plan is not None and self.plan.epoch == plan.epoch  # re-published with new spares
+        old = self.plan
+        same = old is not None and old.epoch == plan.epoch  # re-published: spares, a pause, a wait
         self.plan = plan
         console = self._progress.console if self._progress is not None else err_console
         if not same:
             console.print(plan_table(plan, reason))
+            return
+        if plan.waiting is not None and (old is None or (old.waiting, old.gone) != (plan.waiting, plan.gone)):
+            gone = ", ".join(p[:12] for p in plan.gone)
+            line = f"plan epoch {plan.epoch} waits: {plan.waiting} (gone: {gone})"
+            console.print(line, highlight=False, soft_wrap=True)  # one line: scripts grep for it
             return
         if plan.stop_at is not None:
             console.print(

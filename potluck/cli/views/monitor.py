@@ -54,8 +54,9 @@ def frame(snap: dict[str, Any], source: str) -> Group:
     if job:
         loss = "–" if job["loss"] is None else f"{job['loss']:.4f}"
         eta = job.get("eta_s")
+        why = f" ({job['reason']})" if job["state"] == "waiting" and job.get("reason") else ""
         head.append(
-            f"job {job['name']}: {job['state']}, step {job['step']}/{job['steps']}, loss {loss}, "
+            f"job {job['name']}: {job['state']}{why}, step {job['step']}/{job['steps']}, loss {loss}, "
             f"{job['tokens_per_s']:,.0f} tok/s{'' if eta is None else f', ETA {eta / 60:,.0f} min'}, "
             f"plan epoch {job['epoch']}"
         )

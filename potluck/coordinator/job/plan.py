@@ -271,17 +271,24 @@ def make_train_plan(
     net, net_note = network(state, usable)
     pstate = PlanningState(tuple(usable), tuple(device(p) for p in usable), net)
     lim = job.limits
+    replicas, narrowed = lim.replicas, ""
+    if running and replicas is not None and replicas * (lim.stages or 1) > len(usable) >= (lim.stages or 1):
+        # A forced width is what the job trains with while it can; a running job that lost a replica
+        # trains on narrower rather than stalling (the global batch is the same: more micro-batches each).
+        replicas = len(usable) // (lim.stages or 1)
+        narrowed = f"; {lim.replicas} replicas forced, {replicas} while {len(usable)} live"
     pcfg = PlannerConfig(
         **{
             **cfg.planner.__dict__,
             "seed": job.seed,
             "stages": lim.stages,
-            "replicas": lim.replicas,
+            "replicas": replicas,
             "max_stages": lim.max_stages,
             "max_replicas": lim.max_replicas,
         }
     )
     placement, reason = plan(pstate, sj, now, previous, pcfg)  # falls back to a fresh plan itself
+    reason += narrowed
     # Peers offering two slots: a one-stage plan that gives them two waves each, where it is faster (or
     # the only plan with the replicas the job asks for); docs/ticktock.md
     waves: dict[str, int] = {}

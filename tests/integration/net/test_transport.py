@@ -309,3 +309,44 @@ def test_an_injected_dropped_link_carries_nothing_either_way_and_others_still_do
                 await box.close()
 
     asyncio.run(main())
+
+
+def test_a_peer_the_coordinator_declared_gone_is_dialled_no_more():
+    """Issue 38: the survivors of a dead stage leader dialled it for minutes while the job waited for
+    peers. The coordinator's verdict (``TrainPlan.gone``) ends a dial under way and a wait on the peer at
+    once, refuses later sends, and lasts until a plan places the peer again."""
+
+    async def main() -> None:
+        async with p2p_group(2) as nodes:
+            maddrs = {n.peer_id.to_base58(): [str(m) for m in await n.get_visible_maddrs()] for n in nodes}
+
+            async def book(peer: str) -> list[str]:
+                return maddrs.get(peer, [])
+
+            a = Mailbox(nodes[0], PROTO, TransportConfig(timeout_s=30.0), addresses=book)
+            await a.start()
+            dead = nodes[1].peer_id.to_base58()
+            await a.admit({a.peer_id, dead})
+            a.advance(1, 0)
+            await nodes[1].shutdown()  # refuses connections from now on; a retries for its 30 s bound
+            t0 = time.monotonic()
+            sending = asyncio.create_task(a.send(dead, Tag(1), b"vote"))
+            waiting = asyncio.create_task(a.recv(dead, Tag(2), 30.0))
+            await asyncio.sleep(1.0)
+            assert not sending.done() and not waiting.done()  # still dialling, still waiting
+            a.declare_gone([dead])
+            sent, waited = await outcome(sending, t0), await outcome(waiting, t0)
+            assert "declared it gone" in sent[0] and sent[1] < 5.0, sent
+            assert "declared it" in waited[0] and waited[1] < 5.0, waited
+            t1 = time.monotonic()
+            with pytest.raises(WireError, match="declared it gone"):
+                await a.send(dead, Tag(3), b"again")
+            with pytest.raises(WireError, match="declared it"):
+                await a.recv(dead, Tag(4), 30.0)
+            assert time.monotonic() - t1 < 1.0
+            await a.admit({a.peer_id, dead})  # a newer plan places it again: it came back
+            with pytest.raises(TimeoutError):  # dialled again (the dead daemon refuses for 30 s)
+                await asyncio.wait_for(a.send(dead, Tag(5), b"back"), 1.0)
+            await a.close()
+
+    asyncio.run(main())

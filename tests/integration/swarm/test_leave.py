@@ -5,19 +5,24 @@ without it while it is still running (the new epoch starts a few steps ahead of 
 plan's peers stop there together); the peer exits on its own once the new plan is under way, and no
 committed step is lost. A second SIGTERM cuts the wait short."""
 
-import re
 import signal
 import subprocess
 import time
 
 import pytest
 
-from potluck.protocol.identity import Identity
 from potluck.testbed.faults import ENV as FAULTS
 from potluck.testbed.faults import delay, encode
 from potluck.testbed.harness.jobs import job_toml
 from potluck.testbed.localswarm import LocalSwarm
-from tests.helpers.logs import assert_no_step_lost, wait_for
+from tests.helpers.logs import wait_for
+from tests.helpers.swarm import (
+    assert_goes_on_to_the_end,
+    churn_swarm,
+    committed_step,
+    placed_at,
+    start_on_own_disks,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.extended, pytest.mark.timeout(420)]
 
@@ -35,30 +40,14 @@ def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp
     job.write_text(
         job_toml("leave-test", steps=STEPS, ckpt=tmp_path / "owner-ckpt", interval=1000, stages=2, replicas=2)
     )
-    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu", "--ttl", "15")
-    peer_args += ("--step-timeout", "10")
-    with LocalSwarm(
-        tmp_path / "run",
-        job,
-        swarm_id="leave-test",
-        peer_args=peer_args,
-        coordinator_args=("--json",),
-        verbose=1,
-    ) as swarm:
-        swarm.start_coordinator()
-        names = ("a", "b", "c", "d")
-        for name in names:
-            swarm.start_peer(name, "--checkpoint-dir", str(tmp_path / "run" / name / "ckpt"))
+    with churn_swarm(tmp_path, job, "leave-test", step_timeout_s=10, verbose=1) as swarm:
+        start_on_own_disks(swarm)
         log = swarm.procs["coordinator"].log
         wait_for(log, r"plan epoch 1: 2 stages x 2 replicas", 120)
         wait_for(log, r"step (1[5-9]|[2-9]\d)/", 120)
-        ids = {n: Identity.load(tmp_path / "run" / n / "identity.pem").peer_id for n in names}
-        text = log.read_text(errors="replace")
-        stage1 = re.search(r"│ 1 +│ [0-9-]+ +│ (\w{12}), (\w{12})", text[text.index("plan epoch 1") :])
-        assert stage1 is not None, text[-3000:]
-        name = next(n for n, pid in ids.items() if pid.startswith(stage1.group(2)))
+        name = placed_at(swarm, stage=1, replica=1)
         victim = swarm.procs[name]
-        before = max(int(s) for s in re.findall(r"step (\d+)/", log.read_text(errors="replace")))
+        before = committed_step(swarm)
 
         victim.popen.send_signal(signal.SIGTERM)
         replanned_while_alive = False
@@ -75,13 +64,7 @@ def test_sigterm_hands_the_work_over_before_the_peer_exits_and_loses_no_step(tmp
         assert replanned_while_alive, f"epoch 2 was not published before {name} exited:\n{gone[-3000:]}"
         assert "leaving: hand-off complete" in gone, gone[-3000:]
 
-        start = int(wait_for(log, r"plan epoch 2: .*?from step (\d+)", 30).group(1))
-        assert start >= before, f"epoch 2 starts at step {start}; the swarm had committed {before}"
-        coordinator = swarm.procs["coordinator"]
-        coordinator.popen.wait(timeout=300)
-        text = log.read_text(errors="replace")
-        assert coordinator.popen.returncode == 0, text[-3000:]
-        assert_no_step_lost(text, STEPS, before, "leave")
+        assert_goes_on_to_the_end(swarm, STEPS, before, "leave", r"plan epoch 2: .*?from step (\d+)", 30, 300)
 
 
 def test_a_second_sigterm_leaves_at_once_while_the_swarm_cannot_replan(tmp_path):

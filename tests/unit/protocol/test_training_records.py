@@ -131,3 +131,20 @@ def test_ready_messages_are_checked_before_use():
         _parse_ready(b" " * 70_000, "c", (1, 0))
     nan = b'{"stage":1,"replica":0,"sq_norm":NaN,"loss":0.5,"ok":true}'
     assert not _parse_ready(nan, "c", (1, 0)).ok
+
+
+def test_a_plan_that_lost_nobody_signs_without_gone_or_waiting_and_one_that_waits_names_its_own_peers(
+    policy, coordinator
+):
+    """Issue 38: a running epoch re-published with the peers the coordinator declared gone and why it
+    waits; at their defaults both keys stay out of the signed bytes (older peers read the plan as ever)."""
+    p = plan()
+    assert b'"gone"' not in p.canonical_bytes() and b'"waiting"' not in p.canonical_bytes()
+    why = "waiting for peers: 3 live, 4 needed to hold the model"
+    w = plan(gone=[A], waiting=why)
+    v = check(policy, seal(coordinator, "swarm-a", "plan", w, NOW + 30), name="plan")
+    assert isinstance(v.record, TrainPlan) and v.record.gone == [A] and v.record.waiting == why
+    with pytest.raises(ValidationError, match="declares gone only peers it places"):
+        plan(gone=["12D3KooW" + "x" * 44])
+    with pytest.raises(ValidationError):
+        plan(waiting="x" * 129)  # a short text: the reason, not a log

@@ -40,8 +40,10 @@ function renderHeader(s) {
   if (!j) return;
   const loss = j.loss === null ? "–" : j.loss.toFixed(4);
   const eta = j.eta_s === null || j.eta_s === undefined ? "" : ` · ETA ${duration(j.eta_s)}`;
+  // A waiting job says what it waits for ("waiting for peers: 3 live, 4 needed to hold the model").
+  const why = j.state === "waiting" && j.reason ? ` (${j.reason})` : "";
   $("job").textContent =
-    `job ${j.name} · ${j.state} · step ${j.step} / ${j.steps} · loss ${loss} · ${human(j.tokens_per_s, "tok/s")}${eta}`;
+    `job ${j.name} · ${j.state}${why} · step ${j.step} / ${j.steps} · loss ${loss} · ${human(j.tokens_per_s, "tok/s")}${eta}`;
   $("epoch").textContent = j.epoch === null ? "" : `epoch ${j.epoch}`;
 }
 

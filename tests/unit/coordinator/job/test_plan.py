@@ -1,12 +1,13 @@
 """The coordinator's job planning: swarm records + job -> a consistent TrainPlan, spares told why."""
 
 from potluck.coordinator.job.plan import make_train_plan, step_job
-from potluck.coordinator.placement.costmodel import layer_memory, peers_to_hold
+from potluck.coordinator.placement.costmodel import peers_to_hold
 from potluck.coordinator.state import SwarmState
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.membership import PeerView
 from potluck.protocol.records import Hardware, LinkReport, LinkSample, PeerRecord
+from tests.helpers.planning import memory_for
 
 JOB = JobSpec.model_validate(
     {
@@ -95,16 +96,8 @@ FREE = JOB.model_copy(update={"limits": JOB.limits.model_copy(update={"stages": 
 
 
 def four_needed_bytes() -> int:
-    """Device memory with which three peers cannot hold FREE's 4 layers and four can (found by
-    ``peers_to_hold``; the planner must agree with it)."""
-    sj = step_job(FREE)
-    state, act = layer_memory(sj)
-    step = (state + act) / 20
-    mem = (sj.model.embed_params * sj.bytes_per_param + state + act) / sj.memory_headroom
-    while peers_to_hold(sj, [mem / 1e9] * 3) != 4:
-        mem += step
-        assert mem < 1e12, "no memory makes exactly four peers needed"
-    return int(mem) + 1
+    """Device memory with which three peers cannot hold FREE's 4 layers and four can."""
+    return memory_for(step_job(FREE), 4)
 
 
 def test_a_running_job_replans_below_min_peers_when_the_peers_hold_the_model():
@@ -116,6 +109,20 @@ def test_a_running_job_replans_below_min_peers_when_the_peers_hold_the_model():
     plan, _, reason = make_train_plan(state, FREE, 100.0, epoch=2, start_step=50, running=True)
     assert plan is not None, reason
     assert plan.start_step == 50 and set(plan.peers) <= set(pids) and len(plan.peers) >= 1
+
+
+def test_a_running_job_with_a_forced_width_trains_narrower_when_it_loses_a_replica():
+    """replicas = 4 is the width to start with; at 3 live the job goes on 1 x 3 (issue 38's stall)."""
+    job = JobSpec.model_validate({**FREE.model_dump(), "limits": {"stages": 1, "replicas": 4}})
+    pids = ids(4)
+    state = SwarmState("s", 100.0, {p: peer(p) for p in pids})
+    plan, _, reason = make_train_plan(state, job, 100.0, epoch=1, start_step=0)
+    assert plan is not None and plan.n_replicas == 4, reason
+    state = SwarmState("s", 100.0, {p: peer(p) for p in pids[1:]})
+    assert make_train_plan(state, job, 100.0, epoch=2, start_step=50)[0] is None  # not yet running
+    plan, _, reason = make_train_plan(state, job, 100.0, epoch=2, start_step=50, running=True)
+    assert plan is not None and plan.n_replicas == 3 and len(plan.stages) == 1, reason
+    assert "4 replicas forced, 3 while 3 live" in reason
 
 
 def test_a_running_job_short_of_memory_waits_and_says_how_many_peers_would_hold_it():
