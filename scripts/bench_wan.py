@@ -13,7 +13,8 @@ Every process runs in a network namespace of its own. Three runs in one invocati
 
 The coordinator runs in node 0's namespace (a rented server on a good line), the peers in nodes
 1..N. The job is the demo's model (4 layers, 128 wide, byte level, 2,048 tokens a step) with the WAN
-compression policy given on the command line; every peer runs one torch thread. Bytes on the wire are
+compression the command line gives (by default none: the coordinator chooses, as for a job file
+without a [compression] section); every peer runs one torch thread. Bytes on the wire are
 counted at each namespace's interface (IP level, everything: DHT, probes, training). The predicted step
 time is the planner's (``predicted (probe)``), and the same model on the same plan with each peer's
 speed calibrated from its measured compute (``predicted (calibrated)``): the peers share 2 cores, so
@@ -54,7 +55,7 @@ PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
 
 
 def bench_job(
-    steps: int, tokens_per_step: int, compression: dict[str, Any], checkpoint_dir: str, peers: int = 4
+    steps: int, tokens_per_step: int, compression: dict[str, Any] | str, checkpoint_dir: str, peers: int = 4
 ) -> dict:
     """The job every run trains (potluck's as a dict, hivemind's written to TOML from the same dict):
     2 stages x peers / 2 replicas."""
@@ -71,6 +72,11 @@ def bench_job(
         "checkpoint": {"dir": checkpoint_dir, "interval": max(10, steps // 4), "keep": 2},
         "limits": {"stages": 2, "replicas": max(1, peers // 2)},
     }
+
+
+def section(text: str) -> dict[str, Any] | str:
+    """--compression as the job takes it: "auto", or the section's JSON."""
+    return text if text == "auto" else dict(json.loads(text))
 
 
 def to_toml(doc: dict[str, Any]) -> str:
@@ -150,6 +156,8 @@ def potluck_inner(cfg: dict[str, Any]) -> dict[str, Any]:
         "layers": [st.last_layer - st.first_layer for st in plan.stages],
         "run_ahead": plan.run_ahead,
         "micro_batches": plan.micro_batches,
+        # compression = "auto": what the coordinator chose for the last plan (None: the job's section)
+        "chosen": plan.compression.model_dump(mode="json") if plan.compression is not None else None,
         **(nat_report(run_dir, plan, watcher, nat) if nat else {}),
     }
 
@@ -230,7 +238,7 @@ def run_potluck(
             "access": access,
             "nat": nat,
             "job": bench_job(
-                args.steps, args.tokens_per_step, json.loads(args.compression), f"{tmp}/ckpt", len(addrs) - 1
+                args.steps, args.tokens_per_step, section(args.compression), f"{tmp}/ckpt", len(addrs) - 1
             ),
         }
         cfg_file, out_file = Path(tmp) / "cfg.json", Path(tmp) / "result.json"
@@ -408,8 +416,9 @@ def main() -> None:
     ap.add_argument("--scenario", default=SCENARIO)
     ap.add_argument(
         "--compression",
-        default='{"activations": "int8:block=64", "gradients": "int8:block=64", "error_feedback": true}',
-        help="the job's [compression] section as JSON (the same in every potluck run)",
+        default="auto",
+        help="the job's [compression] section as JSON (the same in every potluck run); 'auto' (the "
+        "default, what a job file without the section gets): the coordinator chooses per plan",
     )
     ap.add_argument("--only", choices=["fast", "home", "hivemind"], nargs="+", default=None)
     ap.add_argument("--hivemind-compression", choices=["fp16", "8bit", "none"], default="fp16")

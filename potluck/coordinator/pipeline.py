@@ -166,7 +166,7 @@ class PipelineJob:
         if plan is None or why is None:
             return action, reason
         lead_s = host.cfg.handoff_lead_s + 2 * host.cfg.poll_interval_s
-        step_s, h = typical_step_s(self.progress.latest.values()), host.job.compression.sync_every
+        step_s, h = typical_step_s(self.progress.latest.values()), plan.under(host.job).compression.sync_every
         at = pause_step(self.progress.step(plan), step_s, lead_s, host.job.steps, h)
         if at is None:
             return action, reason  # too close to the end: finish instead (the leavers wait for it)

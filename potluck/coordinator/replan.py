@@ -206,6 +206,7 @@ class Replanner:
                 # a bottleneck job's positions, fixed by earlier plans: a moved cut keeps its maps
                 job.plan.bottleneck_cuts if job.plan is not None else None,
                 running=job.plan is not None,  # below min_peers a running job goes on if they hold it
+                keep_compression=job.plan.compression if job.plan is not None else None,
             )
         if plan is None:
             if reason != host.last_reason:

@@ -279,7 +279,7 @@ class PlanWorker(Replans):
         jobs = [v.record for v in await self.node.fetch(keys.job) if isinstance(v.record, JobSpec)]
         if not jobs or jobs[0].name != plan.job:
             raise PeerError(f"the swarm's job spec for {plan.job!r} is not readable yet")
-        return jobs[0]
+        return plan.under(jobs[0])  # with the compression the coordinator chose, for compression = "auto"
 
     def _sources(self, plan: TrainPlan, recent: Sequence[TrainPlan], root: Path) -> list[StateSource]:
         if self.state is None:

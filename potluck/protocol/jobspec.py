@@ -168,7 +168,9 @@ _LEFT_OUT_AT = (
     ("outer_ef_decay", 1.0),
     ("outer_lr", 0.7),
     ("outer_momentum", 0.9),
+    ("auto", False),
 )
+AUTO = "auto"  # compression = "auto" in a job file: the coordinator chooses (CompressionSpec.auto)
 
 
 class CompressionSpec(_Section):
@@ -195,6 +197,11 @@ class CompressionSpec(_Section):
     # of the signed job at them, so older specs keep their hashes.
     outer_lr: float = Field(default=0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    # compression = "auto" (what a job file without a [compression] section gets): the coordinator
+    # chooses every setting above per plan from the measured links and signs its choice into the plan
+    # (``TrainPlan.compression``; coordinator/job/autocomp.py). The fields keep their defaults, which only
+    # a plan made before its links were measured uses. Left out of the signed job when false.
+    auto: bool = False
 
     @model_serializer(mode="wrap")
     def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
@@ -206,6 +213,15 @@ class CompressionSpec(_Section):
 
     @model_validator(mode="after")
     def _outer_needs_local_steps(self) -> CompressionSpec:
+        # by value: the signed job carries every field, each at its default when auto
+        auto = _DEFAULTS if self.auto else {}
+        changed = [k for k in auto if k != "auto" and getattr(self, k) != auto[k]]
+        if changed:
+            named = ", ".join(sorted(changed))
+            raise ValueError(
+                f"compression = 'auto' chooses every setting itself; remove {named}, or set them all "
+                f"yourself without auto"
+            )
         if self.outer is not None and self.sync_every < 2:
             raise ValueError(
                 f"compression.outer codes DiLoCo pseudo-gradients: it needs compression.sync_every > 1 "
@@ -221,6 +237,9 @@ class CompressionSpec(_Section):
                 f"the outer momentum, which is then 0"
             )
         return self
+
+
+_DEFAULTS = CompressionSpec().model_dump()  # what "auto" leaves every field at (see ``auto``)
 
 
 class SyncSpec(_Section):
@@ -394,6 +413,11 @@ def load_job(path: Path) -> JobSpec:
 
 
 def parse_job(data: dict[str, object], source: str = "job") -> JobSpec:
+    """A job file's contents as a ``JobSpec``. Without a ``[compression]`` section (or with
+    ``compression = "auto"``) the coordinator chooses the compression from the measured links
+    (``CompressionSpec.auto``); a section keeps exactly the settings it names."""
+    if data.get("compression", AUTO) == AUTO:
+        data = {**data, "compression": {"auto": True}}
     try:
         return JobSpec.model_validate(data)
     except ValidationError as e:

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from potluck.protocol.jobspec import AggregationRule, JobSpec
+from potluck.protocol.jobspec import AggregationRule, CompressionSpec, JobSpec
 from potluck.protocol.records import Name, NonNegFloat, PeerId, Record, ShortText, canonical_json
 
 Seconds = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
@@ -151,6 +151,11 @@ class TrainPlan(Record):
     # the signed bytes as older versions sign and read it) on every plan that lost nobody.
     gone: list[PeerId] = Field(default_factory=list, max_length=1024)
     waiting: ShortText | None = None
+    # The compression this plan runs with, for a job with ``compression = "auto"``: the coordinator's
+    # choice from the measured links (coordinator/job/autocomp.py); every peer trains with it instead of
+    # the job's own section (``under``). None (the default, left out of the signed bytes as older
+    # versions sign and read it): the job's section.
+    compression: CompressionSpec | None = None
     issued_at: NonNegFloat
 
     @model_validator(mode="after")
@@ -194,7 +199,7 @@ class TrainPlan(Record):
 
     def canonical_bytes(self) -> bytes:
         body = self.model_dump(mode="json")
-        for key in ("stop_at", "link_codecs", "bottlenecks", "waiting"):
+        for key in ("stop_at", "link_codecs", "bottlenecks", "waiting", "compression"):
             if body.get(key) is None:
                 body.pop(key, None)  # as older versions sign and read it
         if not body.get("gone"):
@@ -208,6 +213,12 @@ class TrainPlan(Record):
         if self.link_codecs is None:
             return default
         return self.link_codecs.chain(boundary, replica, backward)
+
+    def under(self, job: JobSpec) -> JobSpec:
+        """``job`` as this plan runs it: with the compression the coordinator chose for it, if any."""
+        if self.compression is None:
+            return job
+        return job.model_copy(update={"compression": self.compression})
 
     @property
     def cuts(self) -> tuple[int, ...]:
@@ -378,7 +389,7 @@ def spot_checked(job: JobSpec, plan: TrainPlan) -> bool:
         job.trust.spot_checks > 0
         and len(plan.stages) > 1
         and plan.n_replicas > 1
-        and job.compression.sync_every == 1
+        and plan.under(job).compression.sync_every == 1
     )
 
 
@@ -390,7 +401,7 @@ def audited(job: JobSpec, plan: TrainPlan, stage: int) -> bool:
         job.trust.spot_checks > 0
         and plan.stages[stage].aggregation != "mean"
         and plan.n_replicas >= 3
-        and job.compression.sync_every == 1
+        and plan.under(job).compression.sync_every == 1
         and job.sync.policy == "strict"
     )
 

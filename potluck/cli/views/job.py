@@ -21,7 +21,7 @@ from potluck.cli.common import err_console
 from potluck.coordinator.events import PlanPublished, ProgressRead
 from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.state import SwarmState
-from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.jobspec import CompressionSpec, JobSpec
 from potluck.protocol.training import StepTiming, TrainPlan
 from potluck.telemetry.summary import Throughput
 
@@ -30,10 +30,13 @@ def plan_table(plan: TrainPlan, reason: str) -> Table:
     shards = f" ({plan.data_replicas} with tick-tock waves)" if plan.data_replicas != plan.n_replicas else ""
     # a bottleneck job's positions (model/bottleneck.py), when the plan names them
     at = f"; bottlenecks at layer(s) {', '.join(map(str, plan.bottlenecks))}" if plan.bottlenecks else ""
+    # compression = "auto": what the coordinator chose and why, on a line of its own (never cut short)
+    main, _, auto = reason.partition("; compression auto: ")
+    chose = f"\ncompression (auto): {compression_line(plan.compression)}; {auto}" if plan.compression else ""
     table = Table(
         title=f"plan epoch {plan.epoch}: {len(plan.stages)} stages x {plan.n_replicas} replicas{shards}, "
         f"from step {plan.start_step}{at}",
-        caption=reason[:200],
+        caption=main[:200] + chose,
     )
     table.add_column("stage")
     table.add_column("layers")
@@ -47,6 +50,19 @@ def plan_table(plan: TrainPlan, reason: str) -> Table:
     for spare in plan.spares:
         table.add_row("spare", "", spare.peer_id[:12], spare.reason)
     return table
+
+
+def compression_line(comp: CompressionSpec) -> str:
+    """The settings a plan runs with, as a user would write them in ``[compression]``."""
+    acts = comp.activations
+    if comp.activations_slow is not None:
+        acts += f", {comp.activations_slow} under {comp.slow_link_gbps:g} Gbit/s"
+    line = f"activations {acts}; gradients {comp.gradients}"
+    if comp.sync_every > 1:
+        line += f"; sync every {comp.sync_every} steps"
+    if comp.outer is not None:
+        line += f", outer {comp.outer} (lr {comp.outer_lr:g})"
+    return line
 
 
 @dataclass

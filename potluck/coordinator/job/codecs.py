@@ -124,7 +124,7 @@ def select_link_codecs(
 def sent_chains(plan: TrainPlan, job: JobSpec, stage: int, replica: int) -> set[str]:
     """The chains the peer at (stage, replica) sends with: activations on to the next stage, their
     gradients back to the previous one."""
-    default = canonical_chain(job.compression.activations)
+    default = canonical_chain(plan.under(job).compression.activations)
     out = set()
     if stage + 1 < len(plan.stages):
         out.add(plan.link_chain(stage, replica, False, default))

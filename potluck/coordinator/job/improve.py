@@ -196,7 +196,8 @@ def evaluate_join(
     cfg = cfg or ImproveConfig()
     speeds = newcomer_speeds(state, speeds, newcomers, job.trust.claim_cap)
     ratios, fixed = measured_ratios, plan.bottleneck_cuts  # the running plan's bottleneck positions
-    current_s = predicted_step_s(plan, job, state, speeds, ratios, fixed)
+    run = plan.under(job)  # priced with the compression the plans run with ("auto": the chosen)
+    current_s = predicted_step_s(plan, run, state, speeds, ratios, fixed)
     remaining = max(0, job.steps - step)
     best: tuple[float, TrainPlan, PlacementPlan] | None = None
     fresh: TrainPlan | None = None
@@ -214,18 +215,19 @@ def evaluate_join(
             dict(speeds),
             measured_ratios=ratios,
             positions=fixed,
+            keep_compression=plan.compression,
         )
         if cand is None or placement is None:
             continue
         fresh = cand if shaped is job else fresh
-        cost = predicted_step_s(cand, job, state, speeds, ratios, fixed)
+        cost = predicted_step_s(cand, run, state, speeds, ratios, fixed)
         places = any(cand.position(p) is not None for p in newcomers)
         if places and (best is None or cost < best[0]):
             best = (cost, cand, placement)
     if best is None:
         why = full_reason(job, fresh or plan)
         if fresh is not None and not why.startswith("the plan is full"):
-            fresh_s = predicted_step_s(fresh, job, state, speeds, ratios, fixed)
+            fresh_s = predicted_step_s(fresh, run, state, speeds, ratios, fixed)
             why = f"{why} ({fresh_s:.3f} s vs now {current_s:.3f} s)"
         return JoinEvaluation(JoinOffer(step, remaining, current_s, current_s, 0.0, (), why), None, None)
     new_s, cand, placement = best

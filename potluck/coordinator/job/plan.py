@@ -10,14 +10,16 @@ packed over their measured links.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from potluck.coordinator.errors import NetModelError, PackingError
+from potluck.coordinator.job.autocomp import pick, slow_threshold_gbps
 from potluck.coordinator.job.claims import believed_access, believed_tflops, plausible_tflops, tflops_ceiling
-from potluck.coordinator.job.codecs import codec_ratios, select_link_codecs
+from potluck.coordinator.job.codecs import codec_ratios, estimated_ratio, select_link_codecs
 from potluck.coordinator.job.colocation import (
     colocated_placement,
     pair_speedups,
@@ -33,6 +35,7 @@ from potluck.coordinator.placement.costmodel import (
     ModelShape,
     StepBreakdown,
     StepJob,
+    activation_bytes,
     layer_memory,
     link_weight,
     micro_batch_flops,
@@ -51,7 +54,7 @@ from potluck.coordinator.placement.objectives import StepObjective
 from potluck.coordinator.state import SwarmState
 from potluck.coordinator.trees.plan import choose_tree_plan, to_schedule
 from potluck.protocol.collective import schedule_to_records
-from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.jobspec import CompressionSpec, JobSpec
 from potluck.protocol.records import PeerRecord
 from potluck.protocol.training import LinkCodecs, Spare, StageAssignment, TrainPlan, TreeRecord
 
@@ -221,6 +224,16 @@ def short_of_memory(live: int, need: int | None) -> str:
     return f"waiting for peers: {live} live, {need} needed to hold the model"
 
 
+class Planned(NamedTuple):
+    """A plan found (or None, and why), and what ``compression = "auto"`` prices it with."""
+
+    plan: TrainPlan | None
+    placement: PlacementPlan | None
+    reason: str
+    price: Callable[[CompressionSpec], float] | None = None  # the plan's predicted step (s) under a codec
+    slow_gbps: float = 1.0  # where its links turn slow for int8 activations (``autocomp``)
+
+
 def make_train_plan(
     state: SwarmState,
     job: JobSpec,
@@ -234,6 +247,7 @@ def make_train_plan(
     measured_ratios: Mapping[str, float] | None = None,
     positions: Sequence[int] | None = None,
     running: bool = False,
+    keep_compression: CompressionSpec | None = None,
 ) -> tuple[TrainPlan | None, PlacementPlan | None, str]:
     """(plan, the planner's placement, reason). None when the swarm cannot run the job yet.
 
@@ -246,16 +260,54 @@ def make_train_plan(
     plan keeps them, and its split may move onto them where that is faster
     (``positions.keep_positions``); None: the plan's own cuts become the positions. ``running``: the job
     has trained under an earlier plan. ``min_peers`` is the threshold to start; a running job re-plans
-    on whatever peers it has as long as they hold the model, and says what it waits for when not."""
+    on whatever peers it has as long as they hold the model, and says what it waits for when not.
+
+    A job with ``compression = "auto"``: the plan found with the section's defaults is priced under
+    each rung of ``autocomp``'s ladder, and the plan is made again with the rung chosen, which it
+    carries (``TrainPlan.compression``). ``keep_compression``: the running plan's choice, kept."""
+    args = (state, job, now, epoch, start_step, previous, cfg, measured_tflops, distrusted)
+    more = (measured_ratios, positions, running)
+    if not job.compression.auto:
+        return _plan_job(*args, *more)[:3]
+    if keep_compression is not None:
+        chosen, why = keep_compression, "compression auto: as the job's first plan chose"
+    else:
+        found = _plan_job(*args, *more)
+        if found.plan is None or found.price is None:
+            return found[:3]
+        chosen, why = pick(job, found.slow_gbps, found.price)
+    run = job.model_copy(update={"compression": chosen})
+    train, placement, reason = _plan_job(state, run, *args[2:], *more)[:3]
+    if train is None:
+        return None, placement, reason
+    return train.model_copy(update={"compression": chosen}), placement, f"{reason}; {why}"
+
+
+def _plan_job(
+    state: SwarmState,
+    job: JobSpec,
+    now: float,
+    epoch: int,
+    start_step: int,
+    previous: PlacementPlan | None = None,
+    cfg: JobPlanConfig | None = None,
+    measured_tflops: dict[str, float] | None = None,
+    distrusted: frozenset[str] = frozenset(),
+    measured_ratios: Mapping[str, float] | None = None,
+    positions: Sequence[int] | None = None,
+    running: bool = False,
+) -> Planned:
+    """``make_train_plan`` with the job's compression as it stands (never "auto")."""
     cfg = cfg or JobPlanConfig()
     sj = step_job(job, measured_ratios)
     usable, spares = usable_peers(state, job)
     if not running and len(usable) < job.min_peers:
-        return None, None, f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
+        why = f"waiting for peers: {len(usable)} usable of the {job.min_peers} the job needs"
+        return Planned(None, None, why)
     if running:
         need = peers_to_hold(sj, [device_of(state.peers[p].record).memory_gb for p in usable])
         if need is None or need > len(usable):
-            return None, None, short_of_memory(len(usable), need)
+            return Planned(None, None, short_of_memory(len(usable), need))
     claimed = {p: device_of(state.peers[p].record) for p in usable}
     speeds = believed_tflops(
         {p: d.tflops for p, d in claimed.items()},
@@ -301,7 +353,7 @@ def make_train_plan(
     elif blocked is not None:
         reason = f"{reason}; second slots unused: {blocked}"
     if placement is None:
-        return None, None, reason
+        return Planned(None, None, reason)
     placement = public_leader(placement, {p for p in usable if state.peers[p].record.behind_nat})
     index = {p: i for i, p in enumerate(usable)}
     stages, first = [], 0
@@ -357,7 +409,16 @@ def make_train_plan(
     if ahead:
         train = train.model_copy(update={"run_ahead": ahead})
         train = train.model_copy(update={"predicted_step_s": float(min(predict(train).total, 1e9))})
-    return train, placement, f"{reason}; {net_note}"
+
+    def price(comp: CompressionSpec) -> float:
+        """The step (s) this plan would take with ``comp``: its links coded as ``comp`` would code them."""
+        run = job.model_copy(update={"compression": comp})
+        coded = train.model_copy(update={"link_codecs": plan_link_codecs(placement, index, net, run)})
+        return float(predict_step(coded, run, devices, net, usable, speedups, measured_ratios, fixed).total)
+
+    int8_bytes = activation_bytes(sj) * estimated_ratio(CompressionSpec().activations)
+    slow = slow_threshold_gbps(int8_bytes, max(br.stage_compute, default=0.0))
+    return Planned(train, placement, f"{reason}; {net_note}", price, slow)
 
 
 def plan_link_codecs(

@@ -42,6 +42,12 @@ def test_launch_trains_to_the_end_and_explains_spares(tmp_path):
         assert summary["steps"] == 8 and summary["stages"] == 2 and summary["replicas"] == 1
         assert summary["checkpoint"].endswith("step-00000008")
         assert "too little memory" in log  # the plan table lists the spare and why
+        # no [compression]: the coordinator chose (issue 38), and the peers sent with its choice: fp32
+        # activations and their gradients (128 tokens x 128 wide, 64 KiB each way) or int8 (a quarter)
+        chose = re.search(r"compression \(auto\):\s+activations\s+(\S+?);", log)
+        assert chose is not None, log[-3000:]
+        sent = summary["bytes_per_step"]
+        assert sent > 2 * 65536 if chose.group(1) == "none" else sent < 65536, (chose.group(1), sent)
     assert (tmp_path / "ckpt" / "step-00000008" / "stage-001.json").exists()
 
 

@@ -7,8 +7,9 @@ from potluck.peer.train.commit import Ready, _decide, _parse_ready
 from potluck.protocol.envelope import seal
 from potluck.protocol.errors import RecordError, WireError
 from potluck.protocol.identity import Identity
+from potluck.protocol.jobspec import CompressionSpec, JobSpec, parse_job
 from potluck.protocol.training import Progress, StageAssignment, TrainPlan, TreeRecord
-from tests.unit.protocol.conftest import NOW
+from tests.unit.protocol.conftest import NOW, make_job
 from tests.unit.protocol.test_envelope import check
 
 A, B, C, D = (Identity.generate().peer_id for _ in range(4))
@@ -148,3 +149,19 @@ def test_a_plan_that_lost_nobody_signs_without_gone_or_waiting_and_one_that_wait
         plan(gone=["12D3KooW" + "x" * 44])
     with pytest.raises(ValidationError):
         plan(waiting="x" * 129)  # a short text: the reason, not a log
+
+
+def test_a_job_asking_for_auto_compression_and_a_plan_carrying_the_choice_pass_signed(policy, coordinator):
+    """Issue 38, item 2: the signed job carries ``auto`` (every other field at its default), the plan the
+    coordinator's choice; both must pass every peer's validator, and ``under`` gives what peers run."""
+    job = parse_job(
+        {"name": "j", "model": make_job().model.model_dump(), "batch": make_job().batch.model_dump()}
+    )
+    assert job.compression.auto
+    v = check(policy, seal(coordinator, "swarm-a", "job", job, NOW + 30), name="job")
+    assert isinstance(v.record, JobSpec) and v.record.compression.auto
+    chosen = CompressionSpec(activations_slow="int4:block=64", slow_link_gbps=0.05, sync_every=4)
+    p = plan(compression=chosen)
+    v = check(policy, seal(coordinator, "swarm-a", "plan", p, NOW + 30), name="plan")
+    assert isinstance(v.record, TrainPlan) and v.record.compression == chosen
+    assert v.record.under(job).compression == chosen and not v.record.under(job).compression.auto

@@ -1,0 +1,114 @@
+"""``compression = "auto"``: the settings a plan runs with, chosen from the measured links. Pure.
+
+A job file without a ``[compression]`` section asks the coordinator to choose (``CompressionSpec.auto``).
+A user who does not know which codec their links need should get what a tuned job gets, and on links
+fast enough to need nothing, nothing. The coordinator prices the plan it found under each rung of a
+ladder, from the most faithful setting to the most compressed, with the same step-time model that
+placed it, and takes the most faithful rung whose predicted step is within ``TOLERANCE`` of the fastest:
+compression is bought only where it pays for itself in step time. Local steps (which change the
+optimisation, not only the bytes) must pay more: ``LOCAL_STEPS_GAIN``.
+
+Every rung is a setting a benchmark trained to the baseline's loss (docs/benchmarks.md):
+
+* ``lossless``: no codec at all (exact activations and gradients).
+* ``int8``: 8-bit activations and gradients (the fixed default before "auto").
+* ``int4 on slow links``: int8, and 4-bit activations over every direction slower than the bandwidth at
+  which one micro-batch's int8 activations take longer than its compute (``slow_threshold_gbps``): the
+  link sets the pace there, not the device (issue 22's per-link codecs).
+* ``4 local steps``: that, with DiLoCo's 4 inner steps between replica syncs (the home-links row of
+  issue 15: 2.09x instead of 2.81x slower than fast links, lower loss than hivemind's at equal tokens).
+* ``16 local steps, 2-bit outer``: that, with 16 inner steps and pseudo-gradients coded at 2 bits with
+  error feedback, outer lr 0.8 (issue 22: 546x fewer bytes than fp32 data parallelism, +0.23% loss
+  at the worst of three seeds).
+
+A rung the job's other sections rule out (``sync.policy = "deadline"`` needs a coded outer sync with
+local steps; ``trust.aggregation = "centered_clip"`` rules the coded outer sync out) is skipped. A
+running job keeps the rung its first plan chose: local steps and the outer momentum are state the
+replicas carry, and the per-link codecs still follow the links at every re-plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from potluck.protocol.jobspec import CompressionSpec, JobSpec
+
+TOLERANCE = 1.10  # a more faithful rung is kept while its predicted step is within 10% of the fastest
+LOCAL_STEPS_GAIN = 1.25  # local steps only for a step at least this many times faster than without
+SLOW_ACTIVATIONS = "int4:block=64"  # issue 15's tuned home-links codec, on slow directions only
+OUTER = "int2:block=512|zstd"  # issue 22's coded pseudo-gradients
+MIN_SLOW_GBPS, MAX_SLOW_GBPS = 1e-3, 100.0  # bounds on the slow-link threshold (Gbit/s)
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    spec: CompressionSpec
+
+
+def slow_threshold_gbps(int8_bytes_per_micro_batch: float, compute_s_per_micro_batch: float) -> float:
+    """Gbit/s under which a direction carries one micro-batch's int8 activations (bytes) more slowly
+    than its stage computes one (s): there the link, not the device, sets the pipeline's pace. Rounded
+    to 3 significant digits (the threshold is signed into the plan and shown to users)."""
+    if compute_s_per_micro_batch <= 0:
+        return MAX_SLOW_GBPS
+    gbps = 8.0 * int8_bytes_per_micro_batch / compute_s_per_micro_batch / 1e9
+    return float(f"{min(MAX_SLOW_GBPS, max(MIN_SLOW_GBPS, gbps)):.3g}")
+
+
+def ladder(slow_gbps: float) -> list[Rung]:
+    """The rungs, most faithful first (the module's docstring says where each was measured)."""
+    slow = CompressionSpec(activations_slow=SLOW_ACTIVATIONS, slow_link_gbps=slow_gbps)
+    named = f"int8, int4 under {slow_gbps:g} Gbit/s"
+    return [
+        Rung("lossless", CompressionSpec(activations="none", gradients="none", error_feedback=False)),
+        Rung("int8", CompressionSpec()),
+        Rung(named, slow),
+        Rung(f"{named}, 4 local steps", slow.model_copy(update={"sync_every": 4})),
+        Rung(
+            f"{named}, 16 local steps, 2-bit outer",
+            slow.model_copy(update={"sync_every": 16, "outer": OUTER, "outer_lr": 0.8}),
+        ),
+    ]
+
+
+def allowed(job: JobSpec, rungs: Sequence[Rung]) -> list[Rung]:
+    """The rungs the job's other sections allow (its validators say which combinations run)."""
+    out = []
+    for rung in rungs:
+        try:
+            JobSpec.model_validate({**job.model_dump(), "compression": rung.spec.model_dump()})
+        except ValidationError:
+            continue
+        out.append(rung)
+    return out
+
+
+def choose(priced: Sequence[tuple[Rung, float]]) -> tuple[Rung, str]:
+    """The most faithful rung whose predicted step (s) is within ``TOLERANCE`` of the fastest, and a
+    line for the plan table: what it chose, and the steps it predicts for the others. Local steps change
+    the optimisation itself (+11% loss against a tuned baseline in issue 22's measurements), so rungs
+    with them are considered only when they are ``LOCAL_STEPS_GAIN`` times faster than every rung
+    without."""
+    exact = [(r, t) for r, t in priced if r.spec.sync_every == 1]
+    local = [(r, t) for r, t in priced if r.spec.sync_every > 1]
+    pool = exact or local
+    if exact and local and LOCAL_STEPS_GAIN * min(t for _, t in local) <= min(t for _, t in exact):
+        pool = local
+    fastest = min(t for _, t in pool)
+    rung, seconds = next((r, t) for r, t in pool if t <= TOLERANCE * fastest)
+    others = "; ".join(f"{r.name} {t:.3g} s" for r, t in priced if r is not rung)
+    return rung, f"compression auto: {rung.name} ({seconds:.3g} s a step predicted; {others})"
+
+
+def pick(
+    job: JobSpec, slow_gbps: float, price: Callable[[CompressionSpec], float]
+) -> tuple[CompressionSpec, str]:
+    """The chosen settings for ``job`` and why: each allowed rung priced by ``price`` (the predicted
+    step, s, of the plan found, run with those settings)."""
+    rungs = allowed(job, ladder(slow_gbps))
+    rung, why = choose([(r, price(r.spec)) for r in rungs])
+    return rung.spec, why
