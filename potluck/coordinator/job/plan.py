@@ -17,9 +17,9 @@ from typing import NamedTuple
 import numpy as np
 
 from potluck.coordinator.errors import NetModelError, PackingError
-from potluck.coordinator.job.autocomp import pick, slow_threshold_gbps
+from potluck.coordinator.job.autocomp import pick
 from potluck.coordinator.job.claims import believed_access, believed_tflops, plausible_tflops, tflops_ceiling
-from potluck.coordinator.job.codecs import codec_ratios, estimated_ratio, select_link_codecs
+from potluck.coordinator.job.codecs import codec_ratios, select_link_codecs
 from potluck.coordinator.job.colocation import (
     colocated_placement,
     pair_speedups,
@@ -35,7 +35,7 @@ from potluck.coordinator.placement.costmodel import (
     ModelShape,
     StepBreakdown,
     StepJob,
-    activation_bytes,
+    directed_bandwidth,
     layer_memory,
     link_weight,
     micro_batch_flops,
@@ -231,7 +231,7 @@ class Planned(NamedTuple):
     placement: PlacementPlan | None
     reason: str
     price: Callable[[CompressionSpec], float] | None = None  # the plan's predicted step (s) under a codec
-    slow_gbps: float = 1.0  # where its links turn slow for int8 activations (``autocomp``)
+    slowest_gbps: float = 0.0  # its slowest measured link between placed peers (0: none measured)
 
 
 def make_train_plan(
@@ -275,7 +275,7 @@ def make_train_plan(
         found = _plan_job(*args, *more)
         if found.plan is None or found.price is None:
             return found[:3]
-        chosen, why = pick(job, found.slow_gbps, found.price)
+        chosen, why = pick(job, found.slowest_gbps, found.price)
     run = job.model_copy(update={"compression": chosen})
     train, placement, reason = _plan_job(state, run, *args[2:], *more)[:3]
     if train is None:
@@ -416,9 +416,10 @@ def _plan_job(
         coded = train.model_copy(update={"link_codecs": plan_link_codecs(placement, index, net, run)})
         return float(predict_step(coded, run, devices, net, usable, speedups, measured_ratios, fixed).total)
 
-    int8_bytes = activation_bytes(sj) * estimated_ratio(CompressionSpec().activations)
-    slow = slow_threshold_gbps(int8_bytes, max(br.stage_compute, default=0.0))
-    return Planned(train, placement, f"{reason}; {net_note}", price, slow)
+    placed = np.ix_(*[[index[p] for p in sorted(train.peers)]] * 2)
+    measured = net.measured[placed] & ~np.eye(len(train.peers), dtype=bool)
+    slowest = float(directed_bandwidth(net)[placed][measured].min()) if measured.any() else 0.0
+    return Planned(train, placement, f"{reason}; {net_note}", price, slowest)
 
 
 def plan_link_codecs(

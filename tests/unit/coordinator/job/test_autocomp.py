@@ -11,7 +11,6 @@ from potluck.coordinator.job.autocomp import (
     allowed,
     choose,
     ladder,
-    slow_threshold_gbps,
 )
 from potluck.coordinator.job.plan import make_train_plan
 from potluck.coordinator.state import SwarmState
@@ -41,21 +40,15 @@ def test_a_job_file_without_compression_asks_for_auto_and_one_with_a_section_kee
     assert b'"auto":true' in parse_job(DEMO).canonical_bytes()
 
 
-def test_the_slow_link_threshold_is_where_int8_activations_take_longer_than_the_compute():
-    # 32 KB of int8 activations a micro-batch, 10 ms of compute: 26.2 Mbit/s
-    assert slow_threshold_gbps(32_768, 0.010) == pytest.approx(0.0262)
-    assert slow_threshold_gbps(1.0, 0.0) == 100.0 and slow_threshold_gbps(1.0, 1e6) == 1e-3
-
-
 def test_the_most_faithful_rung_within_the_tolerance_of_the_fastest_wins():
-    rungs = ladder(0.05)
+    rungs = ladder()
     assert [r.spec.sync_every for r in rungs] == [1, 1, 1, 4, 16]
     fast = [(r, 1.0) for r in rungs]  # links hide everything: nothing is worth compressing
     assert choose(fast)[0].name == "lossless"
     home = list(zip(rungs, [9.0, 3.0, 1.5, 1.0, 0.95], strict=True))
     rung, why = choose(home)
     assert rung.spec.sync_every == 4 and TOLERANCE * 0.95 >= 1.0  # H16 is not 10% faster than H4
-    assert why.startswith("compression auto: int8, int4 under 0.05 Gbit/s, 4 local steps (1 s a step")
+    assert why.startswith("compression auto: int8, int4 under 1 Gbit/s, 4 local steps (1 s a step")
     assert "lossless 9 s" in why
     # local steps 20% faster than the best rung without: not worth changing the optimisation for
     near = list(zip(rungs, [1.5, 1.2, 1.2, 1.0, 1.0], strict=True))
@@ -64,12 +57,12 @@ def test_the_most_faithful_rung_within_the_tolerance_of_the_fastest_wins():
 
 def test_rungs_the_jobs_other_sections_rule_out_are_skipped():
     deadline = parse_job({**DEMO, "sync": {"policy": "deadline"}})
-    names = [r.name for r in allowed(deadline, ladder(0.05))]
+    names = [r.name for r in allowed(deadline, ladder())]
     assert not any(n.endswith("4 local steps") for n in names)  # local steps need a coded outer sync
     assert names[-1].endswith("2-bit outer")
     clip = parse_job({**DEMO, "trust": {"aggregation": "centered_clip"}})
-    assert not any("outer" in r.name for r in allowed(clip, ladder(0.05)))
-    assert all(isinstance(r, Rung) for r in allowed(clip, ladder(0.05)))
+    assert not any("outer" in r.name for r in allowed(clip, ladder()))
+    assert all(isinstance(r, Rung) for r in allowed(clip, ladder()))
 
 
 def swarm(gbps: float) -> SwarmState:
@@ -96,6 +89,10 @@ def test_fast_links_get_lossless_and_home_links_a_compressed_rung_signed_into_th
     assert plan is not None and plan.compression is not None, reason
     assert plan.compression.activations == "none" and not plan.compression.auto
     assert "compression auto: lossless" in reason
+    # the same plan on 1 Gbit/s links: lossless would cost host CPU per byte the model does not count
+    plan, _, reason = make_train_plan(swarm(1.0), job, 100.0, epoch=1, start_step=0)
+    assert plan is not None and plan.compression is not None and plan.compression.activations != "none"
+    assert "lossless" not in reason
     plan, _, reason = make_train_plan(swarm(0.006), job, 100.0, epoch=1, start_step=0)
     assert plan is not None and plan.compression is not None, reason
     assert plan.compression.activations_slow == "int4:block=64" or plan.compression.sync_every > 1, reason
