@@ -13,8 +13,8 @@ Every rung is a setting a benchmark trained to the baseline's loss (docs/benchma
 * ``lossless``: no codec at all (exact activations and gradients), only where every link between the
   plan's peers measures at least ``LOSSLESS_GBPS``: it sends 4x int8's bytes, and every byte costs host
   CPU (the daemon's encryption, framing) that the step-time model does not count. On the 2-core
-  benchmark bridge (links measured at 0.8-1 Gbit/s) the model found lossless and int8 equal; lossless
-  ran at 5,850 tokens/s against int8's 12,092.
+  benchmark bridge (links measured at 0.8-1 Gbit/s) the model found lossless and int8 equal, and the
+  two ran alike (5,850 and 5,780 tokens/s): 4x the bytes for nothing measurable.
 * ``int8``: 8-bit activations and gradients (the fixed default before "auto").
 * ``int4 on slow links``: int8, and 4-bit activations over every direction slower than ``SLOW_GBPS``
   (a home or WAN link, not a LAN; issue 22's per-link codecs). Whether that pays is the step model's

@@ -265,40 +265,45 @@ def make_train_plan(
     A job with ``compression = "auto"``: the plan found with the section's defaults is priced under
     each rung of ``autocomp``'s ladder, and the plan is made again with the rung chosen, which it
     carries (``TrainPlan.compression``). ``keep_compression``: the running plan's choice, kept."""
-    args = (state, job, now, epoch, start_step, previous, cfg, measured_tflops, distrusted)
-    more = (measured_ratios, positions, running)
+    ask = _Ask(now, epoch, start_step, previous, cfg or JobPlanConfig(), measured_tflops or {}, distrusted)
+    ask = replace(ask, measured_ratios=measured_ratios, positions=positions, running=running)
     if not job.compression.auto:
-        return _plan_job(*args, *more)[:3]
+        return _plan_job(state, job, ask)[:3]
     if keep_compression is not None:
         chosen, why = keep_compression, "compression auto: as the job's first plan chose"
     else:
-        found = _plan_job(*args, *more)
+        found = _plan_job(state, job, ask)
         if found.plan is None or found.price is None:
             return found[:3]
         chosen, why = pick(job, found.slowest_gbps, found.price)
     run = job.model_copy(update={"compression": chosen})
-    train, placement, reason = _plan_job(state, run, *args[2:], *more)[:3]
+    train, placement, reason = _plan_job(state, run, ask)[:3]
     if train is None:
         return None, placement, reason
     return train.model_copy(update={"compression": chosen}), placement, f"{reason}; {why}"
 
 
-def _plan_job(
-    state: SwarmState,
-    job: JobSpec,
-    now: float,
-    epoch: int,
-    start_step: int,
-    previous: PlacementPlan | None = None,
-    cfg: JobPlanConfig | None = None,
-    measured_tflops: dict[str, float] | None = None,
-    distrusted: frozenset[str] = frozenset(),
-    measured_ratios: Mapping[str, float] | None = None,
-    positions: Sequence[int] | None = None,
-    running: bool = False,
-) -> Planned:
+@dataclass(frozen=True)
+class _Ask:
+    """``make_train_plan``'s arguments past the swarm and the job (its docstring says what each is)."""
+
+    now: float
+    epoch: int
+    start_step: int
+    previous: PlacementPlan | None
+    cfg: JobPlanConfig
+    measured_tflops: dict[str, float]
+    distrusted: frozenset[str]
+    measured_ratios: Mapping[str, float] | None = None
+    positions: Sequence[int] | None = None
+    running: bool = False
+
+
+def _plan_job(state: SwarmState, job: JobSpec, ask: _Ask) -> Planned:
     """``make_train_plan`` with the job's compression as it stands (never "auto")."""
-    cfg = cfg or JobPlanConfig()
+    now, epoch, start_step, previous, cfg = ask.now, ask.epoch, ask.start_step, ask.previous, ask.cfg
+    measured_tflops, distrusted, measured_ratios = ask.measured_tflops, ask.distrusted, ask.measured_ratios
+    positions, running = ask.positions, ask.running
     sj = step_job(job, measured_ratios)
     usable, spares = usable_peers(state, job)
     if not running and len(usable) < job.min_peers:
