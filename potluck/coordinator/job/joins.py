@@ -96,6 +96,11 @@ class JoinDesk:
             measured_ratios,
         )
         decision, reason = join_verdict(ev.offer, self.improve)
+        forced, wider = job.limits.replicas, ev.plan.n_replicas if ev.plan is not None else 0
+        if decision == "keep" and forced is not None and plan.n_replicas < wider <= forced:
+            # a running job that lost replicas trained narrower than it asked (plan.make_train_plan);
+            # a newcomer that restores the width it forces is placed whatever the step-time model says
+            decision, reason = "improve", f"back toward the {forced} replicas the job forces: {reason}"
         if decision == "keep":
             for p in newcomers:
                 self.notes[p] = f"joined at step {self.joined.get(p, step)}; {reason}"
