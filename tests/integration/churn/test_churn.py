@@ -110,7 +110,7 @@ def test_a_job_that_cannot_hold_its_model_waits_says_why_everywhere_and_goes_on_
     ``potluck status`` (the plan names the gone peer) and every survivor's own line. A fifth peer joins
     and the job goes on to its last step."""
     job = tmp_path / "job.toml"
-    steps = 400
+    steps = 150  # the kill lands near step 15; a wait stops the job, so only the end needs the steps
     job.write_text(job_toml("wait-test", steps=steps, ckpt=tmp_path / "owner-ckpt", interval=5, min_peers=4))
     mem = str(memory_for(step_job(load_job(job)), 4))  # bytes: three of these cannot hold it, four can
     why = "waiting for peers: 3 live, 4 needed to hold the model"
