@@ -185,6 +185,8 @@ class Mailbox:
             raise
         finally:
             dials.discard(dial)
+            if not dials:
+                self._dialing.pop(peer, None)
         entry = (writer, asyncio.Lock())
         self._out[peer] = entry
         self._used[peer] = time.monotonic()

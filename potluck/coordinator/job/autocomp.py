@@ -109,6 +109,6 @@ def pick(
     between the plan's peers (lossless only from ``LOSSLESS_GBPS``)."""
     rungs = allowed(job, ladder())
     if slowest_gbps < LOSSLESS_GBPS:
-        rungs = [r for r in rungs if r.name != "lossless"]
+        rungs = [r for r in rungs if r.spec.activations != "none"]
     rung, why = choose([(r, price(r.spec)) for r in rungs])
     return rung.spec, why

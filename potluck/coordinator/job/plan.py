@@ -276,6 +276,9 @@ def make_train_plan(
         if found.plan is None or found.price is None:
             return found[:3]
         chosen, why = pick(job, found.slowest_gbps, found.price)
+        if chosen == job.compression.model_copy(update={"auto": False}):  # what the first search used
+            stamped = found.plan.model_copy(update={"compression": chosen})
+            return stamped, found.placement, f"{found.reason}; {why}"
     run = job.model_copy(update={"compression": chosen})
     train, placement, reason = _plan_job(state, run, ask)[:3]
     if train is None:
