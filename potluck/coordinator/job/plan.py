@@ -263,7 +263,8 @@ def make_train_plan(
     on whatever peers it has as long as they hold the model, and says what it waits for when not.
 
     A job with ``compression = "auto"``: the plan found with the section's defaults is priced under
-    each rung of ``autocomp``'s ladder, and the plan is made again with the rung chosen, which it
+    each rung of ``autocomp``'s ladder, and the plan is made again with the rung chosen (unless it is
+    the settings it was found with), which it
     carries (``TrainPlan.compression``). ``keep_compression``: the running plan's choice, kept."""
     ask = _Ask(now, epoch, start_step, previous, cfg or JobPlanConfig(), measured_tflops or {}, distrusted)
     ask = replace(ask, measured_ratios=measured_ratios, positions=positions, running=running)
