@@ -27,7 +27,8 @@ the last 50 steps, as one line is one batch's loss; and the nearest single line)
 the time from its start to its first committed step (the first step line after a plan that places it)
 next to its target, 1.5 x (the seconds its state transfers took: its state bytes / its download rate) +
 60 s; issue 38 names the same figure time to first useful step (`first_useful_step_s`) and holds it to
-+ 20 s instead (`first_useful_within_target`). State moved per event: every "fetched N bytes of layers [a, b) in T s" line the peers logged between
++ 20 s instead (`first_useful_within_target`). State moved per event: every "fetched N bytes of
+layers [a, b) in T s" line the peers logged between
 that kill and the next (peers run with -v; their log lines carry wall-clock times).
 With --json the last line is one JSON object. Ctrl-C or SIGTERM stops and reaps every process (LocalSwarm,
 by PID).

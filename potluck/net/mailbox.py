@@ -13,7 +13,8 @@ address the peer announced, all within ``timeout_s``. A receiver closes a stream
 ``timeout_s`` but opens a fresh one, since a write into a stream its receiver already closed can be
 accepted by the local daemon and lost without an error. A peer whose stream to us ends is checked at
 once (does it still accept a connection?); if it is gone, the waits on it fail now, and the plan's other
-peers are told (a GONE message) so that those it never sent anything check it too. A peer this mailbox
+peers are told (a GONE message) so that those it never sent anything check it too; for
+``GONE_MEMORY_S`` after that verdict, waits on it and sends to it fail at once. A peer this mailbox
 could not open a stream to, write to, or hear from in time becomes a *suspect* (``take_suspects``): the
 worker names it in its "failed" progress record so the coordinator can check whether that peer is still
 heartbeating.
@@ -58,6 +59,10 @@ REOPEN_AFTER_IDLE = 4  # x timeout_s: a sender opens a fresh stream rather than 
 MAX_GONE_BYTES = 128  # a GONE message names one peer id
 LATE_ADMIT_POLL_S = 0.25  # how often a held message from a newer plan's peer asks again
 GONE_CHECK_S = 2.0  # bound on the liveness check of a peer whose stream to us just ended
+# For this long after a check found a peer refusing connections, waits on it and sends to it fail at
+# once, with no second check and no dial (seconds). Churn run Q: a leader that had found a peer dead
+# waited 4.7 s more for its vote (a second check) and then dialled it 5 s to deliver the decision.
+GONE_MEMORY_S = 10.0
 MESSAGE_COST = 1024  # bytes a buffered message is charged beyond its payload (key, tag, bookkeeping)
 
 
@@ -105,6 +110,7 @@ class Mailbox:
         # that starts later checks it at once (a wait begun after the stream ended would otherwise run
         # out its whole bound on a peer that died before anyone waited on it).
         self._ended: set[str] = set()
+        self._gone: dict[str, float] = {}  # peer -> when a check found it refusing connections (monotonic)
         # Peers the coordinator declared gone (``declare_gone``) and their dials under way: no message
         # goes to them and no wait on them lasts, until a plan admits them again.
         self._declared: set[str] = set()
@@ -133,6 +139,8 @@ class Mailbox:
             raise WireError(f"send to {peer} failed: the link is down (an injected fault)")
         if peer in self._declared:
             raise WireError(f"send to {peer} failed: the coordinator declared it gone")
+        if (ago := self._gone_for(peer)) is not None:
+            raise WireError(f"send to {peer} failed: it is gone (it refused a connection {ago:.1f} s ago)")
         if peer == self.peer_id:  # loopback to ourselves: no stream needed
             await self._reserve(peer, len(payload))
             await self._deliver(peer, tag, payload)
@@ -325,6 +333,10 @@ class Mailbox:
         if peer in self._declared:
             self._waiters.pop(key, None)
             raise WireError(f"{peer} is gone: the coordinator declared it")
+        if (ago := self._gone_for(peer)) is not None:
+            self._waiters.pop(key, None)
+            self.suspect(peer)
+            raise WireError(f"{peer} is gone: its stream ended and it refused a connection {ago:.1f} s ago")
         if peer in self._ended:
             self._check_alive(peer)
         timeout = self.cfg.timeout_s if timeout_s is None else timeout_s
@@ -419,6 +431,7 @@ class Mailbox:
             writer.close()
             return
         self._ended.discard(sender)  # it opened a stream: alive, whatever an older stream's end said
+        self._gone.pop(sender, None)
         known = self._admitted is None or sender in self._admitted  # strangers: see the first message
         try:
             while True:
@@ -485,6 +498,17 @@ class Mailbox:
         self._checks[peer] = task
         task.add_done_callback(lambda _: self._checks.pop(peer, None))
 
+    def _gone_for(self, peer: str) -> float | None:
+        """Seconds since a check found ``peer`` refusing connections, within ``GONE_MEMORY_S``; else None."""
+        at = self._gone.get(peer)
+        if at is None:
+            return None
+        ago = time.monotonic() - at
+        if ago >= GONE_MEMORY_S:
+            del self._gone[peer]  # check again: it may have come back
+            return None
+        return ago
+
     def _waiting_on(self, peer: str) -> bool:
         return any(p == peer and not fut.done() for (p, _), fut in self._waiters.items())
 
@@ -496,8 +520,12 @@ class Mailbox:
             return  # no answer either way: the waits run their course
         if alive:
             self._ended.discard(peer)
+            self._gone.pop(peer, None)
             return
-        self._ended.add(peer)  # still gone: the next wait on it checks again (it may have come back)
+        # Still gone: waits and sends fail at once for GONE_MEMORY_S, then the next wait checks again
+        # (it may have come back; a stream it opens to us clears the verdict at once).
+        self._ended.add(peer)
+        self._gone[peer] = time.monotonic()
         self.suspect(peer)
         gone = WireError(f"{peer} is gone: its stream ended and it refuses connections")
         failed = 0

@@ -213,6 +213,15 @@ def test_a_dead_senders_waits_fail_as_soon_as_its_stream_ends(wait_first: bool):
                 waiting = asyncio.create_task(b.recv(a.peer_id, Tag(2), 30.0))
             why, elapsed = await outcome(waiting, t0)
             assert a.peer_id in b.take_suspects()
+            # The verdict stands for a while: the next wait on a (a step's commit vote after its
+            # pipeline wait failed) and a send to it (the commit decision) fail at once, with no second
+            # check and no dial (churn run Q: 4.7 s and 5 s more on a peer already found dead).
+            t1 = time.monotonic()
+            again, _ = await outcome(asyncio.create_task(b.recv(a.peer_id, Tag(3), 30.0)), t1)
+            sent = await b.send_quietly(a.peer_id, Tag(4), b"decision")
+            assert "is gone" in again and sent is not None and "is gone" in sent, (again, sent)
+            assert time.monotonic() - t1 < 0.5
+            assert a.peer_id in b.take_suspects()
             await b.close()
             return why, elapsed
 
