@@ -25,7 +25,7 @@ from potluck.coordinator.job.lease import pause_reason, pause_step, paused_actio
 from potluck.coordinator.job.plan import usable_peers
 from potluck.coordinator.job.progress import JobProgress, next_action
 from potluck.coordinator.kinds import JobHost
-from potluck.coordinator.probes import probe_suspects
+from potluck.coordinator.probes import probe_suspects, sweep_failed_plan
 from potluck.coordinator.replan import Replanner
 from potluck.protocol.training import TrainPlan, gradients_rechecked
 from potluck.telemetry.summary import JobRate
@@ -43,6 +43,7 @@ class PipelineJob:
         self.rate = JobRate(host.job.batch.tokens_per_step, host.job.steps)  # telemetry/summary.py
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
         self._probed: dict[str, float] = {}  # suspect -> the suspicion (DHT time) it was probed for
+        self._swept: set[int] = set()  # plan epochs whose placed peers were all probed after a failure
 
     @property
     def plan(self) -> TrainPlan | None:
@@ -106,6 +107,10 @@ class PipelineJob:
                 return
             self._observe(self.plan)
             host.events.emit(ProgressRead(self.plan, self.progress))
+        if self.plan is not None:
+            await sweep_failed_plan(
+                host.node.p2p, host.state, self.progress, self.plan, self._swept, host.cfg.suspect_probe_s
+            )
         await probe_suspects(
             host.node.p2p,
             host.state,

@@ -12,6 +12,7 @@ from hivemind.utils import get_dht_time
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy
 from potluck.coordinator.state import SwarmState
 from potluck.net.dial import reachable
+from potluck.protocol.training import TrainPlan
 
 logger = logging.getLogger(__name__)
 
@@ -40,3 +41,32 @@ async def probe_suspects(
         if not ok:
             logger.info("suspect %s does not answer a direct probe: confirmed", peer[:12])
             progress.probe_failed(peer, now)
+
+
+async def sweep_failed_plan(
+    p2p: P2P, state: SwarmState, progress: JobProgress, plan: TrainPlan, swept: set[int], timeout_s: float
+) -> list[str]:
+    """Once per failed epoch: dial every placed peer of ``plan`` that no failure named and that did not
+    report the failure itself; one that refuses becomes a suspect the probe confirmed, so the re-plan
+    leaves it out. The first failed record often names nobody (a leader that aborted on its followers'
+    word): churn run Q placed a killed peer in the next plan, whose start barrier then waited on it
+    (8 s). Live peers are connected already and answer at once. Returns the peers found gone."""
+    placed = [p for st in plan.stages for p in st.peers]
+    failed = [r for p in placed if (r := progress.latest.get(p)) is not None and r.state == "failed"]
+    if not failed or plan.epoch in swept:
+        return []
+    swept.add(plan.epoch)
+    reporters = {r.peer_id for r in failed}
+    todo = [p for p in placed if p not in reporters and p not in progress.suspects and p in state.peers]
+    if not todo:
+        return []
+    answers = await asyncio.gather(
+        *(reachable(p2p, p, state.peers[p].record.maddrs, timeout_s) for p in todo)
+    )
+    now = get_dht_time()
+    gone = [p for p, ok in zip(todo, answers, strict=True) if not ok]
+    for peer in gone:
+        logger.info("placed peer %s does not answer a direct probe after a failed step: suspect", peer[:12])
+        progress.suspects[peer] = now - 1e-3  # suspected just before the probe that confirms it
+        progress.probe_failed(peer, now)
+    return gone

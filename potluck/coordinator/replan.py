@@ -20,7 +20,7 @@ from hivemind.utils import get_dht_time
 from potluck.coordinator import rejoin
 from potluck.coordinator.events import PeersChanged, PlanPublished
 from potluck.coordinator.job.codecs import MeasuredRatios
-from potluck.coordinator.job.handoff import fastest_step_s, handoff_step, typical_step_s
+from potluck.coordinator.job.handoff import handoff_step, typical_step_s
 from potluck.coordinator.job.improve import ImproveConfig
 from potluck.coordinator.job.joins import JoinDesk
 from potluck.coordinator.job.plan import device_of, make_train_plan
@@ -136,7 +136,7 @@ class Replanner:
             return start
         cfg = self.host.cfg
         lead_s = cfg.handoff_lead_s + 2 * cfg.poll_interval_s
-        step_s = fastest_step_s(self.progress.latest.values())
+        step_s = typical_step_s(self.progress.latest.values())
         moved, why = handoff_step(start, step_s, lead_s, self.host.job.steps)
         logger.info("%s", why)
         return moved
@@ -189,7 +189,7 @@ class Replanner:
         if candidate is not None:
             found, placement = candidate
             plan = found.model_copy(update={"epoch": epoch, "start_step": start, "issued_at": now})
-            reason = "the plan found while pricing the newcomers"
+            reason = "a fresh plan with the newcomers"
         else:
             plan, placement, reason = await asyncio.to_thread(
                 make_train_plan,

@@ -17,11 +17,6 @@ from potluck.protocol.training import Progress
 
 MAX_AHEAD_STEPS = 1000  # a swarm of very short steps still switches within this many steps
 DEFAULT_STEP_S = 1.0  # the step time assumed before any peer reported one (seconds)
-# The lead is counted this many times over, in steps of the fastest reported step time. Starting late
-# costs a few steps under the old plan; starting early fails the plan (a peer already past its start)
-# and costs a repair. Churn run Q: a plan read 5.8 s after it was published (DHT reads on a busy
-# machine) by a peer whose steps ran faster than the median report of ~0.22 s overshot it by 12 steps.
-LEAD_SAFETY = 1.5
 
 
 def typical_step_s(records: Iterable[Progress], default: float = DEFAULT_STEP_S) -> float:
@@ -30,20 +25,12 @@ def typical_step_s(records: Iterable[Progress], default: float = DEFAULT_STEP_S)
     return statistics.median(times) if times else default
 
 
-def fastest_step_s(records: Iterable[Progress], default: float = DEFAULT_STEP_S) -> float:
-    """Shortest wall time of the newest step the peers reported (seconds; ``default`` with none): how
-    fast the swarm may run while a hand-off plan travels."""
-    times = [r.timing.total for r in records if r.state == "training" and r.timing.total > 0]
-    return min(times) if times else default
-
-
 def handoff_step(reported: int, step_s: float, lead_s: float, last_step: int) -> tuple[int, str]:
     """(the step a hand-off plan starts from, why). ``reported``: the newest step the swarm reported;
-    ``step_s``: its step time (s; the fastest reported); ``lead_s``: how long the new plan takes to
-    reach every peer and the reports to reach the coordinator (s), counted ``LEAD_SAFETY`` times over.
-    The new plan keeps at least the job's last step (``last_step``) to run, so the job ends under it
-    (its final checkpoint and "done" reports)."""
-    ahead = min(MAX_AHEAD_STEPS, math.ceil(LEAD_SAFETY * lead_s / max(step_s, 1e-3)) + 1)
+    ``step_s``: its step time (s); ``lead_s``: how long the new plan takes to reach every peer and the
+    reports to reach the coordinator (s). The new plan keeps at least the job's last step
+    (``last_step``) to run, so the job ends under it (its final checkpoint and "done" reports)."""
+    ahead = min(MAX_AHEAD_STEPS, math.ceil(lead_s / max(step_s, 1e-3)) + 1)
     start = max(reported, min(last_step - 1, reported + ahead))
     return start, (
         f"hand-off at step {start}: the swarm reported step {reported} and trains on for "

@@ -41,10 +41,6 @@ class ImproveConfig:
         5.0  # what any re-plan costs the swarm besides moving state: stop, rebuild, first step (s)
     )
     margin: float = 1.5  # the saving must beat the cost by this factor: the step model errs on busy machines
-    # A plan that places no newcomer replaces the running one only if its predicted step is this much
-    # shorter (a fraction): the model errs by ~25% on busy machines, and a re-plan for nothing costs a
-    # restart. Churn run Q: after repairs, five newcomer checks found plans 25-54% faster and kept none.
-    reshape_gain: float = 0.25
     default_gbps: float = DEFAULT_GBPS  # download rate assumed where no link to a holder was measured
 
 
@@ -59,9 +55,6 @@ class JoinOffer:
     move_s: float  # slowest state download of a peer whose layers change (s; they download at once)
     placed: tuple[str, ...]  # newcomers the best plan places
     full: str = ""  # when it places none: why (the job's limits, or the plan is faster without them)
-    # The best plan places no newcomer but beats the running one by RESHAPE_GAIN: repairs keep the
-    # shape they repair, so after a few kills the running plan can be far from the best one.
-    reshape: bool = False
 
 
 @dataclass(frozen=True)
@@ -208,7 +201,6 @@ def evaluate_join(
     remaining = max(0, job.steps - step)
     best: tuple[float, TrainPlan, PlacementPlan] | None = None
     fresh: TrainPlan | None = None
-    fastest: tuple[float, TrainPlan, PlacementPlan] | None = None  # placing a newcomer or not
     for shaped in (grown(job, plan, len(newcomers)), job):
         if shaped is None:
             continue
@@ -232,30 +224,24 @@ def evaluate_join(
         places = any(cand.position(p) is not None for p in newcomers)
         if places and (best is None or cost < best[0]):
             best = (cost, cand, placement)
-        if fastest is None or cost < fastest[0]:
-            fastest = (cost, cand, placement)
-    reshape = False
     if best is None:
         why = full_reason(job, fresh or plan)
         if fresh is not None and not why.startswith("the plan is full"):
             fresh_s = predicted_step_s(fresh, run, state, speeds, ratios, fixed)
             why = f"{why} ({fresh_s:.3f} s vs now {current_s:.3f} s)"
-        if fastest is None or fastest[0] > (1.0 - cfg.reshape_gain) * current_s:
-            return JoinEvaluation(JoinOffer(step, remaining, current_s, current_s, 0.0, (), why), None, None)
-        best, reshape = fastest, True  # the running plan drifted: the newcomers' search found better
+        return JoinEvaluation(JoinOffer(step, remaining, current_s, current_s, 0.0, (), why), None, None)
     new_s, cand, placement = best
     if measured_s > 0 and current_s > 0:
         current_s, new_s = measured_s, new_s * measured_s / current_s
     placed = tuple(sorted(p for p in newcomers if cand.position(p) is not None))
     move_s = move_seconds(plan, cand, job, state, cfg.default_gbps)
-    offer = JoinOffer(step, remaining, current_s, new_s, move_s, placed, reshape=reshape)
-    return JoinEvaluation(offer, cand, placement)
+    return JoinEvaluation(JoinOffer(step, remaining, current_s, new_s, move_s, placed), cand, placement)
 
 
 def join_verdict(offer: JoinOffer, cfg: ImproveConfig | None = None) -> tuple[str, str]:
     """("improve", why) to re-plan with the newcomers now, or ("keep", the reason a spare is told)."""
     cfg = cfg or ImproveConfig()
-    if not offer.placed and not offer.reshape:
+    if not offer.placed:
         return "keep", f"not placed: {offer.full}"
     gain = (offer.current_s - offer.new_s) * offer.remaining_steps
     cost = cfg.restart_s + offer.move_s
@@ -264,9 +250,5 @@ def join_verdict(offer: JoinOffer, cfg: ImproveConfig | None = None) -> tuple[st
         f"saves {max(gain, 0.0):.1f} s in {offer.remaining_steps} steps, move cost {cost:.1f} s"
     )
     if gain > cfg.margin * cost:
-        if offer.reshape:
-            return "improve", f"a faster plan found while pricing the newcomers, without them: {numbers}"
         return "improve", f"placing {len(offer.placed)} newcomer(s): {numbers}"
-    if offer.reshape:
-        return "keep", f"not placed: {offer.full}"
     return "keep", f"placed at a re-plan if it pays: {numbers}"
