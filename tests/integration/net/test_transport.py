@@ -230,6 +230,36 @@ def test_a_dead_senders_waits_fail_as_soon_as_its_stream_ends(wait_first: bool):
     assert elapsed < 15.0  # the wait's own bound is 30 s
 
 
+def test_a_slow_address_book_does_not_delay_the_verdict_on_a_dead_sender():
+    """The liveness check dials over the route the daemon already knows before it reads the peer's
+    announced addresses from the DHT, which can take seconds on a busy machine: a dead sender's waits
+    still fail within the check's bound, not the wait's."""
+
+    async def main() -> tuple[str, float]:
+        async with p2p_group(2) as nodes:
+
+            async def slow_book(peer: str) -> list[str]:
+                await asyncio.sleep(30.0)
+                return []
+
+            a, b = (Mailbox(n, PROTO, TransportConfig(timeout_s=30.0), addresses=slow_book) for n in nodes)
+            for box in (a, b):
+                await box.start()
+            await a.send(b.peer_id, Tag(1), b"hello")
+            assert await b.recv(a.peer_id, Tag(1)) == b"hello"
+            waiting = asyncio.create_task(b.recv(a.peer_id, Tag(2), 30.0))
+            await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            await nodes[0].shutdown()
+            result = await outcome(waiting, t0)
+            await b.close()
+            return result
+
+    why, elapsed = asyncio.run(main())
+    assert "is gone" in why, why
+    assert elapsed < 6.0, elapsed  # the address book alone would take 30 s
+
+
 def test_a_probe_is_timed_by_both_ends_and_refused_to_strangers():
     """The prober's measurement and the receiver's own timing of it (LinkReport.inbound) agree for an
     honest probe, which is what lets the coordinator cap a lying prober's claim; a peer the server's
