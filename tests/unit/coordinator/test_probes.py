@@ -7,47 +7,28 @@ import pytest
 
 from potluck.coordinator import probes
 from potluck.coordinator.job.progress import JobProgress
-from potluck.coordinator.state import SwarmState
-from potluck.protocol.training import Progress, StageAssignment, TrainPlan
-from tests.unit.coordinator.job.test_plan import ids, peer
-
-
-def record(pid: str, state: str, epoch: int = 3) -> Progress:
-    return Progress(peer_id=pid, job="t", epoch=epoch, stage=0, replica=0, step=7, state=state, issued_at=1.0)  # type: ignore[arg-type]
+from tests.unit.coordinator.job.test_progress import PLAN, STATE, P, rec
 
 
 def test_a_failed_plans_silent_dead_peer_is_found_by_one_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
-    a, b, c, d = ids(4)
-    dead = {c}
+    a, b, c, d = P
     dialled: list[str] = []
 
     async def reachable(p2p: object, p: str, maddrs: object, timeout_s: float) -> bool:
         dialled.append(p)
-        return p not in dead
+        return p != c  # c was killed
+
+    def sweep(progress: JobProgress, swept: set[int]) -> list[str]:
+        return asyncio.run(probes.sweep_failed_plan(None, STATE, progress, PLAN, swept, 1.0))  # type: ignore[arg-type]
 
     monkeypatch.setattr(probes, "reachable", reachable)
-    plan = TrainPlan(
-        job="t",
-        epoch=3,
-        start_step=0,
-        micro_batches=2,
-        issued_at=1.0,
-        stages=[
-            StageAssignment(first_layer=0, last_layer=2, peers=[a, b]),
-            StageAssignment(first_layer=2, last_layer=4, peers=[c, d]),
-        ],
-    )
-    state = SwarmState("s", 1.0, {p: peer(p) for p in (a, b, c, d)})
-    progress = JobProgress()
-    progress.update(plan, [record(a, "training"), record(b, "training"), record(c, "training")])
-    swept: set[int] = set()
-    assert asyncio.run(probes.sweep_failed_plan(None, state, progress, plan, swept, 1.0)) == []  # type: ignore[arg-type]
-    assert dialled == []  # nothing failed: nobody is dialled
+    progress, swept = JobProgress(), set[int]()
+    progress.update(PLAN, [rec(a, 7), rec(b, 7), rec(c, 7)])
+    assert sweep(progress, swept) == [] and dialled == []  # nothing failed: nobody is dialled
 
-    progress.update(plan, [record(a, "failed")])  # the leader aborted, naming nobody
-    assert asyncio.run(probes.sweep_failed_plan(None, state, progress, plan, swept, 1.0)) == [c]  # type: ignore[arg-type]
+    progress.update(PLAN, [rec(a, 7, state="failed")])  # the leader aborted, naming nobody
+    assert sweep(progress, swept) == [c]
     assert sorted(dialled) == sorted([b, c, d])  # not the reporter
-    pending, excluded = progress.verdicts(state, 2.0)
+    pending, excluded = progress.verdicts(STATE, 2.0)
     assert excluded == [c] and pending == []  # confirmed by the probe: the re-plan leaves it out
-    assert asyncio.run(probes.sweep_failed_plan(None, state, progress, plan, swept, 1.0)) == []  # type: ignore[arg-type]
-    assert len(dialled) == 3  # once per failed epoch
+    assert sweep(progress, swept) == [] and len(dialled) == 3  # once per failed epoch
