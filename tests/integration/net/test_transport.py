@@ -339,7 +339,8 @@ def test_an_injected_dropped_link_carries_nothing_either_way_and_others_still_do
             with pytest.raises(WireError, match="the link is down"):
                 await a.send(b.peer_id, Tag(1), b"to b")
             assert a.bytes_sent == 0
-            await b.send(a.peer_id, Tag(2), b"to a")  # b's side is up: its write goes out
+            # b's side is up: its write goes out, or fails if a closed the stream first (a race)
+            await b.send_quietly(a.peer_id, Tag(2), b"to a")
             with pytest.raises(WireError):
                 await a.recv(b.peer_id, Tag(2), 1.5)  # and a never reads it
             assert await delivered(a, c, Tag(3), b"a to c") == b"a to c"

@@ -13,6 +13,10 @@ from potluck.testbed.topologies import connected_subsets, dgx1p, dgx1v
 
 from .helpers import assert_valid_allreduce, assert_valid_broadcast
 
+# Packing searches over 181 subsets: 3-6 s a test alone, one took 10.1 s in a loaded commit tier
+# (2026-11-29), over the fast tier's 10 s guard.
+pytestmark = pytest.mark.slow
+
 MACHINES = {"dgx1v": dgx1v(), "dgx1p": dgx1p()}
 
 
