@@ -17,6 +17,15 @@ from potluck.protocol.training import TrainPlan
 logger = logging.getLogger(__name__)
 
 
+async def _refusing(p2p: P2P, state: SwarmState, peers: list[str], timeout_s: float) -> list[str]:
+    """Those of ``peers`` that do not answer a direct dial at their announced addresses (concurrent
+    dials, each bounded by ``timeout_s``)."""
+    answers = await asyncio.gather(
+        *(reachable(p2p, p, state.peers[p].record.maddrs, timeout_s) for p in peers)
+    )
+    return [p for p, ok in zip(peers, answers, strict=True) if not ok]
+
+
 async def probe_suspects(
     p2p: P2P,
     state: SwarmState,
@@ -32,15 +41,13 @@ async def probe_suspects(
     todo = [p for p in pending if probed.get(p) != progress.suspects[p]]
     if not todo:
         return
-    answers = await asyncio.gather(
-        *(reachable(p2p, p, state.peers[p].record.maddrs, timeout_s) for p in todo)
-    )
+    refusing = await _refusing(p2p, state, todo, timeout_s)
     now = get_dht_time()
-    for peer, ok in zip(todo, answers, strict=True):
+    for peer in todo:
         probed[peer] = progress.suspects[peer]
-        if not ok:
-            logger.info("suspect %s does not answer a direct probe: confirmed", peer[:12])
-            progress.probe_failed(peer, now)
+    for peer in refusing:
+        logger.info("suspect %s does not answer a direct probe: confirmed", peer[:12])
+        progress.probe_failed(peer, now)
 
 
 async def sweep_failed_plan(
@@ -51,22 +58,17 @@ async def sweep_failed_plan(
     leaves it out. The first failed record often names nobody (a leader that aborted on its followers'
     word): churn run Q placed a killed peer in the next plan, whose start barrier then waited on it
     (8 s). Live peers are connected already and answer at once. Returns the peers found gone."""
-    placed = [p for st in plan.stages for p in st.peers]
-    failed = [r for p in placed if (r := progress.latest.get(p)) is not None and r.state == "failed"]
+    failed = progress.failed(plan)
     if not failed or plan.epoch in swept:
         return []
     swept.add(plan.epoch)
     reporters = {r.peer_id for r in failed}
-    todo = [p for p in placed if p not in reporters and p not in progress.suspects and p in state.peers]
-    if not todo:
-        return []
-    answers = await asyncio.gather(
-        *(reachable(p2p, p, state.peers[p].record.maddrs, timeout_s) for p in todo)
+    todo = sorted(
+        p for p in plan.peers if p not in reporters and p not in progress.suspects and p in state.peers
     )
+    gone = await _refusing(p2p, state, todo, timeout_s) if todo else []
     now = get_dht_time()
-    gone = [p for p, ok in zip(todo, answers, strict=True) if not ok]
     for peer in gone:
         logger.info("placed peer %s does not answer a direct probe after a failed step: suspect", peer[:12])
-        progress.suspects[peer] = now - 1e-3  # suspected just before the probe that confirms it
-        progress.probe_failed(peer, now)
+        progress.confirm_gone(peer, now)
     return gone

@@ -512,12 +512,12 @@ class Mailbox:
     def _waiting_on(self, peer: str) -> bool:
         return any(p == peer and not fut.done() for (p, _), fut in self._waiters.items())
 
-    async def _alive(self, peer: str, addresses: AddressBook) -> bool | None:
+    async def _alive(self, peer: str, addresses: AddressBook) -> bool:
         """Whether ``peer`` accepts a connection: first over the route our daemon already knows (a peer
         whose stream just ended was connected a moment ago), then at the addresses its heartbeat
-        announced; None when neither answered either way within ``GONE_CHECK_S`` each. The DHT read
-        runs meanwhile: on a busy machine it took over 2 s (churn run S: a leader told that a peer was
-        gone gave up on the check and waited out its 5 s step bound)."""
+        announced, each within ``GONE_CHECK_S``. The DHT read of those runs meanwhile: on a busy machine
+        it took over 2 s (churn run S: a leader told that a peer was gone gave up on the check and
+        waited out its 5 s step bound)."""
         lookup = asyncio.create_task(asyncio.wait_for(addresses(peer), GONE_CHECK_S))
         try:
             if await reachable(self.p2p, peer, [], GONE_CHECK_S):
@@ -527,16 +527,11 @@ class Mailbox:
             except (TimeoutError, WireError):
                 return False  # the known route refused and nothing else is known in time
             return bool(maddrs) and await reachable(self.p2p, peer, maddrs, GONE_CHECK_S)
-        except (TimeoutError, WireError):
-            return None
         finally:
             lookup.cancel()
 
     async def _check(self, peer: str, addresses: AddressBook, tell: bool = True) -> None:
         alive = await self._alive(peer, addresses)
-        if alive is None:
-            logger.info("liveness check of %s: no answer either way; the waits run their course", peer)
-            return
         if alive:
             self._ended.discard(peer)
             self._gone.pop(peer, None)

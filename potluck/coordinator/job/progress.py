@@ -131,9 +131,20 @@ class JobProgress:
         unreported = min(plan.start_step, self.best_step)
         return min((self.latest[p].step if p in self.latest else unreported) for p in placed)
 
+    def failed(self, plan: TrainPlan) -> list[Progress]:
+        """The "failed" records of ``plan``'s placed peers (their newest of this epoch)."""
+        placed = [p for st in plan.stages for p in st.peers]
+        return [r for p in placed if (r := self.latest.get(p)) is not None and r.state == "failed"]
+
     def probe_failed(self, peer: str, at: float) -> None:
         """The coordinator could not reach ``peer`` directly at DHT time ``at``."""
         self.unreachable[peer] = max(self.unreachable.get(peer, -1.0), at)
+
+    def confirm_gone(self, peer: str, at: float) -> None:
+        """The coordinator's own probe at DHT time ``at`` found ``peer``, which no report named, gone: a
+        suspect from just before that probe, so ``verdicts`` excludes it at once."""
+        self.suspects[peer] = max(self.suspects.get(peer, 0.0), at - 1e-3)
+        self.probe_failed(peer, at)
 
     def verdicts(
         self, state: SwarmState, now: float, retry: RetryPolicy | None = None
@@ -182,7 +193,7 @@ def next_action(
         return "wait", "the job is done"
     placed = [p for st in plan.stages for p in st.peers]
     gone = [p for p in placed if p not in state.peers]
-    failed = [r for p in placed if (r := progress.latest.get(p)) is not None and r.state == "failed"]
+    failed = progress.failed(plan)
     if not gone and not failed:
         if all((r := progress.latest.get(p)) is not None and r.state == "done" for p in placed):
             return "done", f"all {len(placed)} placed peers finished step {job.steps}"
