@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +50,30 @@ def _table(text: str) -> str:
     m = re.search(r"┏.*?└[─┴]+┘", text, re.S)
     assert m, text[-3000:]
     return m[0]
+
+
+def _identity_once_written(path: Path, timeout_s: float) -> Identity:
+    """A starting peer's key, once it has written it (within seconds of its start; longer under load)."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} not written in {timeout_s} s"
+        time.sleep(0.2)
+    return Identity.load(path)  # written whole: Identity.save renames a synced file into place
+
+
+def _first_plan_listing(log: Path, peer_prefix: str, start: int, timeout_s: float) -> str:
+    """The table of the first plan published after ``start`` that lists ``peer_prefix`` (placed or spare).
+    The survivor alone may be re-planned again before the newcomer is seen; those plans are skipped."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = max(1.0, deadline - time.monotonic())
+        published = wait_for(log, r"published plan epoch (\d+) ", left, start=start)
+        wait_for(log, rf"plan epoch {published[1]}: .*\n(.*\n){{2,}}└", 10, start=published.start())
+        table = _table(log.read_text(errors="replace")[published.start() :])
+        if peer_prefix in table:
+            return table
+        assert time.monotonic() < deadline, f"no plan listing {peer_prefix} in {timeout_s} s:\n{table}"
+        start = published.end()
 
 
 def _stage0(table: str) -> set[str]:
@@ -135,11 +160,8 @@ def test_a_restarted_coordinator_carries_on_with_the_running_plan(tmp_path, monk
             alone = wait_for(log, r"published plan epoch (\d+) .*?1 while 1 live", 90, start=killed_at)
             start_peer("c")
             names.append("c")
-            grown = int(alone.group(1)) + 1
-            epoch2 = wait_for(log, rf"published plan epoch {grown} ", 120)
-            wait_for(log, rf"plan epoch {grown}: .*\n(.*\n){{2,}}└", 10, start=epoch2.start())
-            table2 = _table(log.read_text(errors="replace")[epoch2.start() :])
-            ids["c"] = Identity.load(run / "c" / "identity.pem").peer_id
+            ids["c"] = _identity_once_written(run / "c" / "identity.pem", 60).peer_id
+            table2 = _first_plan_listing(log, ids["c"][:12], alone.end(), 120)
             assert _stage0(table2) <= {ids[survivor][:12], ids["c"][:12]}, table2
             assert ids[survivor][:12] in table2 and ids["c"][:12] in table2, table2  # placed or spare
         coordinator.popen.wait(timeout=300)  # it ends by itself at the job's last step

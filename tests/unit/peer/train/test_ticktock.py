@@ -115,12 +115,20 @@ def test_two_waves_stay_within_the_accounted_budget(replicas) -> None:
         r.zero_grad()
     budget = _budget(profile)
     tt = TickTock([_paced(r) for r in reps], profile, budget, [r.params for r in reps])
-    report = tt.run_step([_batches(4, 1), _batches(4, 2)])
-    assert report.violations == 0 and report.peak_bytes <= budget
-    assert all(len(losses) == 4 for losses in report.losses)
-    assert report.peak_bytes > 1.05 * profile.peak_bytes  # the waves did overlap
-    for r in reps:
-        r.zero_grad()
+    # The budget holds in every step. That the waves overlap at all depends on the threads being
+    # scheduled: on a box loaded by other tests one wave may run its micro-batches alone, so the overlap
+    # gets three steps to show.
+    peaks = []
+    for seed in range(3):
+        report = tt.run_step([_batches(4, 1 + 2 * seed), _batches(4, 2 + 2 * seed)])
+        assert report.violations == 0 and report.peak_bytes <= budget
+        assert all(len(losses) == 4 for losses in report.losses)
+        for r in reps:
+            r.zero_grad()
+        peaks.append(report.peak_bytes)
+        if report.peak_bytes > 1.05 * profile.peak_bytes:
+            break
+    assert max(peaks) > 1.05 * profile.peak_bytes, (peaks, profile.peak_bytes)  # the waves did overlap
 
 
 class _Meet:
