@@ -51,6 +51,9 @@ class CoordinatorConfig:
     max_backoff_s: float = 30.0  # cap on the doubling wait before re-planning after failed plans
     suspect_slack_s: float = 5.0  # a suspect's heartbeat may land this long after its interval
     suspect_probe_s: float = 2.0  # direct probe of a suspect: a failure confirms it without waiting
+    # How often the daemon is asked which peers it is connected to (a local call, ~1 ms): a placed peer
+    # whose connection went away is dialled at once (``probes.ConnectionWatch``). 0 turns the watch off.
+    connection_watch_s: float = 0.5
     # Joining a running job (docs/training.md, "Joining a running job"): a newcomer is a spare at once;
     # placing it is priced (a planner search, ~2 s of CPU) at most every join_check_s seconds, and again
     # for the same newcomers after join_recheck_s; it pays when the predicted seconds saved over the

@@ -11,6 +11,7 @@ a decision into a published plan.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Coroutine
@@ -25,7 +26,7 @@ from potluck.coordinator.job.lease import pause_reason, pause_step, paused_actio
 from potluck.coordinator.job.plan import usable_peers
 from potluck.coordinator.job.progress import JobProgress, next_action
 from potluck.coordinator.kinds import JobHost
-from potluck.coordinator.probes import probe_suspects, sweep_failed_plan
+from potluck.coordinator.probes import ConnectionWatch, probe_suspects, sweep_failed_plan
 from potluck.coordinator.replan import Replanner
 from potluck.protocol.training import TrainPlan, gradients_rechecked
 from potluck.telemetry.summary import JobRate
@@ -44,6 +45,8 @@ class PipelineJob:
         self.last_action = ""  # the newest next_action verdict, so a hold is logged once
         self._probed: dict[str, float] = {}  # suspect -> the suspicion (DHT time) it was probed for
         self._swept: set[int] = set()  # plan epochs whose placed peers were all probed after a failure
+        self._watch = ConnectionWatch()
+        self._wake = asyncio.Event()  # set when a round should run now, not at the next poll
 
     @property
     def plan(self) -> TrainPlan | None:
@@ -55,6 +58,8 @@ class PipelineJob:
 
     def loops(self) -> dict[str, Coroutine[Any, Any, None]]:
         tasks = {"run-job": self._run_job(), "refresh-plan": self._refresh_plan()}
+        if self.host.cfg.connection_watch_s > 0:
+            tasks["watch-connections"] = self._watch_connections()
         if self.host.owner is not None and self.host.owner.copier is not None:
             tasks["copy-checkpoints"] = self._copy_checkpoints()
         return tasks
@@ -91,11 +96,30 @@ class PipelineJob:
         host = self.host
         assert host.node is not None
         while not host.finished.is_set():
-            await asyncio.sleep(host.cfg.poll_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), host.cfg.poll_interval_s)
+            self._wake.clear()
             try:
                 await self._round()
             except Exception:  # one bad round must not end the service
                 logger.exception("job round failed")
+
+    async def _watch_connections(self) -> None:
+        """A placed peer whose connection to this coordinator's daemon went away and that refuses a dial
+        is gone: the job's next round runs at once and re-plans without it."""
+        host = self.host
+        assert host.node is not None
+        while not host.finished.is_set():
+            await asyncio.sleep(host.cfg.connection_watch_s)
+            try:
+                gone = await self._watch.poll(
+                    host.node.p2p, host.state, self.progress, self.plan, host.cfg.suspect_probe_s
+                )
+            except Exception:  # a failed poll must not end the watch
+                logger.exception("connection watch failed")
+                continue
+            if gone:
+                self._wake.set()
 
     async def _round(self) -> None:
         host = self.host

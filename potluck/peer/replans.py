@@ -71,10 +71,17 @@ class Replans:
         """A plan that starts behind the step this peer's run had committed came from stale reports.
         Commits are all-or-nothing, so no peer of the old plan holds that step any more: say so at
         once (a "failed" record with the held step, which the next plan starts from) instead of
-        asking holders for it until the fetch gives up. False when this peer has nothing to say."""
+        asking holders for it until the fetch gives up. False when this peer has nothing to say.
+
+        A start from a checkpoint or from the seeded init is the coordinator's choice, not a stale
+        report: some stage lost every live replica, so the step this peer holds is of no use (churn run
+        V: a 2 x 1 plan whose stage 1 was killed started from step 0 four times, and each time its
+        stage 0 peer failed the plan with this report first)."""
         pos = plan.position(self.peer_id)
         held = self.state.offered if self.state is not None else None
         if pos is None or held is None or held.meta.job != plan.job or held.meta.step <= plan.start_step:
+            return False
+        if plan.resume_from != "live" or plan.start_step == 0:
             return False
         why = f"this peer holds step {held.meta.step}, past the plan's start {plan.start_step}"
         logger.warning("plan epoch %d: %s; reporting it", plan.epoch, why)

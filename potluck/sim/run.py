@@ -1,10 +1,12 @@
 """One simulated run: a churn trace against a policy, on the virtual clock.
 
 Training is synchronous (as in potluck): when a placed peer leaves, the whole plan stalls until the
-coordinator has noticed (heartbeat expiry, or at once for a graceful leave or when a neighbour's stream
-ends), decided, and every moved peer holds its state; then it trains at the new plan's rate. Spares
-come and go freely. Rates are tokens/s from the real cost model (``plan.cost`` is the step time).
-The static optimum is a fresh plan (longer search) for the live peers, every ``optimum_every_s``.
+coordinator has noticed (at once for a graceful leave; within a poll and a dial for a crash that resets
+its connections; at the step budget or the heartbeat's expiry for a machine that vanished silently:
+``RunConfig.crash_detect_s``), decided, and every moved peer holds its state; then it trains at the new
+plan's rate. Spares come and go freely. Rates are tokens/s from the real cost model (``plan.cost`` is
+the step time). The static optimum is a fresh plan (longer search) for the live peers, every
+``optimum_every_s``.
 """
 
 from __future__ import annotations
@@ -146,12 +148,7 @@ class _Run:
         if self.cfg.policy != "naive":
             self.rate = 0.0  # synchronous: the step waits for the missing peer until a new plan
             self.broken = True
-        if graceful:
-            delay = 0.0
-        elif self.rng.random() < self.cfg.fast_detect_share:
-            delay = self.cfg.fast_detect_s
-        else:  # the record expires ttl_s after its last refresh, which was 0-refresh_s ago
-            delay = self.cfg.ttl_s - self.rng.uniform(0.0, self.cfg.refresh_s)
+        delay = 0.0 if graceful else self.cfg.crash_detect_s(self.rng.random(), self.rng.random())
         if self.cfg.policy == "naive":
             self.rate = 0.0
         self.q.push(self.q.now + delay, "detect", ident)
@@ -263,10 +260,7 @@ def simulate(
         raise SimError(f"the trace has {trace.identities} identities, the population only {pop.n}")
     # Liveput's price of a departure: the expected detection, the poll and the restart here; the
     # coordinator adds each candidate plan's own hand-off (unless newcomers fetch in the background).
-    crash = cfg.fast_detect_share * cfg.fast_detect_s + (1 - cfg.fast_detect_share) * (
-        cfg.ttl_s - cfg.refresh_s / 2
-    )
-    stall = (1.0 - trace_graceful_share(trace)) * crash + cfg.poll_s + cfg.restart_s
+    stall = (1.0 - trace_graceful_share(trace)) * cfg.crash_detect_mean_s() + cfg.poll_s + cfg.restart_s
     coord = Coordinator(
         pop,
         job,

@@ -21,8 +21,15 @@ class RunConfig:
     pool: int = 96  # peers the coordinator plans over (hierarchical planning)
     ttl_s: float = 30.0  # heartbeat record lifetime; refreshed every refresh_s
     refresh_s: float = 10.0
-    fast_detect_share: float = 0.3  # crashes a pipeline neighbour notices at once (stream ends)
+    # Crash detection as built (docs/training.md, "Noticing a death"). A killed or crashed process's
+    # connections are reset by its kernel: the coordinator's daemon loses them and its dial is refused
+    # within a poll (``probes.ConnectionWatch``, 0.5 s) and a dial. A machine that vanishes without
+    # resetting them (power, sleep, a dropped network) is noticed when a wait on it runs out: the step
+    # budget's floor (15 s) and the coordinator's 2 s probe, or its heartbeat's expiry if that comes
+    # first. The share of silent crashes is an assumption (no volunteer trace tells them apart): 30%.
+    fast_detect_share: float = 0.7
     fast_detect_s: float = 1.0
+    silent_detect_s: float = 17.0
     poll_s: float = 1.0  # the coordinator's poll period: decisions start on its next tick
     restart_s: float = 2.0  # a new plan's start barrier and first step, beyond the hand-off
     periodic_s: float = HOUR
@@ -38,6 +45,25 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise SimError(f"unknown policy {self.policy!r}; known: {', '.join(POLICIES)}")
+
+    def crash_detect_mean_s(self) -> float:
+        """Expected seconds from a crash to its detection: fast ones, and silent ones at the first of
+        the step budget and the heartbeat's expiry (``ttl_s`` after a refresh 0-``refresh_s`` ago)."""
+        lo, hi = self.ttl_s - self.refresh_s, self.ttl_s
+        a = self.silent_detect_s
+        if a <= lo:
+            silent = a
+        elif a >= hi:
+            silent = (lo + hi) / 2
+        else:  # E[min(a, U(lo, hi))]: uniform below a, a above it
+            silent = ((a - lo) * (a + lo) / 2 + (hi - a) * a) / (hi - lo)
+        return self.fast_detect_share * self.fast_detect_s + (1 - self.fast_detect_share) * silent
+
+    def crash_detect_s(self, u_fast: float, u_refresh: float) -> float:
+        """One crash's detection delay from two uniform draws in [0, 1)."""
+        if u_fast < self.fast_detect_share:
+            return self.fast_detect_s
+        return min(self.silent_detect_s, self.ttl_s - u_refresh * self.refresh_s)
 
 
 @dataclass

@@ -146,6 +146,12 @@ class JobProgress:
         self.suspects[peer] = max(self.suspects.get(peer, 0.0), at - 1e-3)
         self.probe_failed(peer, at)
 
+    def dead(self, peer: str, view: PeerView) -> bool:
+        """The coordinator's own probe found ``peer`` refusing after it was suspected, and it has not
+        heartbeated since: dead before its heartbeat expires."""
+        since = self.suspects.get(peer)
+        return since is not None and view.record.issued_at <= since <= self.unreachable.get(peer, -1.0)
+
     def verdicts(
         self, state: SwarmState, now: float, retry: RetryPolicy | None = None
     ) -> tuple[list[str], list[str]]:
@@ -164,9 +170,8 @@ class JobProgress:
                 continue
             else:
                 # Confirmed by two witnesses (the reporter and our own failed probe), or by silence.
-                probed_dead = self.unreachable.get(peer, -1.0) >= since
                 overdue = now - since > heartbeat_interval_s(view) + retry.slack_s
-                (excluded if probed_dead or overdue else pending).append(peer)
+                (excluded if self.dead(peer, view) or overdue else pending).append(peer)
         return pending, excluded
 
 
@@ -192,7 +197,9 @@ def next_action(
     if plan.status == "done":
         return "wait", "the job is done"
     placed = [p for st in plan.stages for p in st.peers]
-    gone = [p for p in placed if p not in state.peers]
+    # Gone: its heartbeat expired, or the coordinator's own dial found it dead since it last heartbeated
+    # (``probes.ConnectionWatch``: a kill that no step has failed on yet).
+    gone = [p for p in placed if p not in state.peers or progress.dead(p, state.peers[p])]
     failed = progress.failed(plan)
     if not gone and not failed:
         if all((r := progress.latest.get(p)) is not None and r.state == "done" for p in placed):

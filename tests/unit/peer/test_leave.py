@@ -1,6 +1,12 @@
-"""A peer's part in a re-plan nobody stopped for: when to switch plans, when a leave may end (pure)."""
+"""A peer's part in a re-plan nobody stopped for: when to switch plans, when a leave may end (pure), and
+when a plan behind this peer is worth reporting."""
+
+import asyncio
+from types import SimpleNamespace
 
 from potluck.peer.leave import SWITCH_WAIT_S, LeaveView, leave_verdict, switch_deadline, switch_verdict
+from potluck.peer.replans import Replans
+from potluck.protocol.training import StageAssignment, TrainPlan
 
 
 def view(**kw: object) -> LeaveView:
@@ -40,3 +46,37 @@ def test_a_leave_is_quick_when_nothing_is_to_hand_over_and_bounded_otherwise():
     assert leave_verdict(view(placed=True, others=0), 100.0, 60.0)[0] == "go"
     decision, why = leave_verdict(view(placed=True), 160.0, 60.0)
     assert decision == "go" and "within 60 s" in why
+
+
+def test_a_plan_behind_this_peer_is_reported_only_when_it_claims_live_state() -> None:
+    """``Replans._overshot``: a live start behind the step this peer holds came from stale reports (say
+    so); a start from a checkpoint or the seeded init is the coordinator's choice (a stage lost every
+    replica), and reporting it would only fail the plan."""
+    published: list[dict[str, object]] = []
+
+    class Peer(Replans):
+        async def _publish(self, *args: object, **kw: object) -> None:  # type: ignore[override]
+            published.append(kw)
+
+    me = "12D3KooWAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    peer = Peer()
+    peer.peer_id = me
+    peer.state = SimpleNamespace(offered=SimpleNamespace(meta=SimpleNamespace(job="j", step=150)))  # type: ignore[assignment]
+
+    def plan(start: int, resume_from: str = "live") -> TrainPlan:
+        stages = [StageAssignment(first_layer=0, last_layer=2, peers=[me])]
+        return TrainPlan(
+            job="j",
+            epoch=3,
+            start_step=start,
+            micro_batches=1,
+            issued_at=1.0,
+            stages=stages,
+            resume_from=resume_from,
+        )  # type: ignore[arg-type]
+
+    assert asyncio.run(peer._overshot(plan(120))) and published[-1]["state"] == "failed"
+    assert not asyncio.run(peer._overshot(plan(0)))  # the seeded init: nothing holds every stage
+    assert not asyncio.run(peer._overshot(plan(100, "checkpoint")))
+    assert not asyncio.run(peer._overshot(plan(150)))  # not behind
+    assert len(published) == 1

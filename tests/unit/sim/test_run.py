@@ -92,3 +92,18 @@ def test_liveput_prefers_a_plan_of_peers_likely_to_stay() -> None:
     assert coord.liveput(steady, live, None) == pytest.approx(tokens_per_s(JOB, steady))
     no_handoff = Coordinator(pop, JOB, FAST, pool=20, stall_s=10.0, horizon_s=3600.0, count_handoff=False)
     assert no_handoff.liveput(fickle, live, stay) > coord.liveput(fickle, live, stay)
+
+
+def test_crash_detection_follows_the_connection_watch_and_the_step_budget() -> None:
+    cfg = RunConfig()  # ttl 30 s refreshed every 10 s: a silent crash's record expires 20-30 s after it
+    assert cfg.crash_detect_s(0.1, 0.5) == cfg.fast_detect_s  # connections reset: a poll and a dial
+    assert cfg.crash_detect_s(0.9, 0.5) == cfg.silent_detect_s  # the step budget before the heartbeat
+    # the mean, against the draws it summarises
+    u = np.random.default_rng(0).random((200_000, 2))
+    draws = [cfg.crash_detect_s(a, b) for a, b in u]
+    assert cfg.crash_detect_mean_s() == pytest.approx(float(np.mean(draws)), rel=0.01)
+    for budget in (25.0, 40.0):  # a budget between the expiries, and one past the latest: the heartbeat
+        c = RunConfig(silent_detect_s=budget, fast_detect_share=0.0)
+        mean = float(np.mean([c.crash_detect_s(a, b) for a, b in u[:50_000]]))
+        assert c.crash_detect_mean_s() == pytest.approx(mean, rel=0.01)
+    assert RunConfig(silent_detect_s=40.0, fast_detect_share=0.0).crash_detect_mean_s() == pytest.approx(25.0)
