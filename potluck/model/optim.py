@@ -49,10 +49,3 @@ def clip_coefficient(spec: OptimizerSpec, global_norm: float) -> float:
     if spec.clip_norm <= 0 or not math.isfinite(global_norm) or global_norm <= spec.clip_norm:
         return 1.0
     return spec.clip_norm / (global_norm + 1e-6)
-
-
-def warm_optimizer() -> None:
-    """Build and drop a one-parameter AdamW. torch imports its compiler stack (``torch._dynamo``) on the
-    first optimizer's construction: 2.6 s of CPU on the 2-core box, up to 4 s beside busy trainers. A
-    peer calls this while it waits to be placed, so the first plan that places it does not pay it."""
-    build_optimizer([torch.nn.Parameter(torch.zeros(1))], OptimizerSpec())

@@ -24,7 +24,6 @@ from hivemind.utils import get_dht_time
 
 from potluck import logs
 from potluck.aio import bounded, supervise
-from potluck.model.optim import warm_optimizer
 from potluck.net.admit import ask_admission
 from potluck.net.dial import dht_addresses
 from potluck.net.links import LinkProber, choose_targets
@@ -84,7 +83,6 @@ class PeerDaemon:
         self.alone = False  # the last look found neither the coordinator nor another peer
         self.link_samples: dict[str, LinkSample] = {}  # peer -> the newest measurement of our link to it
         self._members: frozenset[str] = frozenset()  # live admitted peers, as last read (probe gate)
-        self._links_measured = asyncio.Event()  # the first link round is over (``_warm_up`` waits for it)
         self._members_at = -MEMBERS_READ_EVERY_S
         self._members_lock = asyncio.Lock()
         self.telemetry = PeerTelemetry(
@@ -161,7 +159,6 @@ class PeerDaemon:
             tasks["swarm-watch"] = self._watch_swarm(self.cfg.swarm_gone_after_s)
         if self.cfg.train:
             tasks["work"] = self._work(device)
-            tasks["warm-up"] = self._warm_up()
         hw = self.hardware
         self.telemetry.event("joined", f"{hw.label}, {hw.tflops_fp32:.2f} TFLOP/s fp32", {})
         try:
@@ -296,17 +293,6 @@ class PeerDaemon:
             upload_gbps=None if up is None else up / 1e3, download_gbps=None if down is None else down / 1e3
         )
 
-    async def _warm_up(self) -> None:
-        """Pay the first optimizer's lazy imports (``warm_optimizer``: 2.6 s of CPU here, 7 s beside six
-        trainers) while this peer waits to be placed, not in its first step. After its first link
-        round: an import holds the interpreter, and beside the link probes it could read the links
-        slower than they are; in the probe's thread it held back the join itself (churn run W)."""
-        await self._links_measured.wait()
-        try:
-            await asyncio.to_thread(warm_optimizer)
-        except Exception as e:  # only an optimisation: the first plan pays it instead
-            logger.warning("warming up the optimizer failed: %s", e)
-
     async def _measure_links(self) -> None:
         """Every ``links.interval_s``: measure a sample of live peers and publish a signed LinkReport."""
         assert self.node is not None
@@ -341,7 +327,6 @@ class PeerDaemon:
                     self.link_reports += 1
             except Exception:  # measurement is best effort; the daemon carries on
                 logger.exception("link measurement round %d failed", round_no)
-            self._links_measured.set()
             round_no += 1
             await asyncio.sleep(cfg.interval_s)
 

@@ -1,8 +1,5 @@
-"""The start-up probe's budget, and the warm-up that takes the first optimizer's imports off a newcomer's
-first step."""
+"""The start-up probe's budget."""
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -26,16 +23,3 @@ def test_a_slow_cpu_product_stops_the_probe_at_its_budget_not_four_products_late
     tflops = probe.matmul_tflops(torch.device("cpu"), torch.float32, 0.05, size=8)
     assert len(calls) == 2, calls  # the warm-up and one timed product, which is over the budget
     assert 0.0 < tflops < 1e-6
-
-
-@pytest.mark.slow  # a fresh interpreter imports torch (seconds)
-def test_the_warm_up_pays_the_first_optimizers_imports() -> None:
-    code = (
-        "import sys\n"
-        "from potluck.model.optim import warm_optimizer\n"
-        "assert 'torch._dynamo' not in sys.modules\n"
-        "warm_optimizer()\n"
-        "assert 'torch._dynamo' in sys.modules\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
