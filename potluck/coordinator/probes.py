@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection
 
 from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
@@ -80,11 +79,6 @@ async def sweep_failed_plan(
     return gone
 
 
-def lost(before: Collection[str], now: Collection[str], placed: Collection[str]) -> list[str]:
-    """The placed peers the daemon was connected to at the last poll and is not now (sorted)."""
-    return sorted(set(placed) & (set(before) - set(now)))
-
-
 class ConnectionWatch:
     """Polls the coordinator's daemon for the peers it is connected to; a placed peer whose connection
     went away is dialled, and one that refuses is confirmed gone (``JobProgress.confirm_gone``), so the
@@ -99,18 +93,18 @@ class ConnectionWatch:
         self, p2p: P2P, state: SwarmState, progress: JobProgress, plan: TrainPlan | None, timeout_s: float
     ) -> list[str]:
         """One poll (bounded by ``timeout_s`` for the daemon's answer and again for the dials); the
-        placed peers found gone."""
+        placed peers found gone. Without a running plan nobody is placed, and the daemon is not asked."""
+        if plan is None or plan.status == "done":
+            return []
         try:
             infos = await asyncio.wait_for(p2p.list_peers(), timeout_s)
-        except (TimeoutError, OSError) as e:
+        except Exception as e:  # a daemon that does not answer: no verdict this poll (heartbeats still count)
             logger.info("the daemon did not list its connections: %s", e or type(e).__name__)
             return []
         now_connected = frozenset(info.peer_id.to_base58() for info in infos)
         before, self.connected = self.connected, now_connected
-        if plan is None or plan.status == "done":
-            return []
         # Each loss is dialled once: a dead peer is never connected again, so never lost again.
-        todo = [p for p in lost(before, now_connected, plan.peers) if p in state.peers]
+        todo = sorted(p for p in plan.peers if p in before and p not in now_connected and p in state.peers)
         if not todo:
             return []
         gone = await _refusing(p2p, state, todo, timeout_s)
