@@ -137,7 +137,8 @@ class Replanner:
         cfg = self.host.cfg
         lead_s = cfg.handoff_lead_s + 2 * cfg.poll_interval_s
         step_s = typical_step_s(self.progress.latest.values())
-        moved, why = handoff_step(start, step_s, lead_s, self.host.job.steps)
+        h = self.plan.under(self.host.job).compression.sync_every if self.plan is not None else 1
+        moved, why = handoff_step(start, step_s, lead_s, self.host.job.steps, h)
         logger.info("%s", why)
         return moved
 

@@ -334,7 +334,7 @@ class PlanWorker(Replans):
             run = self._running = trainer
             self.activity.gradient_ratio = trainer.gradient_ratio()
             await trainer.run(
-                lambda r: self._on_step(plan, stage, replica, job, r, run.n_params),
+                lambda r: self._on_step(plan, stage, replica, job, r, run.n_params, run.held_step),
                 on_ready=lambda: self._took_state(plan, stage, replica),
             )
             await asyncio.gather(*self._sending, return_exceptions=True)  # "done" must be the newest record
@@ -391,8 +391,10 @@ class PlanWorker(Replans):
         self._send_later(f"progress-ready-{plan.epoch}", publish)
 
     def _on_step(
-        self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport, n_params: int
+        self, plan: TrainPlan, stage: int, replica: int, job: JobSpec, r: StepReport, n_params: int, held: int
     ) -> None:
+        """After each committed step: count it, note checkpoints, and report. ``held``: the step of the
+        state the run serves (``Trainer.held_step``: with DiLoCo, its last outer sync)."""
         self.steps_done += 1
         # its replica's share passes its stage (two shares for a peer running two waves)
         tokens = job.batch.tokens_per_step * len(plan.shards(stage, replica)) // plan.data_replicas
@@ -406,7 +408,7 @@ class PlanWorker(Replans):
             self.holdings.look_at_disk(r.checkpoint.parent)
             self.copies.after_checkpoint(job, plan, r.step + 1, r.checkpoint.parent)
         self._last_report = r
-        self.holdings.at(r.step + 1, plan.stages[stage])
+        self.holdings.at(held, plan.stages[stage])
         if self.faults.kill_at_step is not None and r.step + 1 >= self.faults.kill_at_step:
             logger.warning("committed step %d: killing this process (an injected fault)", r.step + 1)
             logging.shutdown()

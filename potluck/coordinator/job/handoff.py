@@ -25,13 +25,19 @@ def typical_step_s(records: Iterable[Progress], default: float = DEFAULT_STEP_S)
     return statistics.median(times) if times else default
 
 
-def handoff_step(reported: int, step_s: float, lead_s: float, last_step: int) -> tuple[int, str]:
+def handoff_step(
+    reported: int, step_s: float, lead_s: float, last_step: int, sync_every: int = 1
+) -> tuple[int, str]:
     """(the step a hand-off plan starts from, why). ``reported``: the newest step the swarm reported;
     ``step_s``: its step time (s); ``lead_s``: how long the new plan takes to reach every peer and the
     reports to reach the coordinator (s). The new plan keeps at least the job's last step
-    (``last_step``) to run, so the job ends under it (its final checkpoint and "done" reports)."""
+    (``last_step``) to run, so the job ends under it (its final checkpoint and "done" reports).
+    ``sync_every``: the running plan's DiLoCo H; the start is rounded up to a sync, the only steps
+    whose state its replicas agree on (at most ``last_step``: the old plan's runs sync at its end)."""
     ahead = min(MAX_AHEAD_STEPS, math.ceil(lead_s / max(step_s, 1e-3)) + 1)
     start = max(reported, min(last_step - 1, reported + ahead))
+    if sync_every > 1:
+        start = min(last_step, -(-start // sync_every) * sync_every)
     return start, (
         f"hand-off at step {start}: the swarm reported step {reported} and trains on for "
         f"{start - reported} step(s) of ~{step_s:.2f} s while the plan reaches every peer"

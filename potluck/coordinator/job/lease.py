@@ -89,6 +89,5 @@ def pause_step(reported: int, step_s: float, lead_s: float, steps: int, sync_eve
     """The step a pause stops after: the hand-off step (``handoff.handoff_step``: far enough ahead for the
     re-published plan to reach every peer), rounded up to a DiLoCo sync (replicas agree at syncs only).
     None when that is the job's last steps: it finishes instead."""
-    at, _ = handoff_step(reported, step_s, lead_s, steps)
-    at = -(-at // sync_every) * sync_every
+    at, _ = handoff_step(reported, step_s, lead_s, steps, sync_every)
     return at if at < steps - 1 else None

@@ -54,14 +54,16 @@ def live_step(
     state they still serve. ``also``: further states live peers said they serve from memory
     (``Progress.also_holds``, ``JobProgress.also_holdings``), each exactly known.
 
-    A peer running its stage of the plan holds that stage's layers at the step the stage's replicas
-    committed: commits are all-or-nothing across the pipeline, so every such peer holds the newest step
-    any of them reported (a report may lag a step). A peer whose run ended holds exactly what it reports
-    (``Progress.holds``: its stage's snapshot, or, when it failed before taking the plan's state, the
-    layers it held before); a failed peer of its own stage also tells how far the pipeline got, since it
-    can hold only a committed step. A placed peer that has not reported under this plan holds its stage
-    at the committed step once the plan committed one, else what it reported last (``known``): never
-    the plan's start as such, which it may not have reached."""
+    A peer running its stage of the plan holds that stage's layers at the step its report says it holds
+    (the step the stage's replicas committed, or with DiLoCo local steps their last outer sync, which
+    is all a peer can serve between syncs): commits and syncs are all-or-nothing across the pipeline,
+    so every such peer holds the newest step any of them reported (a report may lag a step). A peer
+    whose run ended holds exactly what it reports (``Progress.holds``: its stage's snapshot, or, when it
+    failed before taking the plan's state, the layers it held before); a failed peer of its own stage
+    also tells how far the pipeline got, since it can hold only a committed step. A placed peer that
+    has not reported under this plan holds its stage at the committed step once the plan committed one,
+    else what it reported last (``known``): never the plan's start as such, which it may not have
+    reached."""
     running: list[tuple[int, int]] = []  # layer ranges of peers running the plan (at ``committed``)
     exact: list[tuple[int, int, int]] = []  # (step, first, last) of exactly known holdings
     committed: int | None = None
@@ -75,8 +77,8 @@ def live_step(
             running.append(mine)
             committed = max(committed or 0, rec.step)
         elif held is not None and rec.state in ("training", "done") and held.range == mine:
-            running.append(mine)
-            committed = max(committed or 0, held.step, rec.step)
+            running.append(mine)  # at the step it holds: with DiLoCo local steps its last sync
+            committed = max(committed or 0, held.step)
         elif held is not None:
             exact.append((held.step, held.first_layer, held.last_layer))
             if held.range == mine:  # it held its stage at a step the pipeline committed

@@ -88,10 +88,13 @@ class DiLoCo:
         self.refused: list[int] = []
         self.outliers: list[int] = []
 
-    async def after_inner_step(self, allreduce: AllReduce, allgather: AllGather | None = None) -> bool:
-        """Count an inner step; every ``inner_steps`` of them, sync. Returns whether it synced."""
+    async def after_inner_step(
+        self, allreduce: AllReduce, allgather: AllGather | None = None, force: bool = False
+    ) -> bool:
+        """Count an inner step; every ``inner_steps`` of them, or when ``force`` (the job's last step,
+        which every replica reaches together), sync. Returns whether it synced."""
         self.inner_done += 1
-        if self.inner_done % self.cfg.inner_steps:
+        if self.inner_done % self.cfg.inner_steps and not force:
             return False
         await self.sync(allreduce, allgather)
         return True

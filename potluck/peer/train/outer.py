@@ -69,10 +69,28 @@ def outer_config(comp: CompressionSpec) -> DiLoCoConfig:
 
 
 def make_diloco(
-    params: Iterable[torch.nn.Parameter], comp: CompressionSpec, trust: TrustSpec | None = None
+    params: Iterable[torch.nn.Parameter], comp: CompressionSpec, trust: TrustSpec | None = None, step: int = 0
 ) -> DiLoCo:
-    """A fresh DiLoCo over ``params`` (its snapshot: their current values; an empty residual)."""
-    return DiLoCo(params, outer_config(comp), outer_codec(comp, trust))
+    """A fresh DiLoCo over ``params`` after ``step`` steps (its snapshot: their current values; an empty
+    residual). Its syncs fall on the steps that are multiples of H whatever step it starts from, as
+    every plan's do: pauses, hand-offs and checkpoints are placed at those steps (``job/lease.py``,
+    ``job/handoff.py``), so a plan that starts between two syncs must sync at the next one too."""
+    diloco = DiLoCo(params, outer_config(comp), outer_codec(comp, trust))
+    diloco.inner_done = step % comp.sync_every
+    return diloco
+
+
+def synced_weights(diloco: DiLoCo, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` at the last outer sync (DiLoCo's snapshot), keyed as
+    ``StageRunner.state_tensors`` keys them ("model.<name>", on the host, copied): every replica of the
+    stage agrees on these, unlike the weights between syncs. A weight tied under two names gets its
+    snapshot under both; one DiLoCo does not train (frozen) is the model's own."""
+    at_sync = {id(p): s for p, s in zip(diloco.params, diloco.snapshot, strict=True)}
+    out = {}
+    for name, v in model.state_dict(keep_vars=True).items():
+        if id(v) in at_sync:
+            out[f"model.{name}"] = at_sync[id(v)].detach().cpu().clone()
+    return out
 
 
 def part_bounds(diloco: DiLoCo) -> list[int]:
@@ -154,13 +172,15 @@ async def outer_step(
     gather: AllGather | None,
     peers: Sequence[str],
     audit: Audit | None = None,
+    force: bool = False,
 ) -> bool:
-    """Count an inner step and sync every H of them (``DiLoCo.after_inner_step``); a replica's payload
-    that cannot be decoded fails the sync with a ``ContributionError`` naming that replica's peer (under
-    the mean; a robust rule leaves it out). ``audit`` counts, per peer, the contributions seen, refused
-    and trimmed away by a robust rule, which the trainer reports as its witness of the others."""
+    """Count an inner step and sync every H of them, or now when ``force`` (``DiLoCo.after_inner_step``);
+    a replica's payload that cannot be decoded fails the sync with a ``ContributionError`` naming that
+    replica's peer (under the mean; a robust rule leaves it out). ``audit`` counts, per peer, the
+    contributions seen, refused and trimmed away by a robust rule, which the trainer reports as its
+    witness of the others."""
     try:
-        synced = await diloco.after_inner_step(allreduce, gather)
+        synced = await diloco.after_inner_step(allreduce, gather, force)
     except OuterDecodeError as e:
         peer = peers[e.who] if 0 <= e.who < len(peers) else "?"
         raise ContributionError(peer, f"outer sync: the payload of {peer} is refused: {e}") from e

@@ -54,7 +54,7 @@ class ReplicaSync:
         assignment, comp, many = plan.stages[stage], job.compression, plan.n_replicas > 1
         out = cls(records_to_schedule(assignment.trees, assignment.peers))
         if comp.sync_every > 1:  # compression.outer: a coded outer sync (outer.py)
-            out.diloco = make_diloco(runner.params, comp, job.trust)
+            out.diloco = make_diloco(runner.params, comp, job.trust, plan.start_step)
             if job.sync.policy == "deadline" and comp.outer is not None and many:
                 out.lateness = Lateness(job.sync.max_misses)
         elif job.sync.policy == "deadline" and many:

@@ -57,7 +57,7 @@ from potluck.peer.train.checks.duties import Duties, Place, make_ledger
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
 from potluck.peer.train.commit import Decision, Ready, commit_step
-from potluck.peer.train.outer import make_diloco, outer_step, stage_gather
+from potluck.peer.train.outer import make_diloco, outer_step, stage_gather, synced_weights
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
 from potluck.peer.train.replicas import ReplicaSync
 from potluck.peer.train.straggle import WINDOW, deadline_s
@@ -180,6 +180,9 @@ class Trainer:
         self.n_params = sum(p.numel() for p in self.runner.params)
         # True iff the runner holds exactly the state after self.step steps (loaded, and no step half-applied)
         self._consistent = False
+        # With DiLoCo local steps: the step of the last outer sync (or of the loaded state), the newest
+        # state every replica of the stage agrees on, and so the one this peer serves (``snapshot``)
+        self._synced_at = plan.start_step
 
     @property
     def spot(self) -> SpotChecks | None:
@@ -201,9 +204,15 @@ class Trainer:
         first, last = self.assignment.first_layer, self.assignment.last_layer
         tensors = load_layers(root, step, first, last, self.job.model.n_layers)
         self.runner.load_state_tensors(tensors)
-        if self.diloco is not None:  # the snapshot is the loaded weights; the residual starts empty
-            self.diloco = make_diloco(self.runner.params, self.job.compression, self.job.trust)
+        self._new_diloco()
         logger.info("stage %d resumed from %s", self.stage, step_dir(root, step))
+
+    def _new_diloco(self) -> None:
+        """With local steps, a DiLoCo on the state just loaded: its snapshot is the loaded weights (the
+        state after ``self.step`` steps, which every replica loads alike), its residual starts empty."""
+        if self.diloco is not None:
+            self.diloco = make_diloco(self.runner.params, self.job.compression, self.job.trust, self.step)
+            self._synced_at = self.step
 
     def want(self) -> StateWant:
         """The state this stage starts from: its layers after the plan's ``start_step`` steps."""
@@ -217,8 +226,7 @@ class Trainer:
             nbytes = sum(t.numel() * t.element_size() for t in fetched.tensors.values())
             self.took = (fetched.source, time.perf_counter() - t0, nbytes)
             await asyncio.to_thread(self.runner.load_state_tensors, fetched.tensors)
-            if self.diloco is not None:
-                self.diloco = make_diloco(self.runner.params, self.job.compression, self.job.trust)
+            self._new_diloco()
             logger.info("stage %d resumed at step %d from %s", self.stage, fetched.step, fetched.source)
         else:
             await asyncio.to_thread(self.restore)
@@ -234,18 +242,39 @@ class Trainer:
         n = max(1, min(self.n_params, self.cfg.chunk_elements))
         return 4 * n / max(1, get_codec(self.grad_codec_spec).estimate_bytes((n,)))
 
-    def stage_meta(self) -> StageMeta:
-        """What this stage's state is after ``self.step`` steps (checkpoints and live snapshots)."""
-        return plan_stage_meta(self.job, self.plan, self.stage, self.step)
+    def stage_meta(self, step: int | None = None) -> StageMeta:
+        """What this stage's state is after ``step`` steps (default ``self.step``; checkpoints and live
+        snapshots)."""
+        return plan_stage_meta(self.job, self.plan, self.stage, self.step if step is None else step)
+
+    @property
+    def held_step(self) -> int:
+        """The step of the state this peer serves (``snapshot``) and its progress records claim: the
+        last committed one, or with DiLoCo local steps the last outer sync (between syncs the replicas'
+        weights differ, and a resume from one replica's would fork the stage)."""
+        return self._synced_at if self.diloco is not None else self.step
 
     def snapshot(self) -> StageState | None:
-        """A copy of the state after ``self.step`` steps to serve to other peers, or None when there is
-        none to trust: not loaded yet, torn by a cancelled optimizer step, or between DiLoCo syncs."""
-        sync = self.job.compression.sync_every
-        if not self._consistent or (self.diloco is not None and self.step % sync):
+        """A copy of the state after ``held_step`` steps to serve to other peers, or None when there is
+        none to trust (not loaded yet, or torn by a cancelled optimizer step).
+
+        Between DiLoCo syncs that is the last sync's weights (DiLoCo's snapshot) with this replica's
+        inner AdamW moments as they are now, their step counts set back to the sync's. The moments are
+        each replica's own at a sync too (they never sync), so a resume from them is as good as one from
+        a sync-step checkpoint, and keeping an exact copy of them at every sync would cost a second
+        copy of the optimizer state in memory. Without this a kill between syncs left nobody able to
+        serve the step the survivors reported, and the job failed (issue 38)."""
+        if not self._consistent:
             return None
         tensors = {k: v.clone() for k, v in self.runner.state_tensors().items()}  # it may keep training
-        return StageState(self.stage_meta(), tensors)
+        step = self.held_step
+        if step != self.step:
+            assert self.diloco is not None
+            tensors |= synced_weights(self.diloco, self.runner.model)
+            ahead = self.step - step
+            for k in [k for k in tensors if k.startswith("optim.") and k.endswith(".step")]:
+                tensors[k] = (tensors[k] - ahead).clamp_min(0)
+        return StageState(self.stage_meta(step), tensors)
 
     # ---- one step ----------------------------------------------------------------------------------------
 
@@ -334,11 +363,12 @@ class Trainer:
             timing.allreduce += time.perf_counter() - t0
         await self.duties.after_commit(rnd, decision, self.most_micro_batches())
         lr = await self._apply(step, decision, timing)
-        if self.diloco is not None:
-            await self._outer_sync(rnd, timing)
+        since = step if self.diloco is None else self._synced_at  # the last step a checkpoint could take
+        if self.diloco is not None and await self._outer_sync(rnd, timing):
+            self._synced_at = step + 1
         self.step = step + 1
         self._consistent = True
-        checkpoint = await self._maybe_checkpoint()
+        checkpoint = await self._maybe_checkpoint(since)
         await self.box.forget(before(self.plan.epoch, step + 1))  # step + 1's early messages stay
         timing.bytes_sent = self.box.bytes_sent - sent_before  # activations, gradients, buckets, commit
         if self.deadline is not None:
@@ -396,8 +426,10 @@ class Trainer:
         timing.compute += time.perf_counter() - t0
         return lr
 
-    async def _outer_sync(self, rnd: Round, timing: Timing) -> None:
-        """Every H steps with local steps: the coded outer sync with the stage's replicas (``outer.py``)."""
+    async def _outer_sync(self, rnd: Round, timing: Timing) -> bool:
+        """Every H steps with local steps, and after the job's last step (so the final model is the
+        replicas' agreed one): the coded outer sync with the stage's replicas (``outer.py``). Returns
+        whether it synced."""
         assert self.diloco is not None
         peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
         wait_s = None
@@ -407,7 +439,8 @@ class Trainer:
             wait_s = deadline_s(list(self._compute_s), pol.deadline_factor, pol.min_deadline_s, timeout)
         gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing, wait_s, self.lateness)
         sync = lambda t: self._outer_allreduce(t, rnd, timing)  # noqa: E731
-        await outer_step(self.diloco, sync, gather, peers, self.audit)
+        last = rnd.step + 1 == self.job.steps  # every replica reaches it together (commits are all-or-none)
+        return await outer_step(self.diloco, sync, gather, peers, self.audit, force=last)
 
     async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
         if self.plan.n_replicas == 1:
@@ -420,13 +453,18 @@ class Trainer:
         timing.allreduce += time.perf_counter() - t0
         return out
 
-    async def _maybe_checkpoint(self) -> Path | None:
+    async def _maybe_checkpoint(self, since: int) -> Path | None:
+        """A checkpoint of the state after ``self.step`` steps when a multiple of ``checkpoint.interval``
+        lies after ``since`` (the last step one could be taken at: the step before, or with DiLoCo the
+        sync before) and up to here, and at the job's end or a pause. With local steps only synced states
+        are checkpointed (between syncs the replicas differ), so H = 16 with an interval of 10 takes
+        one at steps 16, 32, 48, 64 and 80, not at every 80th step only."""
         done, ck = self.step, self.job.checkpoint
         last = done in (self.job.steps, self.stop_step)  # the job's end, or a pause (docs/multijob.md)
-        if done % ck.interval and not last:
+        if self.diloco is not None and done != self._synced_at and not last:
             return None
-        if self.diloco is not None and done % self.job.compression.sync_every and not last:
-            return None  # between syncs the replicas differ: only synced states are checkpointed
+        if done // ck.interval == since // ck.interval and not last:
+            return None
         meta = self.stage_meta()  # its step is ``done``
         tensors = self.runner.state_tensors()
         root = self.checkpoint_root

@@ -170,3 +170,36 @@ def test_coded_outer_sync_resumes_from_a_checkpoint_with_an_empty_residual(tmp_p
     assert a.diloco is not None and a.diloco.outer_codec is not None and a.diloco.syncs == 1
     assert all(torch.equal(x, y) for x, y in zip(a.runner.params, b.runner.params, strict=True))
     assert rest[(0, 0)][-1].loss < first[(0, 0)][0].loss - 0.3
+
+
+def test_between_diloco_syncs_a_peer_serves_the_last_synced_state(tmp_path):
+    """A kill between two syncs must leave the survivors something to resume from (issue 38): each
+    replica serves the weights of the last sync, which all replicas agree on, labelled with that step."""
+    job = tiny_job(steps=12, compression={"sync_every": 4})
+    _, synced = asyncio.run(train_swarm(job, 1, 2, [(0, 4)], tmp_path / "a", stop_after=4))
+    later, trainers = asyncio.run(train_swarm(job, 1, 2, [(0, 4)], tmp_path / "b", stop_after=6))
+    assert [r.step for r in later[(0, 0)]] == list(range(6))
+    a, b = trainers[(0, 0)], trainers[(0, 1)]
+    assert a.step == 6 and a.held_step == 4
+    sa, sb = a.snapshot(), b.snapshot()
+    assert sa is not None and sb is not None and sa.meta.step == sb.meta.step == 4
+    weights = [k for k in sa.tensors if k.startswith("model.")]
+    assert weights and all(torch.equal(sa.tensors[k], sb.tensors[k]) for k in weights)  # the replicas agree
+    # ... on the weights a run stopped at the sync holds, not on their drifted ones of step 6
+    reference = synced[(0, 0)].runner.state_tensors()
+    assert all(torch.allclose(sa.tensors[k], reference[k], rtol=0, atol=1e-6) for k in weights)
+    drifted = a.runner.state_tensors()
+    assert any(not torch.equal(sa.tensors[k], drifted[k]) for k in weights)
+    steps = {k: v for k, v in sa.tensors.items() if k.endswith(".step")}
+    assert steps and all(int(v.max()) == 4 for v in steps.values())  # AdamW's counts as at step 4
+
+
+def test_diloco_syncs_at_the_job_end_and_checkpoints_at_the_first_sync_past_each_interval(tmp_path):
+    """steps = 6, H = 4: a sync at step 4 and a last one at step 6, so the final model is the replicas'
+    agreed one; checkpoints every 3 steps fall on those syncs (4 passed 3, 6 is the end)."""
+    job = tiny_job(steps=6, checkpoint={"interval": 3}, compression={"sync_every": 4})
+    reports, trainers = asyncio.run(train_swarm(job, 1, 2, [(0, 4)], tmp_path, own_disks=True))
+    a, b = trainers[(0, 0)], trainers[(0, 1)]
+    assert a.diloco is not None and a.diloco.syncs == 2 and a.held_step == 6
+    assert all(torch.equal(x, y) for x, y in zip(a.runner.params, b.runner.params, strict=True))
+    assert [r.step + 1 for r in reports[(0, 0)] if r.checkpoint is not None] == [4, 6]

@@ -30,6 +30,14 @@ def test_starts_ahead_by_the_lead_time_in_steps_and_leaves_the_last_step_to_the_
     assert handoff_step(0, 1e-6, 4.0, 10**9)[0] == 1000  # capped
 
 
+def test_with_local_steps_the_hand_off_waits_for_a_sync():
+    """Between DiLoCo syncs the replicas' weights differ: the old plan's peers stop at a sync."""
+    assert handoff_step(40, 0.5, 4.0, 1000, sync_every=16)[0] == 64  # 49 rounded up to a multiple of 16
+    assert handoff_step(48, 10.0, 4.0, 1000, sync_every=16)[0] == 64
+    assert handoff_step(990, 0.5, 4.0, 1000, sync_every=16)[0] == 1000  # the old plan syncs at the end
+    assert handoff_step(40, 0.5, 4.0, 1000, sync_every=1)[0] == 49
+
+
 def test_typical_step_is_the_median_of_training_peers():
     assert typical_step_s([rec(1.0), rec(3.0), rec(2.0), rec(9.0, "failed")]) == 2.0
     assert typical_step_s([]) == DEFAULT_STEP_S and typical_step_s([], default=0.0) == 0.0

@@ -106,6 +106,23 @@ def test_live_state_is_the_newest_step_a_live_placed_peer_reported():
     assert live_step(plan, {}, live("ac"), known) == 10  # what they held when the plan began
 
 
+def test_with_local_steps_live_state_is_the_last_sync_the_peers_hold_not_their_step():
+    """Between DiLoCo syncs a running peer serves its last sync (``Trainer.held_step``), and says so in
+    ``holds``: a kill at step 27 with H = 16 resumes from 16, which every survivor can serve."""
+    plan = _plan(["ab", "cd"], start=0)
+
+    def at(peer: str, step: int, held: int, state: str = "training") -> Progress:
+        stage = "ab".find(peer) < 0
+        holds = Holding(step=held, first_layer=int(stage), last_layer=int(stage) + 1)
+        return _report(peer, step, state=state).model_copy(update={"holds": holds})
+
+    latest = {pid("a"): at("a", 27, 16), pid("c"): at("c", 27, 16, "failed"), pid("d"): at("d", 26, 16)}
+    assert live_step(plan, latest, live("acd")) == 16
+    latest[pid("a")] = at("a", 27, 27)  # a peer without local steps holds the step it committed
+    latest[pid("c")] = at("c", 27, 27, "failed")
+    assert live_step(plan, latest, live("acd")) == 27
+
+
 def test_a_stage_without_a_live_replica_has_no_live_state():
     plan = _plan(["ab", "cd"], start=10)
     latest = {pid(p): _report(p, 15) for p in "abcd"}

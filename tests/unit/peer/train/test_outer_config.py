@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
 from potluck.peer.train.outer import make_diloco, outer_config
@@ -33,3 +35,20 @@ def test_the_outer_sgd_runs_with_them_coded_or_not():
     assert (
         plain.outer.param_groups[0]["nesterov"] is False
     )  # plain SGD: torch refuses Nesterov without momentum
+
+
+def test_a_diloco_started_between_syncs_syncs_at_the_next_multiple_of_h():
+    """Pauses, hand-offs and checkpoints sit at multiples of H, so a plan that starts at step 6 with
+    H = 4 syncs at step 8 (after 2 inner steps), then every 4."""
+
+    async def steps(n: int, d) -> list[bool]:
+        async def mean(t: torch.Tensor) -> torch.Tensor:
+            return t
+
+        return [await d.after_inner_step(mean) for _ in range(n)]
+
+    comp = CompressionSpec(sync_every=4)
+    d = make_diloco([torch.nn.Parameter(torch.zeros(8))], comp, step=6)
+    assert asyncio.run(steps(6, d)) == [False, True, False, False, False, True]  # steps 7..12
+    fresh = make_diloco([torch.nn.Parameter(torch.zeros(8))], comp)
+    assert asyncio.run(steps(4, fresh)) == [False, False, False, True]
