@@ -25,7 +25,7 @@ from potluck.coordinator.job.improve import ImproveConfig
 from potluck.coordinator.job.joins import JoinDesk
 from potluck.coordinator.job.plan import device_of, make_train_plan
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy
-from potluck.coordinator.job.resume import choose_resume
+from potluck.coordinator.job.resume import choose_resume, start_holders
 from potluck.coordinator.job.speeds import MeasuredSpeeds
 from potluck.coordinator.kinds import JobHost
 from potluck.coordinator.placement import PlacementPlan
@@ -215,7 +215,10 @@ class Replanner:
             host.last_reason = reason
             await self._say_waiting(live, reason)
             return
-        plan = plan.model_copy(update={"resume_from": self.resume_from})  # where peers look first
+        # where peers look first, whom they ask, and whether the start is knowingly behind
+        holders = start_holders(start, live, job.progress.holdings, job.progress.also_holdings)
+        behind = held if held > start and self.resume_from == "live" and start > 0 else None
+        plan = plan.model_copy(update={"resume_from": self.resume_from, "holders": holders, "behind": behind})
         if excluded:
             left_out = "suspected: unreachable, and no heartbeat since"
             spares = plan.spares + [Spare(peer_id=p, reason=left_out) for p in excluded]

@@ -76,13 +76,17 @@ class Replans:
         A start from a checkpoint or from the seeded init is the coordinator's choice, not a stale
         report: some stage lost every live replica, so the step this peer holds is of no use (churn run
         V: a 2 x 1 plan whose stage 1 was killed started from step 0 four times, and each time its
-        stage 0 peer failed the plan with this report first)."""
+        stage 0 peer failed the plan with this report first). So is a live start behind a step the
+        coordinator knew of (``TrainPlan.behind``): that step lost some stage's every holder (run X:
+        the peer holding step 816 of stage 0 failed three plans from step 736 this way)."""
         pos = plan.position(self.peer_id)
         held = self.state.offered if self.state is not None else None
         if pos is None or held is None or held.meta.job != plan.job or held.meta.step <= plan.start_step:
             return False
         if plan.resume_from != "live" or plan.start_step == 0:
             return False
+        if plan.behind is not None and held.meta.step <= plan.behind:
+            return False  # the coordinator knew of this step and that some stage's layers of it are lost
         why = f"this peer holds step {held.meta.step}, past the plan's start {plan.start_step}"
         logger.warning("plan epoch %d: %s; reporting it", plan.epoch, why)
         await self._publish(plan, pos[0], pos[1], held.meta.step, state="failed", message=why, force=True)

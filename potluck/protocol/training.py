@@ -111,6 +111,16 @@ class Spare(BaseModel):
     reason: ShortText
 
 
+class StateHolder(BaseModel):
+    """A live peer that holds layers [first_layer, last_layer) of a plan's start step in memory."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    peer_id: PeerId
+    first_layer: int = Field(ge=0, le=1024)
+    last_layer: int = Field(ge=1, le=1024)
+
+
 class TrainPlan(Record):
     """Signed by the coordinator, stored under the plan key (one value, no subkey)."""
 
@@ -156,6 +166,15 @@ class TrainPlan(Record):
     # the job's own section (``under``). None (the default, left out of the signed bytes as older
     # versions sign and read it): the job's section.
     compression: CompressionSpec | None = None
+    # Who holds the start step's layers in memory, as the coordinator knows from the peers' reports
+    # (``Progress.holds``, ``.also_holds``): the plan's peers ask them besides the recent plans' peers,
+    # whose layers then may have been others (a piece kept from an older layer cut). ``behind``: the
+    # newest step a live peer holds, when the plan starts before it because no live peer holds that
+    # step's every layer (a stage's last holder died), so the peer holding it does not take the plan
+    # for one made from stale reports. Empty and None (the defaults, left out of the signed bytes as
+    # older versions sign and read it) on a plan that starts from the newest state.
+    holders: list[StateHolder] = Field(default_factory=list, max_length=4096)
+    behind: int | None = Field(default=None, ge=0, le=10**9)
     issued_at: NonNegFloat
 
     @model_validator(mode="after")
@@ -178,6 +197,11 @@ class TrainPlan(Record):
             raise ValueError("waves (tick-tock replicas) need a one-stage plan")
         if not set(self.gone) <= seen:
             raise ValueError("a plan declares gone only peers it places")
+        n_layers = self.stages[-1].last_layer
+        if any(not 0 <= h.first_layer < h.last_layer <= n_layers for h in self.holders):
+            raise ValueError(f"a state holder's layers are outside [0, {n_layers}) or empty")
+        if self.behind is not None and self.behind <= self.start_step:
+            raise ValueError(f"behind {self.behind} is not past the plan's start step {self.start_step}")
         if self.stop_at is not None and self.stop_at < self.start_step:
             raise ValueError(f"stop_at {self.stop_at} is before the plan's start step {self.start_step}")
         self._links_fit(width)
@@ -199,11 +223,12 @@ class TrainPlan(Record):
 
     def canonical_bytes(self) -> bytes:
         body = self.model_dump(mode="json")
-        for key in ("stop_at", "link_codecs", "bottlenecks", "waiting", "compression"):
+        for key in ("stop_at", "link_codecs", "bottlenecks", "waiting", "compression", "behind"):
             if body.get(key) is None:
                 body.pop(key, None)  # as older versions sign and read it
-        if not body.get("gone"):
-            body.pop("gone", None)
+        for key in ("gone", "holders"):
+            if not body.get(key):
+                body.pop(key, None)
         return canonical_json(body)
 
     def link_chain(self, boundary: int, replica: int, backward: bool, default: str) -> str:

@@ -60,6 +60,12 @@ class TransferConfig:
     # Most bytes/s one fetch takes, summed over its holders (0: as fast as the links go). For background
     # copies (the job owner's checkpoint pull) that must leave a home uplink to the training traffic.
     rate_bytes_s: float = 0.0
+    # Older states served from memory besides the newest (``StateServer.offer``): how many, and how many
+    # bytes of host memory they may take together. A state some stage's only other holder lost may be
+    # the one the next plan resumes from (churn run X: peers moved between layer cuts dropped the pieces
+    # of the step every stage still had, and the swarm restarted from step 0).
+    keep_states: int = 3
+    keep_bytes: int = 4 << 30
 
     def __post_init__(self) -> None:
         if not 0 < self.chunk_bytes <= MAX_STATE_CHUNK_BYTES:
@@ -70,9 +76,12 @@ class TransferConfig:
             or self.batch_chunks < 1
             or self.max_bytes < 0
             or self.rate_bytes_s < 0
+            or self.keep_states < 0
+            or self.keep_bytes < 0
         ):
             raise ValueError(
-                "timeouts and batch_chunks must be positive, max_bytes and rate_bytes_s non-negative"
+                "timeouts and batch_chunks must be positive; max_bytes, rate_bytes_s, keep_states and "
+                "keep_bytes non-negative"
             )
 
 
@@ -127,9 +136,8 @@ class StateServer:
         self.streams, self.identity, self.cfg, self.gate = streams, identity, cfg, gate
         self.protocol = state_protocol(swarm_id)
         self._state: StageState | None = None
-        # The state offered before ``_state`` when the newer one does not cover it (same step, other
-        # layers: a peer that moved to a narrower stage still holds the wider layers it had).
-        self._extra: StageState | None = None
+        # Older states of the same job still offered, newest first (``offer``)
+        self._older: list[StageState] = []
         self._live: Callable[[], StageState | None] | None = None  # a running trainer's snapshot
         self._served: dict[tuple[str, int, int, int], asyncio.Task[Served]] = {}
         self._disk: dict[str, Path] = {}  # job name -> the checkpoint directory served for it
@@ -144,15 +152,36 @@ class StateServer:
 
     def offer(self, state: StageState | None) -> None:
         """Serve ``state`` from now on (None: serve nothing); conversations under way keep the old one.
-        The state offered before stays offered too when ``state`` is of the same job and step but does
-        not cover its layers: until the swarm commits a newer step, those layers may exist nowhere else."""
-        old, keep = self._state, None
-        if old is not None and state is not None:
-            a, b = old.meta, state.meta
-            same = (a.job, a.step) == (b.job, b.step)
-            if same and not b.first_layer <= a.first_layer < a.last_layer <= b.last_layer:
-                keep = old
-        self._state, self._extra, self._served = state, keep, {}
+
+        The states offered before stay offered too, newest first, while they are of the same job and
+        ``state`` does not cover them (same step, its layers inside), up to ``keep_states`` of them in
+        ``keep_bytes``: the coordinator resumes from the newest step whose every layer some live peer
+        holds, and when a stage's last holder of a newer step dies, that is an older step held in
+        pieces, by peers that have moved to other layers since (``Progress.also_holds`` reports them)."""
+        older: list[StageState] = []
+        if state is not None:
+            new = state.meta
+            for old in [s for s in (self._state, *self._older) if s is not None]:
+                a = old.meta
+                covered = (a.job, a.step) == (new.job, new.step) and (
+                    new.first_layer <= a.first_layer < a.last_layer <= new.last_layer
+                )
+                if a.job == new.job and not covered:
+                    older.append(old)
+            older = self._within_budget(older)
+        self._state, self._older, self._served = state, older, {}
+
+    def _within_budget(self, older: list[StageState]) -> list[StageState]:
+        """The newest of ``older`` that fit ``keep_states`` and ``keep_bytes``."""
+        kept: list[StageState] = []
+        total = 0
+        for s in older[: self.cfg.keep_states]:
+            size = sum(t.numel() * t.element_size() for t in s.tensors.values())
+            if total + size > self.cfg.keep_bytes:
+                break
+            kept.append(s)
+            total += size
+        return kept
 
     def offer_live(self, snapshot: Callable[[], StageState | None] | None) -> None:
         """Also serve what ``snapshot()`` returns when asked (a running trainer's state between steps;
@@ -167,7 +196,7 @@ class StateServer:
     @property
     def offered_all(self) -> list[StageState]:
         """Every state offered from memory (not the running trainer's), newest first."""
-        return [s for s in (self._state, self._extra) if s is not None]
+        return [self._state, *self._older] if self._state is not None else []
 
     def serve_disk(self, job: str, root: Path | None) -> None:
         """Also serve the checkpoints of ``job`` kept under ``root`` (None: no longer)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from potluck.coordinator.job.progress import JobProgress
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.jobspec import JobSpec
-from potluck.protocol.training import Holding, Progress, TrainPlan
+from potluck.protocol.training import Holding, Progress, StateHolder, TrainPlan
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,24 @@ def live_step(
         if _covers(ranges, plan.n_layers):
             return step
     return None
+
+
+def start_holders(
+    step: int,
+    live: Collection[str],
+    known: Mapping[str, Holding],
+    also: Mapping[str, Sequence[Holding]],
+) -> list[StateHolder]:
+    """The live peers that reported holding layers of ``step`` in memory (``JobProgress.holdings`` and
+    ``.also_holdings``), for the plan that starts there (``TrainPlan.holders``), by peer and layers."""
+    found = {
+        StateHolder(peer_id=p, first_layer=h.first_layer, last_layer=h.last_layer)
+        for p, held in [*((p, [h]) for p, h in known.items()), *also.items()]
+        if p in live
+        for h in held
+        if h.step == step
+    }
+    return sorted(found, key=lambda h: (h.first_layer, h.last_layer, h.peer_id))
 
 
 def checkpoint_step(stored: Mapping[str, Sequence[Holding]], live: Collection[str], n_layers: int) -> int:

@@ -111,7 +111,7 @@ class Holder:
     last: int
 
 
-LOCAL_HOLDER = "(this peer)"  # stands for the local copy among the holders of a segment
+LOCAL_HOLDER = "(this peer)"  # stands for a local copy among the holders of a segment (+ "#index")
 
 
 class PeerSource(StateSource):
@@ -124,13 +124,13 @@ class PeerSource(StateSource):
         swarm_id: str,
         holders: Sequence[Holder],
         cfg: TransferConfig,
-        local: StageState | None = None,
+        local: Sequence[StageState] = (),
     ) -> None:
         self.streams, self.holders, self.cfg = streams, list(holders), cfg
         self.protocol = state_protocol(swarm_id)
-        # This peer's own held layers count as a holder: a re-cut stage may need some layers it holds and
+        # This peer's own held layers count as holders: a re-cut stage may need some layers it holds and
         # some only others hold (nobody dials itself; those layers are copied from memory).
-        self.local = local
+        self.local = {f"{LOCAL_HOLDER}#{i}": state for i, state in enumerate(local)}
 
     @property
     def name(self) -> str:
@@ -153,21 +153,22 @@ class PeerSource(StateSource):
                 out.append((a, b, covering))
         return out
 
-    def _local_holder(self, want: StateWant) -> list[Holder]:
-        if self.local is None:
-            return []
-        meta = self.local.meta
-        if (meta.job, meta.model, meta.seed, meta.step) != (want.job, want.model, want.seed, want.step):
-            return []
-        return [Holder(LOCAL_HOLDER, meta.first_layer, meta.last_layer)]
+    def _local_holders(self, want: StateWant) -> list[Holder]:
+        wanted = (want.job, want.model, want.seed, want.step)
+        return [
+            Holder(name, s.meta.first_layer, s.meta.last_layer)
+            for name, s in self.local.items()
+            if (s.meta.job, s.meta.model, s.meta.seed, s.meta.step) == wanted
+        ]
 
     async def _fetch(self, want: StateWant) -> dict[str, torch.Tensor]:
         merged: dict[str, torch.Tensor] = {}
         n = want.model.n_layers
-        for a, b, holders in self.segments(want.first, want.last, self.holders + self._local_holder(want)):
+        for a, b, holders in self.segments(want.first, want.last, self.holders + self._local_holders(want)):
             part = StateWant(want.job, want.model, want.seed, want.step, a, b)
-            if LOCAL_HOLDER in holders and self.local is not None:  # in memory already: no transfer
-                merged.update(select(rename(self.local.tensors, self.local.meta.first_layer), a, b, n))
+            mine = next((self.local[h] for h in holders if h in self.local), None)
+            if mine is not None:  # in memory already: no transfer
+                merged.update(select(rename(mine.tensors, mine.meta.first_layer), a, b, n))
             else:
                 merged.update(await pull_state(self.streams, self.protocol, holders, part, self.cfg))
         check_covers(merged, want.first, want.last, n, self.name)

@@ -28,22 +28,19 @@ def start_sources(
 
     A peer holds the layers of the last run it actually started, which is not always the previous
     plan's (a plan can fail before anyone takes state), so every recent plan's assignment is a
-    candidate; a candidate that does not hold what it is asked for says so and the others serve."""
+    candidate, and so is every holder the plan names (``TrainPlan.holders``: what the peers reported
+    holding, older layer cuts' pieces included); a candidate that does not hold what it is asked for
+    says so and the others serve."""
     sources: list[StateSource] = [LocalSource(held) for held in server.offered_all] or [LocalSource(None)]
     sources.append(DiskSource(root))
+    by_plans = {Holder(p, a.first_layer, a.last_layer) for old in recent for a in old.stages for p in a.peers}
+    named = {Holder(h.peer_id, h.first_layer, h.last_layer) for h in plan.holders}  # the coordinator's view
     holders = sorted(
-        {
-            Holder(peer, a.first_layer, a.last_layer)
-            for old in recent
-            for a in old.stages
-            for peer in a.peers
-            if peer != me
-        },
-        key=lambda h: (h.first, h.last, h.peer_id),
+        (h for h in by_plans | named if h.peer_id != me), key=lambda h: (h.first, h.last, h.peer_id)
     )
     remote: list[StateSource] = []
     if holders:
-        remote.append(PeerSource(streams, swarm_id, holders, server.cfg, local=server.offered))
+        remote.append(PeerSource(streams, swarm_id, holders, server.cfg, local=server.offered_all))
     # Checkpoint copies can be on any peer (a replica's own disk, a one-replica stage's copy holder)
     # or the owner; asked once (no settling: a disk either has the step or does not).
     keepers = {p for old in [*recent, plan] for a in old.stages for p in a.peers} | {owner}

@@ -63,7 +63,7 @@ def test_a_plan_behind_this_peer_is_reported_only_when_it_claims_live_state() ->
     peer.peer_id = me
     peer.state = SimpleNamespace(offered=SimpleNamespace(meta=SimpleNamespace(job="j", step=150)))  # type: ignore[assignment]
 
-    def plan(start: int, resume_from: str = "live") -> TrainPlan:
+    def plan(start: int, resume_from: str = "live", behind: int | None = None) -> TrainPlan:
         stages = [StageAssignment(first_layer=0, last_layer=2, peers=[me])]
         return TrainPlan(
             job="j",
@@ -73,10 +73,14 @@ def test_a_plan_behind_this_peer_is_reported_only_when_it_claims_live_state() ->
             issued_at=1.0,
             stages=stages,
             resume_from=resume_from,
+            behind=behind,
         )  # type: ignore[arg-type]
 
     assert asyncio.run(peer._overshot(plan(120))) and published[-1]["state"] == "failed"
     assert not asyncio.run(peer._overshot(plan(0)))  # the seeded init: nothing holds every stage
     assert not asyncio.run(peer._overshot(plan(100, "checkpoint")))
     assert not asyncio.run(peer._overshot(plan(150)))  # not behind
-    assert len(published) == 1
+    # the coordinator knew of step 150 and that another stage's layers of it are lost (churn run X)
+    assert not asyncio.run(peer._overshot(plan(120, behind=150)))
+    assert asyncio.run(peer._overshot(plan(120, behind=140)))  # 150 is news to it
+    assert len(published) == 2

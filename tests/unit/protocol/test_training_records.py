@@ -8,7 +8,7 @@ from potluck.protocol.envelope import seal
 from potluck.protocol.errors import RecordError, WireError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import CompressionSpec, JobSpec, parse_job
-from potluck.protocol.training import Progress, StageAssignment, TrainPlan, TreeRecord
+from potluck.protocol.training import Progress, StageAssignment, StateHolder, TrainPlan, TreeRecord
 from tests.unit.protocol.conftest import NOW, make_job
 from tests.unit.protocol.test_envelope import check
 
@@ -149,6 +149,22 @@ def test_a_plan_that_lost_nobody_signs_without_gone_or_waiting_and_one_that_wait
         plan(gone=["12D3KooW" + "x" * 44])
     with pytest.raises(ValidationError):
         plan(waiting="x" * 129)  # a short text: the reason, not a log
+
+
+def test_a_plan_names_the_holders_of_its_start_and_the_newer_step_it_starts_behind(policy, coordinator):
+    """Churn run X: the peers of a plan resuming from an older step ask the holders the coordinator names
+    (pieces of older layer cuts included), and the holder of the newer, incomplete step is told it is
+    known. At their defaults both keys stay out of the signed bytes."""
+    p = plan()
+    assert b'"holders"' not in p.canonical_bytes() and b'"behind"' not in p.canonical_bytes()
+    held = [StateHolder(peer_id=D, first_layer=1, last_layer=2)]
+    named = plan(start_step=736, holders=held, behind=816)
+    v = check(policy, seal(coordinator, "swarm-a", "plan", named, NOW + 30), name="plan")
+    assert isinstance(v.record, TrainPlan) and v.record.holders == held and v.record.behind == 816
+    with pytest.raises(ValidationError, match="not past the plan's start"):
+        plan(start_step=736, behind=736)
+    with pytest.raises(ValidationError, match="outside"):
+        plan(holders=[StateHolder(peer_id=D, first_layer=1, last_layer=3)])  # the model has 2 layers
 
 
 def test_a_job_asking_for_auto_compression_and_a_plan_carrying_the_choice_pass_signed(policy, coordinator):

@@ -2,7 +2,13 @@
 
 import pytest
 
-from potluck.coordinator.job.resume import ResumePoint, checkpoint_step, live_step, resume_point
+from potluck.coordinator.job.resume import (
+    ResumePoint,
+    checkpoint_step,
+    live_step,
+    resume_point,
+    start_holders,
+)
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.training import Holding, Progress, StageAssignment, TrainPlan
 from tests.unit.coordinator.job.test_plan import JOB
@@ -121,6 +127,19 @@ def test_with_local_steps_live_state_is_the_last_sync_the_peers_hold_not_their_s
     latest[pid("a")] = at("a", 27, 27)  # a peer without local steps holds the step it committed
     latest[pid("c")] = at("c", 27, 27, "failed")
     assert live_step(plan, latest, live("acd")) == 27
+
+
+def test_the_holders_of_a_start_step_are_the_live_peers_reporting_its_layers():
+    """``TrainPlan.holders``: a piece kept from an older layer cut (``also_holds``) is named too."""
+    known = {
+        pid("a"): Holding(step=816, first_layer=0, last_layer=3),
+        pid("b"): Holding(step=736, first_layer=0, last_layer=3),
+        pid("e"): Holding(step=736, first_layer=0, last_layer=4),  # not live
+    }
+    also = {pid("a"): [Holding(step=736, first_layer=3, last_layer=4)], pid("c"): []}
+    got = start_holders(736, live("abc"), known, also)
+    assert [(h.peer_id, h.first_layer, h.last_layer) for h in got] == [(pid("b"), 0, 3), (pid("a"), 3, 4)]
+    assert start_holders(900, live("abc"), known, also) == []
 
 
 def test_a_stage_without_a_live_replica_has_no_live_state():

@@ -1,16 +1,21 @@
 """Sources without a network: this peer's own held state, and how wanted layers split over holders."""
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from potluck.model.stage import StageRunner
 from potluck.peer.state.source import DiskSource, Holder, LocalSource, PeerSource, fetch_first
+from potluck.peer.state.sources import start_sources
 from potluck.protocol.checkpoints import StageMeta
+from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import ModelSpec, OptimizerSpec
+from potluck.protocol.training import StageAssignment, StateHolder, TrainPlan
 from potluck.transfer.errors import StateError
 from potluck.transfer.manifest import StateWant
+from potluck.transfer.server import StateServer, TransferConfig
 from potluck.transfer.snapshot import StageState
 
 MODEL = ModelSpec(n_layers=4, d_model=32, n_heads=2, vocab_size=256, seq_len=16)
@@ -56,3 +61,34 @@ def test_wanted_layers_split_at_holder_boundaries():
     assert PeerSource(None, "s", [Holder("c", 0, 4)], None).segments(0, 4) == [(0, 4, ["c"])]  # type: ignore[arg-type]
     with pytest.raises(StateError, match=r"\[3, 4\)"):
         PeerSource(None, "s", [Holder("a", 0, 3)], None).segments(1, 4)  # type: ignore[arg-type]
+
+
+def test_pieces_of_a_step_held_in_several_local_states_assemble_without_a_transfer():
+    """Churn run X: a peer that moved from layer 3 to layers 0-2 at step 736 still offers both; a plan
+    that re-cuts the layers to [0, 4) takes them from its memory, no holder dialled."""
+    pieces = [held(0, 3, step=736), held(3, 4, step=736), held(0, 4, step=816)]
+    source = PeerSource(None, "s", [], TransferConfig(), local=pieces)  # type: ignore[arg-type]  # no stream
+    got = asyncio.run(source.fetch(StateWant("j", MODEL, 1, 736, 0, 4), 5.0)).tensors
+    local3 = pieces[1].tensors["model.layers.0.qkv.weight"]  # layer 3 is its stage's first
+    assert torch.equal(got["model.layers.3.qkv.weight"], local3)
+    assert torch.equal(got["model.layers.0.qkv.weight"], pieces[0].tensors["model.layers.0.qkv.weight"])
+
+
+def test_a_plan_s_named_holders_are_asked_besides_the_recent_plans_peers(tmp_path):
+    """``TrainPlan.holders``: the coordinator names a peer holding layers 2-4 that no recent plan placed
+    there; ``start_sources`` asks it for them."""
+    me = Identity.generate()
+    b, c = (Identity.generate().peer_id for _ in range(2))
+    stages = [StageAssignment(first_layer=0, last_layer=2, peers=[me.peer_id])]
+    stages.append(StageAssignment(first_layer=2, last_layer=4, peers=[b]))
+    plan = TrainPlan(
+        job="j", epoch=5, start_step=736, micro_batches=1, issued_at=1.0, stages=stages,
+        holders=[StateHolder(peer_id=c, first_layer=2, last_layer=4)],
+    )  # fmt: skip
+    server = StateServer(SimpleNamespace(peer_id=me.peer_id), "s", me, TransferConfig())  # type: ignore[arg-type]
+    sources = start_sources(plan, [plan], tmp_path, server, None, "s", me.peer_id, None)  # type: ignore[arg-type]
+    live = [s for s in sources if isinstance(s, PeerSource) and s.cfg.settle_s > 0]
+    assert len(live) == 1 and {(h.peer_id, h.first, h.last) for h in live[0].holders} == {
+        (b, 2, 4),
+        (c, 2, 4),
+    }
