@@ -15,7 +15,7 @@ import logging
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Collection, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,10 @@ from hivemind.utils.serializer import MSGPackSerializer
 
 from potluck import lifeline, logs
 from potluck.aio import bounded
+from potluck.net import push
 from potluck.net.config import NetworkConfig
 from potluck.net.relaycheck import relay_serves_bulk
+from potluck.net.streams import Streams
 from potluck.net.validator import PotluckValidator
 from potluck.protocol import envelope
 from potluck.protocol.admission import BanList
@@ -55,6 +57,7 @@ class SwarmNode:
         self.validator: PotluckValidator = node.protocol.record_validator
         self.admission: bytes | None = None  # this node's encoded Admission, attached to what it publishes
         self.circuits: list[str] = []  # our addresses through relays, when reachability is "private"
+        self.streams = Streams(p2p)  # pushed records (push.py)
 
     @classmethod
     async def start(
@@ -134,17 +137,36 @@ class SwarmNode:
         return self.circuits + [str(m) for m in await self.p2p.get_visible_maddrs()]
 
     async def publish(
-        self, name: str, record: Record, ttl_s: float, subkey: Any = None, signer: Identity | None = None
+        self,
+        name: str,
+        record: Record,
+        ttl_s: float,
+        subkey: Any = None,
+        signer: Identity | None = None,
+        push_to: Collection[str] = (),
     ) -> bool:
         """Sign and store ``record`` under this swarm's ``name`` key for ``ttl_s`` seconds; ``signer``:
-        another key than the node's (the owner's tools sign as the coordinator from a node of their own)."""
+        another key than the node's (the owner's tools sign as the coordinator from a node of their own).
+        ``push_to``: peers that also get the signed record straight away (``push.py``; regular keys only),
+        while it is stored."""
         expiration = get_dht_time() + ttl_s
         value = envelope.seal(
             signer or self.identity, self.policy.swarm_id, name, record, expiration, subkey, self.admission
         )
-        return bool(
-            await self.node.store(dht_key(self.policy.swarm_id, name), value, expiration, subkey=subkey)
-        )
+        store = self.node.store(dht_key(self.policy.swarm_id, name), value, expiration, subkey=subkey)
+        if not push_to or subkey is not None:
+            return bool(await store)
+        sent = push.push(self.streams, self.policy.swarm_id, push_to, name, expiration, value)
+        stored, _ = await asyncio.gather(store, sent)
+        return bool(stored)
+
+    async def take_pushes(self, names: Callable[[], Sequence[str]], on_record: push.OnRecord) -> None:
+        """Take records of the names ``names()`` lists pushed straight to this node (``push.py``),
+        verified as a DHT read is, and hand each to ``on_record``."""
+        await push.serve_pushes(self.streams, self.policy, names, on_record)
+
+    async def stop_pushes(self) -> None:
+        await self.streams.unserve(push.push_protocol(self.policy.swarm_id))
 
     async def fetch(self, name: str) -> list[envelope.Verified]:
         """All live, verified records under ``name`` (one per subkey; regular keys give at most one)."""

@@ -20,6 +20,7 @@ training run and the progress records in flight are tasks of one ``aio.Superviso
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -55,6 +56,7 @@ from potluck.peer.state.source import StateSource
 from potluck.peer.state.sources import start_sources
 from potluck.peer.train.budget import WaitBudget
 from potluck.peer.train.trainer import StepReport, Trainer
+from potluck.protocol.envelope import Verified
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
@@ -132,6 +134,8 @@ class PlanWorker(Replans):
             self.state = StateServer(self.streams, swarm_id, identity, self.transfer, self._may_fetch)
         self.copies = CopyDuty(self.streams, swarm_id, peer_id, self.transfer, on_copied=self._copy_landed)
         self.holdings = Holdings(self.state)  # what it holds, as its progress records say (state/holdings.py)
+        self._pushed: TrainPlan | None = None  # the newest plan the coordinator pushed (net/push.py)
+        self._woken = asyncio.Event()  # set by a push: read the plan now, not at the next poll
 
     async def run(self) -> None:
         """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""
@@ -140,6 +144,7 @@ class PlanWorker(Replans):
         await self.box.start()
         if self.state is not None:
             await self.state.start()
+        await self.node.take_pushes(self._pushed_names, self._take_pushed)
         try:
             async with Supervisor(CANCEL_GRACE_S) as tasks:
                 self._tasks = tasks
@@ -148,13 +153,29 @@ class PlanWorker(Replans):
                         await self._poll()
                     except Exception:  # a failed read is retried at the next poll
                         logger.exception("reading the plan failed")
-                    await asyncio.sleep(self.cfg.plan_poll_s)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._woken.wait(), self.cfg.plan_poll_s)
+                    self._woken.clear()
         finally:
             self._tasks = self._task = None
+            await self.node.stop_pushes()
             await self.copies.close()
             await self.box.close()
             if self.state is not None:
                 await self.state.close()
+
+    def _pushed_names(self) -> list[str]:
+        keys = self.lease.keys
+        return [keys.plan] if keys is not None else []
+
+    async def _take_pushed(self, v: Verified) -> None:
+        """A plan the coordinator pushed, verified as a DHT read is: follow it at once."""
+        keys = self.lease.keys
+        if keys is None or v.name != keys.plan or not isinstance(v.record, TrainPlan):
+            return
+        if self._pushed is None or v.record.issued_at > self._pushed.issued_at:
+            self._pushed = v.record
+            self._woken.set()
 
     async def _poll(self) -> None:
         target = await self.lease.target()
@@ -164,10 +185,15 @@ class PlanWorker(Replans):
             await self._move_to(target)
         if (keys := self.lease.keys) is None:
             return
-        plans = [v.record for v in await self.node.fetch(keys.plan) if isinstance(v.record, TrainPlan)]
+        pushed, self._pushed = self._pushed, None
+        if pushed is not None and (self.plan is None or pushed.epoch > self.plan.epoch):
+            plans = [pushed]  # a new epoch, pushed: no DHT read to wait for
+        else:
+            plans = [v.record for v in await self.node.fetch(keys.plan) if isinstance(v.record, TrainPlan)]
+            plans += [pushed] if pushed is not None else []  # a re-published epoch (gone, stop_at, spares)
         if not plans:
             return
-        plan = max(plans, key=lambda p: p.epoch)
+        plan = max(plans, key=lambda p: (p.epoch, p.issued_at))
         if self.plan is not None and plan.epoch <= self.plan.epoch:
             if plan.epoch == self.plan.epoch:
                 self._note_gone(plan)

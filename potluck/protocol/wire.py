@@ -35,6 +35,7 @@ class MsgType(enum.IntEnum):
     STATE_MANIFEST = 33  # payload: 64-byte Ed25519 signature || canonical JSON manifest
     STATE_CHUNKS = 34  # payload: JSON list of chunk indices to send, in order
     STATE_CHUNK = 35  # payload: u32 chunk index || chunk bytes (zstd frame when flags & STATE_ZSTD)
+    RECORD = 48  # payload: msgpack [name, expiration, envelope bytes]: a signed record pushed (net/push.py)
     ERROR = 255  # payload: UTF-8 reason
 
 
@@ -50,6 +51,7 @@ MAX_PAYLOAD: dict[MsgType, int] = {
     MsgType.STATE_MANIFEST: 16 << 20,  # ~200 B per tensor + 65 B per 1 MiB chunk: a 500 GB stage fits
     MsgType.STATE_CHUNKS: 1 << 16,
     MsgType.STATE_CHUNK: MAX_STATE_CHUNK_BYTES + 4 + 4096,  # index + zstd's worst-case framing growth
+    MsgType.RECORD: (1 << 20) + 1024,  # a swarm's record limit (64 KiB by default) may be raised to 1 MiB
     MsgType.ERROR: 4096,
 }
 

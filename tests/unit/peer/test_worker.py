@@ -60,6 +60,12 @@ class FakeNode:
         self.published.append(record)
         return True
 
+    async def take_pushes(self, names: Any, on_record: Any) -> None:
+        return None  # plans come from fetch() here
+
+    async def stop_pushes(self) -> None:
+        return None
+
 
 async def _nothing(*args: object) -> None:
     return None
