@@ -61,8 +61,12 @@ class Replanner:
         assert host.node is not None
         # Its peers, its spares and the peers of the plan it replaces get it pushed as well as stored
         # (net/push.py): a plan poll and a DHT read cost each of them up to seconds a re-plan waits on.
-        old = self.plan
-        told = {*plan.peers, *(s.peer_id for s in plan.spares), *(old.peers if old is not None else ())}
+        old, live = self.plan, set(host.state.peers)
+        told = {
+            *plan.peers,
+            *(s.peer_id for s in plan.spares),
+            *(old.peers if old is not None else ()),
+        } & live
         self.plan = plan
         if not await host.node.publish(host.keys.plan, plan, host.cfg.plan_ttl_s, push_to=told):
             logger.warning("plan epoch %d stored by no DHT node yet", plan.epoch)

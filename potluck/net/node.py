@@ -58,6 +58,7 @@ class SwarmNode:
         self.admission: bytes | None = None  # this node's encoded Admission, attached to what it publishes
         self.circuits: list[str] = []  # our addresses through relays, when reachability is "private"
         self.streams = Streams(p2p)  # pushed records (push.py)
+        self._pushing: set[asyncio.Task[int]] = set()  # pushes under way (each bounded by its timeout)
 
     @classmethod
     async def start(
@@ -153,12 +154,14 @@ class SwarmNode:
         value = envelope.seal(
             signer or self.identity, self.policy.swarm_id, name, record, expiration, subkey, self.admission
         )
-        store = self.node.store(dht_key(self.policy.swarm_id, name), value, expiration, subkey=subkey)
-        if not push_to or subkey is not None:
-            return bool(await store)
-        sent = push.push(self.streams, self.policy.swarm_id, push_to, name, expiration, value)
-        stored, _ = await asyncio.gather(store, sent)
-        return bool(stored)
+        if push_to and subkey is None:  # not waited for: a dead peer's push must not hold the store up
+            sent = push.push(self.streams, self.policy.swarm_id, push_to, name, expiration, value)
+            task = asyncio.ensure_future(sent)
+            self._pushing.add(task)
+            task.add_done_callback(self._pushing.discard)
+        return bool(
+            await self.node.store(dht_key(self.policy.swarm_id, name), value, expiration, subkey=subkey)
+        )
 
     async def take_pushes(self, names: Callable[[], Sequence[str]], on_record: push.OnRecord) -> None:
         """Take records of the names ``names()`` lists pushed straight to this node (``push.py``),
@@ -212,6 +215,8 @@ class SwarmNode:
 
     async def shutdown(self) -> None:
         """Stop the DHT node and its p2pd daemon (hivemind reaps the daemon by PID)."""
+        for task in list(self._pushing):
+            task.cancel()
         try:
             await bounded(self.node.shutdown(), DHT_SHUTDOWN_S, "DHT node shutdown")
         except TimeoutError as e:

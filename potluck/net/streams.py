@@ -22,6 +22,7 @@ from potluck.protocol.errors import DialError
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+UNSERVE_TIMEOUT_S = 2.0  # longest a shutdown waits for the daemon to drop a handler
 
 
 class Streams:
@@ -56,8 +57,8 @@ class Streams:
     async def unserve(self, protocol: str) -> None:
         if protocol in self._served:
             self._served.discard(protocol)
-            with contextlib.suppress(Exception):  # the daemon may already be gone
-                await self.p2p.remove_binary_stream_handler(protocol)
+            with contextlib.suppress(Exception):  # the daemon may already be gone, or stuck: bounded
+                await asyncio.wait_for(self.p2p.remove_binary_stream_handler(protocol), UNSERVE_TIMEOUT_S)
 
     async def open(
         self, peer_id: str, protocol: str, timeout_s: float
