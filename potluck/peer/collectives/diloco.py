@@ -71,6 +71,7 @@ class DiLoCo:
         self.params = [p for p in params if p.requires_grad]
         self.cfg = cfg
         self.snapshot = [p.detach().clone() for p in self.params]  # parameters at the last sync
+        self.previous: list[torch.Tensor] | None = None  # at the sync before it, on the host (apply_outer)
         self.outer = torch.optim.SGD(
             self.snapshot, lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.outer_momentum > 0
         )
@@ -199,8 +200,11 @@ class DiLoCo:
         self.last_sent = []
 
     def apply_outer(self, mean: torch.Tensor) -> None:
-        """One outer step with the mean pseudo-gradient; every replica restarts from the result."""
+        """One outer step with the mean pseudo-gradient; every replica restarts from the result. The
+        snapshot it replaces is kept on the host (``previous``): a stage whose sync failed (a replica
+        died in it) still holds the older one, and the pipeline can resume where every stage agrees."""
         with torch.no_grad():
+            self.previous = [s.detach().to("cpu", copy=True) for s in self.snapshot]
             offset = 0
             for s in self.snapshot:
                 n = s.numel()

@@ -26,7 +26,7 @@ class Run(Protocol):
 
     step: int
 
-    def snapshot(self) -> StageState | None: ...
+    def snapshots(self) -> list[StageState]: ...
 
 
 class Holdings:
@@ -51,8 +51,7 @@ class Holdings:
             return
         self._kept = run
         self.server.offer_live(None)
-        held = run.snapshot()
-        if held is not None:
+        for held in run.snapshots():  # oldest first: the newest ends up offered first
             self.server.offer(held)
             meta = held.meta
             self.held = Holding(step=meta.step, first_layer=meta.first_layer, last_layer=meta.last_layer)

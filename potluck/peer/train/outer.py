@@ -80,12 +80,14 @@ def make_diloco(
     return diloco
 
 
-def synced_weights(diloco: DiLoCo, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights of ``model`` at the last outer sync (DiLoCo's snapshot), keyed as
-    ``StageRunner.state_tensors`` keys them ("model.<name>", on the host, copied): every replica of the
-    stage agrees on these, unlike the weights between syncs. A weight tied under two names gets its
-    snapshot under both; one DiLoCo does not train (frozen) is the model's own."""
-    at_sync = {id(p): s for p, s in zip(diloco.params, diloco.snapshot, strict=True)}
+def synced_weights(diloco: DiLoCo, model: torch.nn.Module, previous: bool = False) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` at the last outer sync (DiLoCo's snapshot; ``previous``: at the sync
+    before it), keyed as ``StageRunner.state_tensors`` keys them ("model.<name>", on the host, copied):
+    every replica of the stage agrees on these, unlike the weights between syncs. A weight tied under
+    two names gets its snapshot under both; one DiLoCo does not train (frozen) is the model's own."""
+    kept = diloco.previous if previous else diloco.snapshot
+    assert kept is not None
+    at_sync = {id(p): s for p, s in zip(diloco.params, kept, strict=True)}
     out = {}
     for name, v in model.state_dict(keep_vars=True).items():
         if id(v) in at_sync:

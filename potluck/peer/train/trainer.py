@@ -180,9 +180,11 @@ class Trainer:
         self.n_params = sum(p.numel() for p in self.runner.params)
         # True iff the runner holds exactly the state after self.step steps (loaded, and no step half-applied)
         self._consistent = False
+        self._loaded = False  # the plan's start state is in the runner (a DiLoCo snapshot is of it)
         # With DiLoCo local steps: the step of the last outer sync (or of the loaded state), the newest
         # state every replica of the stage agrees on, and so the one this peer serves (``snapshot``)
         self._synced_at = plan.start_step
+        self._synced_before: int | None = None  # the sync before it (DiLoCo.previous), once there is one
 
     @property
     def spot(self) -> SpotChecks | None:
@@ -212,7 +214,7 @@ class Trainer:
         state after ``self.step`` steps, which every replica loads alike), its residual starts empty."""
         if self.diloco is not None:
             self.diloco = make_diloco(self.runner.params, self.job.compression, self.job.trust, self.step)
-            self._synced_at = self.step
+            self._synced_at, self._synced_before = self.step, None
 
     def want(self) -> StateWant:
         """The state this stage starts from: its layers after the plan's ``start_step`` steps."""
@@ -232,7 +234,7 @@ class Trainer:
             await asyncio.to_thread(self.restore)
         if self.waves is not None:  # its own memory profile, on the state it starts from
             await asyncio.to_thread(self.waves.prepare, self.micro_batches(self.step)[0])
-        self._consistent = True
+        self._consistent = self._loaded = True
 
     def gradient_ratio(self) -> float:
         """fp32 bytes / coded bytes of one all-reduce chunk of this stage's gradients (0: no replicas).
@@ -254,9 +256,25 @@ class Trainer:
         weights differ, and a resume from one replica's would fork the stage)."""
         return self._synced_at if self.diloco is not None else self.step
 
+    def snapshots(self) -> list[StageState]:
+        """What a run that ended serves: ``snapshot``, and with local steps also the state of the sync
+        before it, oldest first. When a replica dies inside an outer sync, the stages whose sync went
+        through hold the new sync and the stage that lost it only the one before; that one is then the
+        newest state every stage holds (churn run Z2 went back 500 steps without it)."""
+        newest = self.snapshot()
+        diloco, before = self.diloco, self._synced_before
+        if newest is None or diloco is None or diloco.previous is None or before is None:
+            return [newest] if newest is not None else []
+        older = {k: v.clone() for k, v in newest.tensors.items()}
+        older |= synced_weights(diloco, self.runner.model, previous=True)
+        back = self._synced_at - before
+        for k in [k for k in older if k.startswith("optim.") and k.endswith(".step")]:
+            older[k] = (older[k] - back).clamp_min(0)
+        return [StageState(self.stage_meta(before), older), newest]
+
     def snapshot(self) -> StageState | None:
         """A copy of the state after ``held_step`` steps to serve to other peers, or None when there is
-        none to trust (not loaded yet, or torn by a cancelled optimizer step).
+        none to trust (not loaded yet, or, without local steps, torn by a cancelled optimizer step).
 
         Between DiLoCo syncs that is the last sync's weights (DiLoCo's snapshot) with this replica's
         inner AdamW moments as they are now, their step counts set back to the sync's. The moments are
@@ -264,12 +282,17 @@ class Trainer:
         a sync-step checkpoint, and keeping an exact copy of them at every sync would cost a second
         copy of the optimizer state in memory. Without this a kill between syncs left nobody able to
         serve the step the survivors reported, and the job failed (issue 38)."""
-        if not self._consistent:
+        if self.diloco is None and not self._consistent:
+            return None
+        if self.diloco is not None and not self._loaded:
             return None
         tensors = {k: v.clone() for k, v in self.runner.state_tensors().items()}  # it may keep training
         step = self.held_step
-        if step != self.step:
-            assert self.diloco is not None
+        if self.diloco is not None:
+            # The weights always from the last sync: DiLoCo's snapshot changes only inside a sync's outer
+            # step, which runs on the event loop without a pause, so it is never torn, not even when an
+            # inner step or the sync itself failed half-way (churn run Z2: a kill during an outer sync left
+            # the stage's survivor serving nothing, and the swarm went back 500 steps).
             tensors |= synced_weights(self.diloco, self.runner.model)
             ahead = self.step - step
             for k in [k for k in tensors if k.startswith("optim.") and k.endswith(".step")]:
@@ -365,7 +388,7 @@ class Trainer:
         lr = await self._apply(step, decision, timing)
         since = step if self.diloco is None else self._synced_at  # the last step a checkpoint could take
         if self.diloco is not None and await self._outer_sync(rnd, timing):
-            self._synced_at = step + 1
+            self._synced_before, self._synced_at = self._synced_at, step + 1
         self.step = step + 1
         self._consistent = True
         checkpoint = await self._maybe_checkpoint(since)

@@ -192,6 +192,18 @@ def test_between_diloco_syncs_a_peer_serves_the_last_synced_state(tmp_path):
     assert any(not torch.equal(sa.tensors[k], drifted[k]) for k in weights)
     steps = {k: v for k, v in sa.tensors.items() if k.endswith(".step")}
     assert steps and all(int(v.max()) == 4 for v in steps.values())  # AdamW's counts as at step 4
+    # A step or an outer sync that failed half-way leaves the inner state torn, not the last sync's
+    # weights: still served (churn run Z2)
+    a._consistent = False
+    torn = a.snapshot()
+    assert torn is not None and torn.meta.step == 4
+    assert all(torch.equal(torn.tensors[k], sa.tensors[k]) for k in weights)
+    # A run that ends also serves the sync before its last (a stage whose sync a death interrupted holds
+    # only that one): after syncs at 4 and 8, the state of step 4 is the one a run stopped at 4 holds
+    _, runs = asyncio.run(train_swarm(job, 1, 2, [(0, 4)], tmp_path / "c", stop_after=10))
+    older, newest = runs[(0, 0)].snapshots()
+    assert (older.meta.step, newest.meta.step) == (4, 8)
+    assert all(torch.allclose(older.tensors[k], reference[k], rtol=0, atol=1e-6) for k in weights)
 
 
 def test_diloco_syncs_at_the_job_end_and_checkpoints_at_the_first_sync_past_each_interval(tmp_path):

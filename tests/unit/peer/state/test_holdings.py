@@ -42,11 +42,11 @@ def state(step: int, first: int = 0, last: int = 2, job: str = JOB.name) -> Stag
 class Run:
     step: int
     end: StageState | None
-    snapshots: int = 0
+    taken: int = 0
 
-    def snapshot(self) -> StageState | None:
-        self.snapshots += 1
-        return self.end
+    def snapshots(self) -> list[StageState]:
+        self.taken += 1
+        return [self.end] if self.end is not None else []
 
 
 def test_a_run_that_ends_is_offered_once_and_reported():
@@ -55,7 +55,7 @@ def test_a_run_that_ends_is_offered_once_and_reported():
     run = Run(12, state(12))
     h.keep(run)
     h.keep(run)  # once per run
-    assert run.snapshots == 1 and server.live is None and len(server.offered_all) == 1
+    assert run.taken == 1 and server.live is None and len(server.offered_all) == 1
     assert h.reported() == Holding(step=12, first_layer=0, last_layer=2)
     h.keep(Run(13, None))  # a torn state is never offered; what was held stays reported
     assert len(server.offered_all) == 1 and h.reported() == Holding(step=12, first_layer=0, last_layer=2)
