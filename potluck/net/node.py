@@ -23,7 +23,6 @@ from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
-from hivemind.utils.serializer import MSGPackSerializer
 
 from potluck import lifeline, logs
 from potluck.aio import bounded
@@ -31,7 +30,7 @@ from potluck.net import push
 from potluck.net.config import NetworkConfig
 from potluck.net.relaycheck import relay_serves_bulk
 from potluck.net.streams import Streams
-from potluck.net.validator import PotluckValidator
+from potluck.net.validator import PotluckValidator, verify_read
 from potluck.protocol import envelope
 from potluck.protocol.admission import BanList
 from potluck.protocol.allocation import Allocation
@@ -176,21 +175,14 @@ class SwarmNode:
         found = await self.node.get(dht_key(self.policy.swarm_id, name), latest=True)
         if found is None:
             return []
-        key_id = envelope.key_id_bytes(self.policy.swarm_id, name)
         now = get_dht_time()
         items: list[tuple[Any, Any]] = (
             [(sk, v) for sk, v in found.value.items()] if isinstance(found.value, dict) else [(None, found)]
         )
         out: list[envelope.Verified] = []
         for subkey, item in items:
-            # hivemind hands us the value it deserialized; re-serialize to verify the exact signed bytes.
-            raw = MSGPackSerializer.dumps(item.value)
             try:
-                out.append(
-                    envelope.verify(
-                        self.policy, key_id, envelope.subkey_bytes(subkey), raw, item.expiration_time, now
-                    )
-                )
+                out.append(verify_read(self.policy, name, subkey, item.value, item.expiration_time, now))
             except RecordError as e:
                 logger.warning("dropping %s record %r: %s", name, subkey, e)
         return out

@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import msgpack
 from hivemind.utils import get_dht_time
-from hivemind.utils.serializer import MSGPackSerializer
 
 from potluck.net.streams import Streams
+from potluck.net.validator import verify_read
 from potluck.protocol import envelope
 from potluck.protocol.errors import DialError, RecordError, WireError
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
@@ -51,9 +51,9 @@ def decode_push(payload: bytes) -> tuple[str, float, bytes]:
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise RecordError(f"malformed push: {e}") from None
     ok = isinstance(fields, list) and len(fields) == 3
-    if not ok or not isinstance(fields[0], str) or not isinstance(fields[2], bytes):
-        raise RecordError("malformed push: not [name, expiration, value]")
-    if not isinstance(fields[1], float | int) or isinstance(fields[1], bool):
+    expiry = fields[1] if ok else None
+    timed = isinstance(expiry, float | int) and not isinstance(expiry, bool)
+    if not ok or not isinstance(fields[0], str) or not timed or not isinstance(fields[2], bytes):
         raise RecordError("malformed push: not [name, expiration, value]")
     return fields[0], float(fields[1]), fields[2]
 
@@ -96,10 +96,7 @@ async def serve_pushes(
             name, expiration, value = decode_push(frame.payload)
             if name not in names():
                 raise RecordError(f"push of {name!r}, not a record this peer takes pushed")
-            key_id = envelope.key_id_bytes(policy.swarm_id, name)
-            stored = MSGPackSerializer.dumps(value)  # as a DHT read re-serializes it
-            now = get_dht_time()
-            verified = envelope.verify(policy, key_id, envelope.subkey_bytes(None), stored, expiration, now)
+            verified = verify_read(policy, name, None, value, expiration, get_dht_time())
         except (RecordError, WireError) as e:
             logger.debug("push from %s dropped: %s", peer, e)
             return

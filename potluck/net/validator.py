@@ -8,11 +8,13 @@ again when they decode (``potluck.net.node``): defence in depth, and the only pa
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils import get_dht_time
+from hivemind.utils.serializer import MSGPackSerializer
 
-from potluck.protocol.envelope import TrustPolicy, verify
+from potluck.protocol.envelope import TrustPolicy, Verified, key_id_bytes, subkey_bytes, verify
 from potluck.protocol.errors import RecordError
 
 logger = logging.getLogger(__name__)
@@ -42,3 +44,12 @@ class PotluckValidator(RecordValidatorBase):
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         return False
+
+
+def verify_read(
+    policy: TrustPolicy, name: str, subkey: Any, value: bytes, expiration: float, now: float
+) -> Verified:
+    """``verify`` for a value as a DHT read hands it over (hivemind deserialized it: it is serialized
+    again to check the exact signed bytes), or as a peer pushed it (``push.py``); ``RecordError`` if bad."""
+    raw = MSGPackSerializer.dumps(value)
+    return verify(policy, key_id_bytes(policy.swarm_id, name), subkey_bytes(subkey), raw, expiration, now)

@@ -169,9 +169,9 @@ class PlanWorker(Replans):
         return [keys.plan] if keys is not None else []
 
     async def _take_pushed(self, v: Verified) -> None:
-        """A plan the coordinator pushed, verified as a DHT read is: follow it at once."""
-        keys = self.lease.keys
-        if keys is None or v.name != keys.plan or not isinstance(v.record, TrainPlan):
+        """A plan the coordinator pushed (of this job's plan key: ``_pushed_names``), verified as a DHT
+        read is: follow it at once."""
+        if not isinstance(v.record, TrainPlan):
             return
         if self._pushed is None or v.record.issued_at > self._pushed.issued_at:
             self._pushed = v.record

@@ -161,7 +161,7 @@ class StateServer:
         older: list[StageState] = []
         if state is not None:
             new = state.meta
-            for old in [s for s in (self._state, *self._older) if s is not None]:
+            for old in self.offered_all:
                 a = old.meta
                 covered = (a.job, a.step) == (new.job, new.step) and (
                     new.first_layer <= a.first_layer < a.last_layer <= new.last_layer

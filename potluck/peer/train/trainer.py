@@ -262,15 +262,9 @@ class Trainer:
         through hold the new sync and the stage that lost it only the one before; that one is then the
         newest state every stage holds (churn run Z2 went back 500 steps without it)."""
         newest = self.snapshot()
-        diloco, before = self.diloco, self._synced_before
-        if newest is None or diloco is None or diloco.previous is None or before is None:
+        if newest is None or self._synced_before is None:  # set with DiLoCo.previous, at a sync
             return [newest] if newest is not None else []
-        older = {k: v.clone() for k, v in newest.tensors.items()}
-        older |= synced_weights(diloco, self.runner.model, previous=True)
-        back = self._synced_at - before
-        for k in [k for k in older if k.startswith("optim.") and k.endswith(".step")]:
-            older[k] = (older[k] - back).clamp_min(0)
-        return [StageState(self.stage_meta(before), older), newest]
+        return [self._synced_state(previous=True), newest]
 
     def snapshot(self) -> StageState | None:
         """A copy of the state after ``held_step`` steps to serve to other peers, or None when there is
@@ -282,21 +276,27 @@ class Trainer:
         a sync-step checkpoint, and keeping an exact copy of them at every sync would cost a second
         copy of the optimizer state in memory. Without this a kill between syncs left nobody able to
         serve the step the survivors reported, and the job failed (issue 38)."""
-        if self.diloco is None and not self._consistent:
-            return None
-        if self.diloco is not None and not self._loaded:
+        if self.diloco is not None:
+            return self._synced_state(previous=False) if self._loaded else None
+        if not self._consistent:
             return None
         tensors = {k: v.clone() for k, v in self.runner.state_tensors().items()}  # it may keep training
-        step = self.held_step
-        if self.diloco is not None:
-            # The weights always from the last sync: DiLoCo's snapshot changes only inside a sync's outer
-            # step, which runs on the event loop without a pause, so it is never torn, not even when an
-            # inner step or the sync itself failed half-way (churn run Z2: a kill during an outer sync left
-            # the stage's survivor serving nothing, and the swarm went back 500 steps).
-            tensors |= synced_weights(self.diloco, self.runner.model)
-            ahead = self.step - step
-            for k in [k for k in tensors if k.startswith("optim.") and k.endswith(".step")]:
-                tensors[k] = (tensors[k] - ahead).clamp_min(0)
+        return StageState(self.stage_meta(), tensors)
+
+    def _synced_state(self, previous: bool) -> StageState:
+        """The state at the last outer sync (``previous``: the one before it): the sync's weights, this
+        replica's inner AdamW moments as they are now, their step counts set back to the sync's. The
+        weights always come from DiLoCo's snapshots: they change only inside a sync's outer step, which
+        runs on the event loop without a pause, so they are never torn, not even when an inner step or
+        the sync itself failed half-way (churn run Z2: a kill during an outer sync left the stage's
+        survivor serving nothing, and the swarm went back 500 steps)."""
+        assert self.diloco is not None
+        step = self._synced_before if previous else self._synced_at
+        assert step is not None
+        tensors = {k: v.clone() for k, v in self.runner.state_tensors().items()}  # it may keep training
+        tensors |= synced_weights(self.diloco, self.runner.model, previous)
+        for k in [k for k in tensors if k.startswith("optim.") and k.endswith(".step")]:
+            tensors[k] = (tensors[k] - (self.step - step)).clamp_min(0)
         return StageState(self.stage_meta(step), tensors)
 
     # ---- one step ----------------------------------------------------------------------------------------
