@@ -9,7 +9,8 @@ A pipeline job of 2 stages x ``--replicas`` replicas (p2pd daemons on loopback, 
   own key, as any peer can): the first step after which the others' testimony convicts it
   (``coordinator/job/accuse.py`` on the trainers' audits), and honest peers convicted (must be 0).
 
-Also the cost of one seal: Ed25519 sign and verify of a 64 KiB payload's message (median of 2000); and
+Also what sealing costs per message in a step of 8 messages of 64 KiB to one receiver (one Ed25519
+signature over their Merkle root, one check at the receiver; medians of 250 steps); and
 how far a bf16-autocast forward (a GPU stage) lands from the fp32 replay of a GPU stage's CPU copy,
 measured with the CPU's bf16 autocast (``--autocast-only`` prints just that).
 
@@ -39,22 +40,31 @@ sys.path.insert(0, str(ROOT))
 from potluck.compat import use_fork  # noqa: E402
 from potluck.coordinator.job.accuse import AccuseConfig, hostile_peers  # noqa: E402
 from potluck.net.tags import Round, Stream, make_tag  # noqa: E402
-from potluck.peer.seal import Ledger, check_seal  # noqa: E402
+from potluck.peer.seal import Ledger  # noqa: E402
 from potluck.protocol.identity import Identity  # noqa: E402
 from potluck.testbed.harness.training import tiny_job, train_swarm, witness_records  # noqa: E402
 
 
-def seal_cost() -> tuple[float, float]:
+def seal_cost(messages: int = 8) -> tuple[float, float]:
+    """Per message, medians of 250 steps: sealing a step of ``messages`` 64 KiB messages to one receiver
+    (one signature over their Merkle root) and checking that step seal at the receiver (one check)."""
     a, b = Identity.generate(), Identity.generate()
-    payload, tag = bytes(64 * 1024), make_tag(Round(1, 1), Stream.ACTIVATIONS)
-    ledger, signs, checks = Ledger(a), [], []
-    for _ in range(2000):
+    a_id, b_id = a.peer_id, b.peer_id  # derived from the key at each use
+    payload, step = bytes(64 * 1024), Round(1, 1)
+    tags = [make_tag(step, Stream.ACTIVATIONS, chunk=c) for c in range(messages)]
+    signs, checks = [], []
+    for _ in range(250):
+        sender, receiver = Ledger(a), Ledger(b)
         t0 = time.perf_counter()
-        sealed = ledger.seal(b.peer_id, tag, payload)
+        for tag in tags:
+            sender.note(b_id, tag, payload)
+        seal = sender.close(step)[b_id]
         t1 = time.perf_counter()
-        check_seal(a.peer_id, b.peer_id, tag, sealed)
-        checks.append(time.perf_counter() - t1)
-        signs.append(t1 - t0)
+        for tag in tags:
+            receiver.hold(a_id, tag, payload)
+        receiver.accept(a_id, step, seal)
+        checks.append((time.perf_counter() - t1) / messages)
+        signs.append((t1 - t0) / messages)
     return 1e6 * statistics.median(signs), 1e6 * statistics.median(checks)
 
 

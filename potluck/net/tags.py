@@ -74,6 +74,7 @@ class Stream(IntEnum):
     GATHER = 17  # DiLoCo coded outer sync, replica -> each other replica of its stage; chunk = part
     GATHER_ECHO = 18  # robust outer sync: a replica's digests of every member's gathered payloads
     GATHER_DECISION = 19  # outer sync under a deadline: the leader's bitmask of the replicas in it
+    SEAL = 20  # a checked step's seal, sender -> each receiver: the signed Merkle root and its proofs
 
 
 class Direction(IntEnum):

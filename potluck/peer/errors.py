@@ -61,7 +61,7 @@ class NeighbourError(PipelineError):
 
 
 class SealError(NeighbourError):
-    """A pipeline message's seal (its sender's signature, ``peer/seal.py``) is missing or wrong."""
+    """A message's seal (its sender's signature over its step or batch, ``peer/seal``) is missing or wrong."""
 
 
 class ColocationRefused(PeerError):

@@ -10,10 +10,11 @@ chunks, so light and heavy trees fill their pipelines equally fast. Per tree and
   same bytes, so all replicas hold bit-identical results whatever the codec.
 
 On a one-hop tree (a star: every replica sends its chunk straight to the root, which applies the
-stage's aggregation rule) with a ``ledger``, contributions are sealed (signed by their sender,
-``peer/seal.py``; a bad seal fails the round naming its sender), the root keeps its own row and every
-peer the result it received, so that other replicas can audit the root's aggregation after the step
-(``train/audit.py``). The result needs no seal: an auditor testifies to what it received itself.
+stage's aggregation rule) with a ``ledger``, contributions are sealed (chunk c of every tree under one
+signature, ``peer/seal/batch.py``; a bad seal fails the step naming its sender), the root keeps its own
+row and every peer the result it received, so that other replicas can audit the root's aggregation
+after the step (``train/audit.py``). The result needs no seal: an auditor testifies to what it received
+itself.
 
 Reduce and broadcast run as separate coroutines per tree, so chunk c+1 climbs while chunk c descends.
 Every receive has the schedule's timeout; any failure raises ``CollectiveError`` naming the peer.
@@ -36,7 +37,7 @@ from potluck.net.tags import Direction, Stream, Tag, make_tag
 from potluck.peer.collectives.robust import Audit, combine
 from potluck.peer.config import AllReduceConfig
 from potluck.peer.errors import CollectiveError, ContributionError, SealError
-from potluck.peer.seal import Ledger
+from potluck.peer.seal import Batches, Ledger
 from potluck.protocol.collective import AllReduceSchedule, TreeSpec, split_elements
 from potluck.protocol.errors import WireError
 
@@ -77,11 +78,16 @@ async def tree_allreduce(
         raise CollectiveError(f"peer {me} is not in this all-reduce group")
     codec = get_codec(cfg.codec)
     flat = tensor.detach().reshape(-1).to(torch.float32).clone()
+    cut = tree_chunks(flat, schedule, cfg)
+    # one message per sealed (one-hop) tree and chunk: to its root, or the root's own row
+    sealed = [
+        bool(chunks) and _one_hop(schedule, tree) for tree, chunks in zip(schedule.trees, cut, strict=True)
+    ]
+    batches = Batches(ledger, sum(sealed)) if ledger is not None and any(sealed) else None
     runs = []
-    for t_idx, (tree, chunks) in enumerate(
-        zip(schedule.trees, tree_chunks(flat, schedule, cfg), strict=True)
-    ):
-        runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg, audit, ledger))
+    for t_idx, (tree, chunks) in enumerate(zip(schedule.trees, cut, strict=True)):
+        seals = (ledger, batches) if batches is not None and ledger is not None and sealed[t_idx] else None
+        runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg, audit, seals))
     tasks = [asyncio.create_task(run) for run in runs]
     try:
         await asyncio.gather(*tasks)
@@ -91,6 +97,12 @@ async def tree_allreduce(
         for task in tasks:  # on failure, stop the other trees' waits instead of leaving them running
             task.cancel()
     return flat.reshape(tensor.shape).to(tensor.dtype)
+
+
+def _one_hop(schedule: AllReduceSchedule, tree: TreeSpec) -> bool:
+    """Whether every replica sends straight to the tree's root (a star)."""
+    root = next(p for p in schedule.peers if tree.parent[p] is None)
+    return all(tree.parent[p] in (root, None) for p in schedule.peers)
 
 
 async def _run_tree(
@@ -103,8 +115,10 @@ async def _run_tree(
     codec: Codec,
     cfg: AllReduceConfig,
     audit: Audit | None,
-    ledger: Ledger | None = None,
+    seals: tuple[Ledger, Batches] | None = None,
 ) -> None:
+    """One tree's reduce and broadcast; ``seals``: this peer's ledger and the round's batches, when the
+    tree's messages are sealed (a one-hop tree under audits)."""
     me = box.peer_id
     parent = tree.parent[me]
     children = tree.children(me, schedule.peers)
@@ -123,16 +137,13 @@ async def _run_tree(
 
     # Where the root hears every replica unsummed (a star), it applies the stage's aggregation rule;
     # elsewhere children's partial sums are added, and one holding NaN or Inf fails the round naming it.
-    root = next(p for p in schedule.peers if tree.parent[p] is None)
-    one_hop = all(tree.parent[p] in (root, None) for p in schedule.peers)
-    star = parent is None and one_hop
-    sealed = ledger if one_hop else None  # messages of one-hop trees are sealed, for audits
+    star = parent is None and _one_hop(schedule, tree)
 
     def opened(sender: str, tag: Tag, data: bytes) -> bytes:
-        if sealed is None:
+        if seals is None:
             return data
-        try:
-            return sealed.open(sender, tag, data)
+        try:  # its seal is checked off the loop, before the step's READY (Duties.seal)
+            return seals[0].open_later(sender, tag, data)
         except SealError as e:
             raise ContributionError(sender, str(e)) from None
 
@@ -161,16 +172,16 @@ async def _run_tree(
                 await finished.put(codec.encode(acc, key=key))
             else:
                 payload = codec.encode(acc, key=key)
-                if sealed is not None:
-                    payload = sealed.seal(parent, up(c), payload)
+                if seals is not None:  # out with chunk c of every other tree, under one signature
+                    payload = await seals[1].seal(c, parent, up(c), payload)
                 await box.send(parent, up(c), payload)
 
     async def gather_rows(c: int, own: torch.Tensor) -> torch.Tensor:
         """Every replica's chunk ``c`` as one row each (the group's order), the rule applied over them;
         the mean, or the sum when not ``cfg.average`` (the rule's mean times the group's size)."""
         rows, who = [own], [me]
-        if sealed is not None:  # its own row, exactly, for the auditors of this aggregation
-            sealed.seal(me, up(c), get_codec(OWN_ROW_CODEC).encode(own.contiguous()))
+        if seals is not None:  # its own row, exactly, for the auditors of this aggregation
+            seals[1].add(c, me, up(c), get_codec(OWN_ROW_CODEC).encode(own.contiguous()))
         for child in children:
             data = opened(child, up(c), await box.recv(child, up(c), cfg.timeout_s))
             rows.append(codec.decode_into(data, torch.empty_like(own), accumulate=False))
@@ -196,8 +207,8 @@ async def _run_tree(
                 data = await finished.get()
             else:
                 data = await box.recv(parent, down(c), cfg.timeout_s)
-                if sealed is not None:  # what the owner told this peer, for its audits (no seal needed:
-                    sealed.keep(parent, down(c), data)  # an auditor testifies to what it received)
+                if seals is not None:  # what the owner told this peer, for its audits (no seal needed:
+                    seals[0].keep(parent, down(c), data)  # an auditor testifies to what it received)
             # Children sit on different links: send to all at once, not one paced transfer after
             # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
             await asyncio.gather(*(box.send(child, down(c), data) for child in children))

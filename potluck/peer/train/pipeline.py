@@ -125,7 +125,7 @@ async def pipeline_step(
 
     Parameter gradients are left accumulated in the runner. Raises ``PipelineError`` when a neighbour
     fails to deliver within ``timeout_s`` or sends something undecodable. With a ``ledger`` every
-    message is sealed (signed) and every received seal checked, for the spot checks (``peer/seal.py``).
+    message is kept for the step seal (``peer/seal``), for the spot checks.
     """
     sends: list[asyncio.Task[None]] = []
     losses: list[tuple[torch.Tensor, float]] = []  # (last stage) each micro-batch's loss and share
@@ -153,7 +153,7 @@ async def pipeline_step(
             timing.wire_raw += tensor.numel() // max(tensor.shape[-1], 1) * runner.spec.d_model * 4
             timing.wire_coded += len(payload)
             if ledger is not None:
-                payload = ledger.seal(peer, tag, payload)
+                ledger.note(peer, tag, payload)  # sealed with the step (peer/seal), before the READY
             timing.send += time.perf_counter() - t0
             await box.send(peer, tag, payload)
         except Exception as e:
@@ -183,7 +183,7 @@ async def pipeline_step(
         t0 = time.perf_counter()
         data = await guarded(box.recv(peer, tag, timeout_s))
         if ledger is not None:
-            data = ledger.open(peer, tag, data)  # SealError names the sender
+            ledger.hold(peer, tag, data)  # its seal comes with the step's (peer/seal), before the READY
         try:
             if staging.pooled:  # straight into a pinned buffer that the compute thread copies to the GPU
                 tensor = codec.decode_into(data, staging.host_buffer(shape), accumulate=False)

@@ -7,7 +7,7 @@ Step s on stage j, replica i:
    skipped with DiLoCo local steps); with ``sync.policy = "deadline"``, one relaxed all-reduce of the
    whole gradient over the replicas ready by the deadline instead (``straggle.py``);
 3. the step commit (``commit.py``) agrees on the global gradient norm and the loss, or aborts; the
-   committed decision draws the step's pipeline spot checks (``spot.py``, sealed messages ``peer/seal.py``);
+   committed decision draws the step's pipeline spot checks (``spot.py``, sealed messages ``peer/seal``);
 4. AdamW at the scheduled learning rate, clipped by the global norm; every H steps with DiLoCo, the
    outer sync; every ``checkpoint.interval`` steps each replica writes the stage's checkpoint to its own disk.
 
@@ -427,8 +427,11 @@ class Trainer:
                     self.ledger,
                     self.plan.run_ahead,
                 )
-            return await self._sync_gradients(rnd, timing, loss_part, timeout_s), None
+            ready = await self._sync_gradients(rnd, timing, loss_part, timeout_s)
+            await self.duties.seal(rnd, timeout_s, timing)  # one signature over the step's messages
+            return ready, None
         except LateError:
+            await self.duties.seal(rnd, timeout_s, timing, left_out=True)
             return None, None  # it votes nothing and catches up after the commit
         except (PipelineError, CollectiveError) as e:
             if isinstance(e, NeighbourError):

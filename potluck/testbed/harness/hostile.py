@@ -15,7 +15,7 @@ from potluck.compression.wire import Header, Section, pack, unpack_header
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Direction, Tag
 from potluck.peer.errors import SealError
-from potluck.peer.seal import Ledger, check_seal
+from potluck.peer.seal import check_seal, seal_alone
 
 Forge = Callable[[torch.Tensor], torch.Tensor]
 
@@ -36,7 +36,7 @@ def rewritten(box: Mailbox, peer: str, tag: Tag, payload: bytes, fn: Callable[[b
     inner, sealed = inside_seal(box, peer, tag, payload)
     if not sealed:
         return fn(payload)
-    return Ledger(box.identity).seal(peer, tag, fn(inner))  # type: ignore[attr-defined]
+    return seal_alone(box.identity, peer, tag, fn(inner))  # type: ignore[attr-defined]
 
 
 def raw_payload(tensor: torch.Tensor, spec: str = "none") -> bytes:

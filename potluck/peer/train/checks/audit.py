@@ -3,7 +3,7 @@
 Under a robust rule each replica owns a shard of its stage's gradient on a one-hop tree: it receives
 every other replica's slice unsummed, applies the rule and broadcasts the result. A hostile owner could
 broadcast anything finite for its shard, 1/n of the gradient's coordinates. So every contribution on
-those trees is sealed (``peer/seal.py``), the owner keeps its own row and every replica the result it
+those trees is sealed (``peer/seal``), the owner keeps its own row and every replica the result it
 got. Once step s is committed, every peer draws the same audits from the step's decision
 (``evidence.check_seed``): each chunk of each owner with
 probability ``trust.spot_checks``, by two other replicas.

@@ -3,13 +3,15 @@
 Which duties a plan asks for is ``protocol.training``'s to say (``spot_checked``, ``audited``,
 ``gradients_rechecked``). ``make_ledger`` keeps this peer's sealed messages when any check may ask for
 them (the bucketed all-reduce seals into it too, so it exists before the replica sync is built);
-``Duties`` holds the checks and gives the step two hooks: ``before_step`` and ``after_commit``, run
-after the commit and before the optimizer applies the update (checkers recompute on the weights the
-step ran on). A plan without checks gets an empty ``Duties`` whose hooks do nothing.
+``Duties`` holds the checks and gives the step three hooks: ``before_step``; ``seal``, once the step's
+messages are all sent and received and before its READY (the step seal, ``peer/seal``); and
+``after_commit``, run after the commit and before the optimizer applies the update (checkers recompute
+on the weights the step ran on). A plan without checks gets an empty ``Duties`` whose hooks do nothing.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,12 +22,12 @@ from potluck.net.tags import Round
 from potluck.peer.collectives.buckets import BucketSync
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.config import AllReduceConfig
-from potluck.peer.seal import Ledger
+from potluck.peer.seal import Ledger, exchange_seals, send_seals
 from potluck.peer.train.checks.audit import ShardAudits
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
 from potluck.peer.train.commit import Decision
-from potluck.peer.train.pipeline import MicroBatch
+from potluck.peer.train.pipeline import MicroBatch, Timing
 from potluck.protocol.collective import AllReduceSchedule
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
@@ -64,6 +66,7 @@ class Place:
 @dataclass
 class Duties:
     ledger: Ledger | None = None
+    box: Mailbox | None = None  # what the step seals go over
     audits: ShardAudits | None = None  # of the stage's shard owners under a robust rule
     rechecks: GradientChecks | None = None  # recomputing the step of a peer the rule clipped
     spot: SpotChecks | None = None  # recomputing random micro-batches of the pipeline
@@ -71,7 +74,7 @@ class Duties:
     @classmethod
     def build(cls, at: Place, ledger: Ledger | None, sync: BucketSync | None) -> Duties:
         job, plan, label = at.job, at.plan, f"{at.job.name}/{at.stage}"
-        duties = cls(ledger)
+        duties = cls(ledger, at.box)
         if ledger is None:
             return duties
         if audited(job, plan, at.stage):
@@ -120,6 +123,20 @@ class Duties:
             self.ledger.forget(rnd.pack())  # an aborted attempt's messages
         if self.rechecks is not None:
             self.rechecks.before_step()
+
+    async def seal(self, rnd: Round, timeout_s: float, timing: Timing, left_out: bool = False) -> None:
+        """Step ``rnd``'s seals: the checks of the sealed rows this peer received, then the step seal
+        exchange with its pipeline neighbours: its own out to every peer it sent to and, unless it was
+        left out of the step, theirs checked. ``SealError`` names the sender of a bad or missing seal."""
+        if self.ledger is None or self.box is None:
+            return
+        t0 = time.perf_counter()
+        if left_out:  # it votes nothing: what it received is not checked
+            await send_seals(self.box, self.ledger, rnd)
+        else:
+            await self.ledger.settle()  # the seals of the all-reduce's rows, checked on worker threads
+            await exchange_seals(self.box, self.ledger, rnd, timeout_s)
+        timing.commit += time.perf_counter() - t0
 
     async def after_commit(self, rnd: Round, decision: Decision, most_micro_batches: int) -> None:
         """The committed step's checks, before the update: checkers recompute on (and copy) the weights

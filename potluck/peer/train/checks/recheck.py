@@ -15,8 +15,9 @@ convicts when most of the stage's other replicas, and at least two, recomputed X
 committed decision, with probability ``trust.spot_checks``, which reaches attacks that hide inside the
 variance and are never clipped.
 
-Cost: one step's compute per check, in the background. An honest owner checks a peer at most once every
-``RECHECK_STEPS`` steps and runs one check at a time, so a hostile peer can cost each replica at most that
+Cost: one step's compute per check, in the background at the lowest CPU priority (``idle.py``). An
+honest owner checks a peer at most once every ``RECHECK_STEPS`` steps and runs one check at a time, so a
+hostile peer can cost each replica at most that
 (it is convicted after its first failed checks); a hostile owner's false testimony needs a majority.
 The evidence is the checker's own: the slices X sent it, under X's seal, and data every replica has.
 Only stages holding the whole model (a single-stage plan): a pipeline stage's inputs and output gradients
@@ -40,8 +41,9 @@ from potluck.net.tags import Direction, Round, Stream, make_tag
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_chunks
 from potluck.peer.config import AllReduceConfig
-from potluck.peer.seal import SEAL_BYTES, Ledger, key_of
+from potluck.peer.seal import Ledger
 from potluck.peer.train.checks import evidence
+from potluck.peer.train.checks.idle import in_idle_time
 from potluck.peer.train.commit import Decision
 from potluck.peer.train.pipeline import MicroBatch
 from potluck.protocol.collective import AllReduceSchedule
@@ -150,7 +152,7 @@ class GradientChecks(evidence.Duty):
         return out
 
     def _sent(self, rnd: Round, suspect: str) -> Sent | None:
-        """The suspect's sealed slices of this replica's shard at step ``rnd`` (seals checked on arrival)."""
+        """The suspect's sealed slices of this replica's shard at step ``rnd`` (sealed before the READY)."""
         rows, where = [], []
         for b in range(len(self.buckets)):
             round_no = Round(rnd.epoch, rnd.step).bucket(b).pack()
@@ -160,10 +162,10 @@ class GradientChecks(evidence.Duty):
                 c = 0
                 while True:
                     tag = make_tag(round_no, Stream.TREE, index=t, chunk=c, direction=Direction.REDUCE)
-                    sealed = self.ledger.received.get((suspect, key_of(tag)))
-                    if sealed is None:
+                    row = self.ledger.payload(suspect, tag)
+                    if row is None:
                         break
-                    rows.append(sealed[:-SEAL_BYTES])
+                    rows.append(row)
                     where.append((b, t, c))
                     c += 1
         if not rows:
@@ -176,7 +178,7 @@ class GradientChecks(evidence.Duty):
         batches = [(mb.inputs, mb.targets, mb.weight) for mb in self.batch(sent.step, replica)]
         if any(x is None or y is None for x, y, _ in batches):
             return
-        grads = await asyncio.to_thread(self.runner.recompute_gradients, model, batches)  # type: ignore[arg-type]
+        grads = await in_idle_time(self.runner.recompute_gradients, model, batches)
         problem = self._verdict(sent, grads)
         self.audit.checked[suspect] += 1
         self.done += 1

@@ -10,7 +10,7 @@ replicas of its stage.
 For a check of replica i of stage j, micro-batch m:
 - its checkers copy their weights before applying step s (one copy of the stage, only on such steps);
 - replica i's pipeline neighbours push the evidence they hold, each piece sealed by its author
-  (``peer/seal.py``): stage j + 1 the activations i sent it and the gradient it sent back to i, stage j - 1
+  (``peer/seal``): stage j + 1 the activations i sent it and the gradient it sent back to i, stage j - 1
   the activations it sent i and the gradient i sent back; the first stage's input is the checker's data;
 - each checker replays the micro-batch on its copy and compares what i sent with what it computed,
   allowing the activation codec's own error plus ``trust.spot_tolerance`` (relative L2).
@@ -49,6 +49,7 @@ from potluck.peer.train.checks.evidence import (
     uniform,
     unpack_evidence,
 )
+from potluck.peer.train.checks.idle import in_idle_time
 from potluck.peer.train.commit import Decision
 from potluck.peer.train.pipeline import MicroBatch, link_codecs
 from potluck.protocol.errors import WireError
@@ -209,7 +210,7 @@ class SpotChecks(Duty):
         if inputs is None:
             raise Inconclusive("no input to replay")
         tokens = None if x is None else mb.inputs  # a stage re-embedding the ids at a bottleneck gets them
-        y2, g_in2 = await asyncio.to_thread(
+        y2, g_in2 = await in_idle_time(
             self.runner.replay, model, inputs, mb.targets, mb.weight, g_out, tokens
         )
         problems = []

@@ -77,6 +77,7 @@ class Setup:
                     flat = torch.cat([grads[i].reshape(-1) for i in members])
                     codec.encode(flat, key=(0, 0, 0), state=feedback[b])
         self.grads = grads
+        sealer = Ledger(self.ids[2])  # the suspect's
         for b, members in enumerate(self.buckets):
             flat = torch.cat([grads[i].reshape(-1) for i in members])
             flat = forge(decode(codec.encode(flat, key=(0, 0, 0), state=feedback[b])))
@@ -88,7 +89,7 @@ class Setup:
                     tag = make_tag(round_no, Stream.TREE, index=t, chunk=c, direction=Direction.REDUCE)
                     finite = bool(torch.isfinite(chunk).all())  # a forged NaN goes raw, as an attacker can
                     payload = codec.encode(chunk.contiguous()) if finite else raw_payload(chunk.contiguous())
-                    sealed = Ledger(self.ids[2]).seal(self.me, tag, payload)
+                    (sealed,) = sealer.seal_together([(self.me, tag, payload)])
                     self.ledger.open(self.suspect, tag, sealed)
 
     def verdict(self) -> str | None:

@@ -1,4 +1,4 @@
-"""Pipeline spot checks without a network: seals, the draw of checks, evidence framing, and replays
+"""Pipeline spot checks without a network: the draw of checks, evidence framing, and replays
 that reproduce a stage's micro-batch bit for bit while catching a corrupted one."""
 
 import hypothesis.strategies as st
@@ -8,9 +8,7 @@ from hypothesis import given, settings
 
 from potluck.compression import get_codec
 from potluck.model.stage import StageRunner
-from potluck.net.tags import Round, Stream, make_tag
-from potluck.peer.errors import SealError
-from potluck.peer.seal import SEAL_BYTES, Ledger, check_seal, key_of
+from potluck.net.tags import Round
 from potluck.peer.train.checks.evidence import (
     MAX_CHECKERS,
     check_seed,
@@ -20,39 +18,7 @@ from potluck.peer.train.checks.evidence import (
 )
 from potluck.peer.train.checks.spot import select_checks
 from potluck.peer.train.commit import Decision
-from potluck.protocol.identity import Identity
 from potluck.testbed.harness.training import tiny_job
-
-A, B, C = (Identity.generate() for _ in range(3))
-TAG = make_tag(Round(2, 7), Stream.ACTIVATIONS, chunk=1)
-
-
-def test_a_seal_binds_sender_receiver_tag_and_payload():
-    sealed = Ledger(A).seal(B.peer_id, TAG, b"payload")
-    assert len(sealed) == len(b"payload") + SEAL_BYTES
-    receiver = Ledger(B)
-    assert receiver.open(A.peer_id, TAG, sealed) == b"payload"
-    assert receiver.received[(A.peer_id, key_of(TAG))] == sealed  # kept as evidence
-    other_tag = make_tag(Round(2, 7), Stream.ACTIVATIONS, chunk=2)
-    for sender, to, tag, data in [
-        (A.peer_id, B.peer_id, TAG, b"Payload" + sealed[7:]),  # altered payload
-        (A.peer_id, C.peer_id, TAG, sealed),  # moved to another link
-        (A.peer_id, B.peer_id, other_tag, sealed),  # moved to another micro-batch
-        (C.peer_id, B.peer_id, TAG, sealed),  # claimed for another sender
-        (A.peer_id, B.peer_id, TAG, sealed[:10]),  # shorter than a seal
-        ("QmNotAnEd25519Id", B.peer_id, TAG, sealed),
-    ]:
-        with pytest.raises(SealError):
-            check_seal(sender, to, tag, data)
-
-
-def test_the_ledger_forgets_finished_steps():
-    ledger = Ledger(A)
-    ledger.seal(B.peer_id, TAG, b"x")
-    later = make_tag(Round(2, 8), Stream.ACTIVATIONS)
-    ledger.seal(B.peer_id, later, b"y")
-    ledger.forget(Round(2, 8).pack())
-    assert list(ledger.sent) == [(B.peer_id, key_of(later))]
 
 
 def test_checks_are_drawn_alike_by_everyone_and_at_the_asked_rate():
