@@ -431,13 +431,14 @@ class Trainer:
             await self.duties.seal(rnd, timeout_s, timing)  # one signature over the step's messages
             return ready, None
         except LateError:
-            await self.duties.seal(rnd, timeout_s, timing, left_out=True)
+            await self.duties.seal(rnd, timeout_s, timing, check=False)
             return None, None  # it votes nothing and catches up after the commit
         except (PipelineError, CollectiveError) as e:
             if isinstance(e, NeighbourError):
                 self.box.suspect(e.peer)  # the failure report names the peer that sent it
             if self.sync is not None:
                 self.sync.disarm()
+            await self.duties.seal(rnd, timeout_s, timing, check=False)
             return Ready(self.stage, self.replica, 0.0, 0.0, ok=False, reason=str(e)[:200]), e
 
     async def _apply(self, step: int, decision: Decision, timing: Timing) -> float:

@@ -124,14 +124,16 @@ class Duties:
         if self.rechecks is not None:
             self.rechecks.before_step()
 
-    async def seal(self, rnd: Round, timeout_s: float, timing: Timing, left_out: bool = False) -> None:
+    async def seal(self, rnd: Round, timeout_s: float, timing: Timing, check: bool = True) -> None:
         """Step ``rnd``'s seals: the checks of the sealed rows this peer received, then the step seal
-        exchange with its pipeline neighbours: its own out to every peer it sent to and, unless it was
-        left out of the step, theirs checked. ``SealError`` names the sender of a bad or missing seal."""
+        exchange with its pipeline neighbours: its own out to every peer it sent to and, with ``check``,
+        theirs checked. ``SealError`` names the sender of a bad or missing seal. A replica left out of
+        the step, or whose step failed, only sends its own: it votes nothing, or votes to abort, and its
+        neighbours must not wait out their timeout for a seal that never comes."""
         if self.ledger is None or self.box is None:
             return
         t0 = time.perf_counter()
-        if left_out:  # it votes nothing: what it received is not checked
+        if not check:
             await send_seals(self.box, self.ledger, rnd)
         else:
             await self.ledger.settle()  # the seals of the all-reduce's rows, checked on worker threads

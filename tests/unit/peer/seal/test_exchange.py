@@ -9,7 +9,7 @@ import pytest
 
 from potluck.net.tags import Direction, Round, Stream, Tag, make_tag
 from potluck.peer.errors import SealError
-from potluck.peer.seal import Batches, Ledger, check_seal, exchange_seals, key_of
+from potluck.peer.seal import Batches, Ledger, check_seal, exchange_seals, key_of, send_seals
 from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity
 
@@ -45,7 +45,9 @@ def grads(m: int) -> Tag:
     return make_tag(STEP, Stream.ACTIVATION_GRADS, chunk=m)
 
 
-def pipeline(withhold: bool = False) -> tuple[Ledger, Ledger, list[BaseException | None]]:
+def pipeline(
+    withhold: bool = False, failed: bool = False
+) -> tuple[Ledger, Ledger, list[BaseException | None]]:
     """Stage 0 (A) sends B four micro-batches' activations, B sends back their gradients; both seal."""
     a, b = Ledger(A), Ledger(B)
     for m in range(4):
@@ -56,7 +58,12 @@ def pipeline(withhold: bool = False) -> tuple[Ledger, Ledger, list[BaseException
         wires: dict = {}
         box_a, box_b = MemBox(A.peer_id, wires), MemBox(B.peer_id, wires)
         b_side = exchange_seals(box_b, b, STEP, 0.2)  # type: ignore[arg-type]
-        a_side = exchange_seals(box_a, a, STEP, 0.2) if not withhold else asyncio.sleep(0)  # type: ignore[arg-type]
+        if withhold:
+            a_side = asyncio.sleep(0)
+        elif failed:  # its own step failed: it seals what it sent and checks nothing
+            a_side = send_seals(box_a, a, STEP)  # type: ignore[arg-type]
+        else:
+            a_side = exchange_seals(box_a, a, STEP, 0.2)  # type: ignore[arg-type]
         return await asyncio.gather(a_side, b_side, return_exceptions=True)
 
     return a, b, asyncio.run(run())
@@ -70,6 +77,11 @@ def test_neighbours_exchange_one_seal_each_and_hold_evidence_for_every_message()
         assert check_seal(B.peer_id, A.peer_id, grads(m), a.received[(B.peer_id, key_of(grads(m)))])
     signatures = {v[-64:] for v in b.received.values()}
     assert len(signatures) == 1  # one signature over A's whole step
+
+
+def test_a_replica_whose_step_failed_still_seals_so_its_neighbour_need_not_wait_out_its_timeout():
+    _, b, outcome = pipeline(failed=True)
+    assert outcome == [None, None] and len(b.received) == 4
 
 
 def test_a_withheld_step_seal_fails_the_step_naming_its_sender():
