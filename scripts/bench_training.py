@@ -73,9 +73,14 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
     measured = max(p["total"] for p in per_peer.values())
     order = sorted(p for st in plan.stages for p in st.peers)
     tflops = calibrated_tflops(plan, job, compute)
-    devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
     net, net_note = network(state, order)
-    calibrated = predict_step(plan, job, devices, net, order).total
+    # A peer whose timings the watcher never read (a short run on a loaded machine) leaves the model
+    # uncalibrated: no figure rather than a made-up speed.
+    unread = [p for p in order if p not in tflops]
+    calibrated = None
+    if not unread:
+        devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
+        calibrated = predict_step(plan, job, devices, net, order).total
     predicted = plan.predicted_step_s
     return {
         "step_s": measured,
@@ -83,10 +88,15 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
         "prediction_error": (predicted - measured) / measured,
         "peers": per_peer,
         "calibrated_step_s": calibrated,
-        "calibrated_error": (calibrated - measured) / measured,
+        "calibrated_error": None if calibrated is None else (calibrated - measured) / measured,
+        "uncalibrated_peers": unread,
         "links": net_note,
         "calibrated_tflops": tflops,
     }
+
+
+def _figure(value: object, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def table(results: list[dict[str, object]]) -> str:
@@ -98,7 +108,8 @@ def table(results: list[dict[str, object]]) -> str:
     for r in results:
         lines.append(
             f"| {r['label']} | {r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['predicted_step_s']:.3f} | "
-            f"{r['prediction_error']:+.0%} | {r['calibrated_step_s']:.3f} | {r['calibrated_error']:+.0%} | "
+            f"{r['prediction_error']:+.0%} | {_figure(r['calibrated_step_s'], '.3f')} | "
+            f"{_figure(r['calibrated_error'], '+.0%')} | "
             f"{r['bytes_per_step']:,} | "
             f"{r['loss_first']} -> {r['loss_last']} |"
         )

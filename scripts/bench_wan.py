@@ -503,9 +503,9 @@ def main() -> None:
     if "home" in out:
         pl = smoothed([(int(s) * args.tokens_per_step, v) for s, v in out["home"]["losses"].items()])
         head["loss_potluck"] = loss_at(pl, tokens)
-        head["prediction_error_max"] = max(
-            abs(out[k]["calibrated_error"]) for k in ("fast", "home") if k in out
-        )
+        errors = [out[k]["calibrated_error"] for k in ("fast", "home") if k in out]
+        # None: a peer's timings were never read, so that run has no calibrated figure
+        head["prediction_error_max"] = None if None in errors else max(abs(e) for e in errors)
     if "hivemind" in out:
         head["loss_hivemind"] = loss_at(smoothed([(t, v) for t, v in out["hivemind"]["losses"]]), tokens)
         if "home" in out and out["hivemind"]["tokens_per_s_steady"]:

@@ -3,8 +3,9 @@ seal (``Ledger.close``) to every peer it sent to, and checks the seal of every p
 messages from (``Ledger.accept``) before it votes READY.
 
 It costs one short message per link and step and one signature check per sender, where sealing each
-message cost one signature per message on both ends. It adds one hop to the step: a replica's READY now
-waits for the seals of the peers that finished last, which go out as soon as their sends are done.
+message cost one signature per message on both ends. A trainer sends its seal as soon as its pipeline
+sends are done (``send_seals``), before its replica sync, so the seal is usually there by the time the
+neighbour checks it (``exchange_seals`` then sends nothing more: the step is closed).
 """
 
 from __future__ import annotations

@@ -427,8 +427,11 @@ class Trainer:
                     self.ledger,
                     self.plan.run_ahead,
                 )
+                # one signature over its pipeline messages, out now: it reaches the neighbours while
+                # they sync their replicas, and their READY does not wait a hop for it
+                await self.duties.seal(rnd, timeout_s, timing, check=False)
             ready = await self._sync_gradients(rnd, timing, loss_part, timeout_s)
-            await self.duties.seal(rnd, timeout_s, timing)  # one signature over the step's messages
+            await self.duties.seal(rnd, timeout_s, timing)  # the seals of what this peer received
             return ready, None
         except LateError:
             await self.duties.seal(rnd, timeout_s, timing, check=False)

@@ -127,9 +127,10 @@ class Duties:
     async def seal(self, rnd: Round, timeout_s: float, timing: Timing, check: bool = True) -> None:
         """Step ``rnd``'s seals: the checks of the sealed rows this peer received, then the step seal
         exchange with its pipeline neighbours: its own out to every peer it sent to and, with ``check``,
-        theirs checked. ``SealError`` names the sender of a bad or missing seal. A replica left out of
-        the step, or whose step failed, only sends its own: it votes nothing, or votes to abort, and its
-        neighbours must not wait out their timeout for a seal that never comes."""
+        theirs checked. ``SealError`` names the sender of a bad or missing seal. Without ``check`` it
+        only sends its own: the trainer does so once its pipeline sends are done (the seal then travels
+        during the replica sync), and a replica left out of the step, or whose step failed, so that its
+        neighbours do not wait out their timeout for a seal that never comes."""
         if self.ledger is None or self.box is None:
             return
         t0 = time.perf_counter()
