@@ -23,10 +23,14 @@ logger = logging.getLogger(__name__)
 
 
 async def send_seals(box: Mailbox, ledger: Ledger, rnd: Round) -> None:
-    """Seal step ``rnd``'s messages and send each receiver its seal; a receiver that is gone is logged,
-    not raised: it is the one that would need the seal."""
+    """Seal step ``rnd``'s messages and send each receiver its seal."""
+    await deliver_seals(box, rnd, ledger.close(rnd))
+
+
+async def deliver_seals(box: Mailbox, rnd: Round, seals: dict[str, bytes]) -> None:
+    """Send each receiver its seal of step ``rnd`` (from ``Ledger.close``); a receiver that is gone is
+    logged, not raised: it is the one that would need the seal."""
     tag = make_tag(Round(rnd.epoch, rnd.step), Stream.SEAL)
-    seals = ledger.close(rnd)
     failed = await asyncio.gather(*(box.send_quietly(peer, tag, seal) for peer, seal in seals.items()))
     for peer, why in zip(seals, failed, strict=True):
         if why is not None:

@@ -11,9 +11,10 @@ on the weights the step ran on). A plan without checks gets an empty ``Duties`` 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from potluck.compression import Codec
 from potluck.model.stage import StageRunner
@@ -22,7 +23,7 @@ from potluck.net.tags import Round
 from potluck.peer.collectives.buckets import BucketSync
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.config import AllReduceConfig
-from potluck.peer.seal import Ledger, exchange_seals, send_seals
+from potluck.peer.seal import Ledger, deliver_seals, exchange_seals
 from potluck.peer.train.checks.audit import ShardAudits
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
@@ -70,6 +71,7 @@ class Duties:
     audits: ShardAudits | None = None  # of the stage's shard owners under a robust rule
     rechecks: GradientChecks | None = None  # recomputing the step of a peer the rule clipped
     spot: SpotChecks | None = None  # recomputing random micro-batches of the pipeline
+    sending: set[asyncio.Task[None]] = field(default_factory=set)  # step seals on their way out
 
     @classmethod
     def build(cls, at: Place, ledger: Ledger | None, sync: BucketSync | None) -> Duties:
@@ -128,14 +130,19 @@ class Duties:
         """Step ``rnd``'s seals: the checks of the sealed rows this peer received, then the step seal
         exchange with its pipeline neighbours: its own out to every peer it sent to and, with ``check``,
         theirs checked. ``SealError`` names the sender of a bad or missing seal. Without ``check`` it
-        only sends its own: the trainer does so once its pipeline sends are done (the seal then travels
+        only seals its own and sends them in the background (a send to a neighbour that died must not
+        hold the step up): the trainer does so once its pipeline sends are done (the seal then travels
         during the replica sync), and a replica left out of the step, or whose step failed, so that its
         neighbours do not wait out their timeout for a seal that never comes."""
         if self.ledger is None or self.box is None:
             return
         t0 = time.perf_counter()
         if not check:
-            await send_seals(self.box, self.ledger, rnd)
+            seals = self.ledger.close(rnd)
+            if seals:
+                task = asyncio.create_task(deliver_seals(self.box, rnd, seals), name="step seals")
+                self.sending.add(task)
+                task.add_done_callback(self.sending.discard)
         else:
             await self.ledger.settle()  # the seals of the all-reduce's rows, checked on worker threads
             await exchange_seals(self.box, self.ledger, rnd, timeout_s)
@@ -157,3 +164,5 @@ class Duties:
         for duty in (self.spot, self.audits, self.rechecks):
             if duty is not None:
                 duty.close()
+        for task in self.sending:
+            task.cancel()
