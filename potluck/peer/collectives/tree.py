@@ -86,7 +86,7 @@ async def tree_allreduce(
     batches = Batches(ledger, sum(sealed)) if ledger is not None and any(sealed) else None
     runs = []
     for t_idx, (tree, chunks) in enumerate(zip(schedule.trees, cut, strict=True)):
-        seals = (ledger, batches) if batches is not None and ledger is not None and sealed[t_idx] else None
+        seals = batches if sealed[t_idx] else None
         runs.append(_run_tree(box, schedule, tree, t_idx, chunks, round_no, codec, cfg, audit, seals))
     tasks = [asyncio.create_task(run) for run in runs]
     try:
@@ -115,10 +115,10 @@ async def _run_tree(
     codec: Codec,
     cfg: AllReduceConfig,
     audit: Audit | None,
-    seals: tuple[Ledger, Batches] | None = None,
+    seals: Batches | None = None,
 ) -> None:
-    """One tree's reduce and broadcast; ``seals``: this peer's ledger and the round's batches, when the
-    tree's messages are sealed (a one-hop tree under audits)."""
+    """One tree's reduce and broadcast; ``seals``: the round's batches (and through them this peer's
+    ledger), when the tree's messages are sealed (a one-hop tree under audits)."""
     me = box.peer_id
     parent = tree.parent[me]
     children = tree.children(me, schedule.peers)
@@ -143,7 +143,7 @@ async def _run_tree(
         if seals is None:
             return data
         try:  # its seal is checked off the loop, before the step's READY (Duties.seal)
-            return seals[0].open_later(sender, tag, data)
+            return seals.ledger.open_later(sender, tag, data)
         except SealError as e:
             raise ContributionError(sender, str(e)) from None
 
@@ -173,7 +173,7 @@ async def _run_tree(
             else:
                 payload = codec.encode(acc, key=key)
                 if seals is not None:  # out with chunk c of every other tree, under one signature
-                    payload = await seals[1].seal(c, parent, up(c), payload)
+                    payload = await seals.seal(c, parent, up(c), payload)
                 await box.send(parent, up(c), payload)
 
     async def gather_rows(c: int, own: torch.Tensor) -> torch.Tensor:
@@ -181,7 +181,7 @@ async def _run_tree(
         the mean, or the sum when not ``cfg.average`` (the rule's mean times the group's size)."""
         rows, who = [own], [me]
         if seals is not None:  # its own row, exactly, for the auditors of this aggregation
-            seals[1].add(c, me, up(c), get_codec(OWN_ROW_CODEC).encode(own.contiguous()))
+            seals.add(c, me, up(c), get_codec(OWN_ROW_CODEC).encode(own.contiguous()))
         for child in children:
             data = opened(child, up(c), await box.recv(child, up(c), cfg.timeout_s))
             rows.append(codec.decode_into(data, torch.empty_like(own), accumulate=False))
@@ -208,7 +208,7 @@ async def _run_tree(
             else:
                 data = await box.recv(parent, down(c), cfg.timeout_s)
                 if seals is not None:  # what the owner told this peer, for its audits (no seal needed:
-                    seals[0].keep(parent, down(c), data)  # an auditor testifies to what it received)
+                    seals.ledger.keep(parent, down(c), data)  # an auditor testifies to what it received)
             # Children sit on different links: send to all at once, not one paced transfer after
             # another (gather, not a TaskGroup: a WireError must reach tree_allreduce unwrapped).
             await asyncio.gather(*(box.send(child, down(c), data) for child in children))

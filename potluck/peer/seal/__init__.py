@@ -3,7 +3,7 @@ either everything a peer sent its pipeline neighbours in a step, exchanged befor
 (``exchange.py``), or the messages of an all-reduce chunk, each carrying the seal (``batch.py``)."""
 
 from potluck.peer.seal.batch import Batches
-from potluck.peer.seal.exchange import deliver_seals, exchange_seals, send_seals
+from potluck.peer.seal.exchange import check_seals, deliver_seals
 from potluck.peer.seal.ledger import (
     SEAL_BYTES,
     Key,
@@ -20,10 +20,9 @@ __all__ = [
     "Key",
     "Ledger",
     "check_seal",
+    "check_seals",
     "deliver_seals",
-    "exchange_seals",
     "key_of",
     "payload_of",
     "seal_alone",
-    "send_seals",
 ]

@@ -7,7 +7,7 @@ message per link and a hop to the step for the one signature it saves per messag
 benchmark's 10 replicas, the extra messages cost about what the signatures did). So these messages
 are sealed per batch instead: batch ``k`` (chunk ``k`` of every tree) waits until all ``size`` of its
 messages are made, one signature covers their Merkle root, and each goes out with its own proof and
-the signature attached; the owner checks it on arrival (``Ledger.open``), as before.
+the signature attached; the owner checks them on a worker thread before its READY (``Ledger.open_later``).
 """
 
 from __future__ import annotations

@@ -77,9 +77,12 @@ def _split(sealed: bytes) -> tuple[bytes, list[bytes], int, int, bytes]:
     end = len(sealed) - SEAL_BYTES - n
     if end < 0:
         raise ValueError(f"shorter than its seal's proof ({len(sealed)} bytes)")
-    body = sealed[end : len(sealed) - SEAL_BYTES]
-    proof = [body[i : i + merkle.DIGEST_BYTES] for i in range(0, n, merkle.DIGEST_BYTES)]
-    return sealed[:end], proof, index, count, signature
+    return sealed[:end], _hashes(sealed[end : len(sealed) - SEAL_BYTES]), index, count, signature
+
+
+def _hashes(body: bytes) -> list[bytes]:
+    """A proof's sibling hashes, as they lie one after another."""
+    return [body[i : i + merkle.DIGEST_BYTES] for i in range(0, len(body), merkle.DIGEST_BYTES)]
 
 
 def payload_of(sealed: bytes) -> bytes:
@@ -156,28 +159,26 @@ class Ledger:
     def seal_together(self, messages: list[tuple[str, Tag, bytes]]) -> list[bytes]:
         """Seal ``messages`` (receiver, tag, payload) made together with one signature; each comes back
         with its seal attached, to go out as it is, and is kept as evidence in ``sent``."""
-        leaves = [leaf_of(self.peer_id, receiver, tag, payload) for receiver, tag, payload in messages]
-        tree = merkle.levels(leaves)
-        signature = self.identity.sign(root_message(self.peer_id, tree[-1][0]))
-        out = []
-        for i, (receiver, tag, payload) in enumerate(messages):
-            sealed = attach(payload, merkle.proof(tree, i), i, len(messages), signature)
-            self.sent[(receiver, key_of(tag))] = sealed
-            out.append(sealed)
-        return out
+        self._sign(messages)
+        return [self.sent[(receiver, key_of(tag))] for receiver, tag, _ in messages]
 
-    def open(self, sender: str, tag: Tag, sealed: bytes) -> bytes:
-        """The payload of a message with its seal attached, checked now and kept as evidence. A seal
-        already checked here (another message of the same batch) costs a proof, not a signature check."""
-        payload = self._check(sender, tag, sealed)
-        self.received[(sender, key_of(tag))] = sealed
-        return payload
+    def _sign(self, messages: list[tuple[str, Tag, bytes]]) -> tuple[bytes, bytes, list[list[bytes]]]:
+        """One signature over the Merkle root of ``messages``, each kept in ``sent`` as evidence:
+        (root, signature, each message's proof)."""
+        tree = merkle.levels([leaf_of(self.peer_id, r, tag, payload) for r, tag, payload in messages])
+        root = tree[-1][0]
+        signature = self.identity.sign(root_message(self.peer_id, root))
+        proofs = [merkle.proof(tree, i) for i in range(len(messages))]
+        for i, (receiver, tag, payload) in enumerate(messages):
+            self.sent[(receiver, key_of(tag))] = attach(payload, proofs[i], i, len(messages), signature)
+        return root, signature, proofs
 
     def open_later(self, sender: str, tag: Tag, sealed: bytes) -> bytes:
-        """``open``, with the seal checked on a worker thread: the payload now, kept as evidence, and
-        ``settle`` waits for the check. Hashing and Ed25519 release the GIL, so the check costs the
-        event loop nothing (a verification is ~210 us here: 9 per shard owner and round on 10 replicas).
-        SealError now only if ``sealed`` cannot be a sealed message at all."""
+        """The payload of a message with its seal attached, kept as evidence; the seal is checked on a
+        worker thread and ``settle`` waits for the check (a seal already checked, another message of the
+        same batch, costs a proof, not a signature check). Hashing and Ed25519 release the GIL, so the
+        check costs the event loop nothing (a verification is ~210 us here: 9 per shard owner and round
+        on 10 replicas). SealError now only if ``sealed`` cannot be a sealed message at all."""
         try:
             payload = _split(sealed)[0]
         except ValueError as e:
@@ -223,19 +224,14 @@ class Ledger:
         mine = sorted(entry for entry in self._outbox if _in_step(entry[1], rnd))
         if not mine:
             return {}
-        leaves = [leaf_of(self.peer_id, r, self._outbox[(r, k)][0], self._outbox[(r, k)][1]) for r, k in mine]
-        tree = merkle.levels(leaves)
-        root, count = tree[-1][0], len(mine)
-        signature = self.identity.sign(root_message(self.peer_id, root))
+        messages = [(receiver, *self._outbox.pop((receiver, key))) for receiver, key in mine]
+        root, signature, proofs = self._sign(messages)
         entries: dict[str, list[bytes]] = {}
-        for i, entry in enumerate(mine):
-            tag, payload = self._outbox.pop(entry)
-            proof = merkle.proof(tree, i)
-            self.sent[entry] = attach(payload, proof, i, count, signature)
-            if entry[0] != self.peer_id:
-                entries.setdefault(entry[0], []).append(_ENTRY.pack(tag.pack(), i) + b"".join(proof))
+        for i, (receiver, tag, _) in enumerate(messages):
+            if receiver != self.peer_id:
+                entries.setdefault(receiver, []).append(_ENTRY.pack(tag.pack(), i) + b"".join(proofs[i]))
         return {
-            receiver: _HEAD.pack(root, signature, count, len(parts)) + b"".join(parts)
+            receiver: _HEAD.pack(root, signature, len(messages), len(parts)) + b"".join(parts)
             for receiver, parts in entries.items()
         }
 
@@ -254,8 +250,7 @@ class Ledger:
         sealed = 0
         for at in range(_HEAD.size, len(message), size):
             raw, index = _ENTRY.unpack_from(message, at)
-            body = message[at + _ENTRY.size : at + size]
-            proof = [body[i : i + merkle.DIGEST_BYTES] for i in range(0, len(body), merkle.DIGEST_BYTES)]
+            proof = _hashes(message[at + _ENTRY.size : at + size])
             tag = Tag.unpack(raw)
             held = self._inbox.get((sender, key_of(tag)))
             if held is None or not _in_step(key_of(tag), rnd):

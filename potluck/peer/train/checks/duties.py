@@ -23,7 +23,7 @@ from potluck.net.tags import Round
 from potluck.peer.collectives.buckets import BucketSync
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.config import AllReduceConfig
-from potluck.peer.seal import Ledger, deliver_seals, exchange_seals
+from potluck.peer.seal import Ledger, check_seals, deliver_seals
 from potluck.peer.train.checks.audit import ShardAudits
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
@@ -127,25 +127,23 @@ class Duties:
             self.rechecks.before_step()
 
     async def seal(self, rnd: Round, timeout_s: float, timing: Timing, check: bool = True) -> None:
-        """Step ``rnd``'s seals: the checks of the sealed rows this peer received, then the step seal
-        exchange with its pipeline neighbours: its own out to every peer it sent to and, with ``check``,
-        theirs checked. ``SealError`` names the sender of a bad or missing seal. Without ``check`` it
-        only seals its own and sends them in the background (a send to a neighbour that died must not
-        hold the step up): the trainer does so once its pipeline sends are done (the seal then travels
-        during the replica sync), and a replica left out of the step, or whose step failed, so that its
-        neighbours do not wait out their timeout for a seal that never comes."""
+        """Step ``rnd``'s seals. This peer seals what it sent so far and sends the seals in the background
+        (a send to a neighbour that died must not hold the step up): the trainer calls it once its
+        pipeline sends are done, so the seal travels during the replica sync, and a replica left out of
+        the step or whose step failed calls it so its neighbours do not wait out their timeout. With
+        ``check`` (before READY) it then waits for the checks of the all-reduce rows it received and
+        checks its pipeline neighbours' step seals; ``SealError`` names the sender of a bad or missing one."""
         if self.ledger is None or self.box is None:
             return
         t0 = time.perf_counter()
-        if not check:
-            seals = self.ledger.close(rnd)
-            if seals:
-                task = asyncio.create_task(deliver_seals(self.box, rnd, seals), name="step seals")
-                self.sending.add(task)
-                task.add_done_callback(self.sending.discard)
-        else:
+        seals = self.ledger.close(rnd)
+        if seals:
+            task = asyncio.create_task(deliver_seals(self.box, rnd, seals), name="step seals")
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
+        if check:
             await self.ledger.settle()  # the seals of the all-reduce's rows, checked on worker threads
-            await exchange_seals(self.box, self.ledger, rnd, timeout_s)
+            await check_seals(self.box, self.ledger, rnd, timeout_s)
         timing.commit += time.perf_counter() - t0
 
     async def after_commit(self, rnd: Round, decision: Decision, most_micro_batches: int) -> None:

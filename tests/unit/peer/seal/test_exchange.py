@@ -9,7 +9,7 @@ import pytest
 
 from potluck.net.tags import Direction, Round, Stream, Tag, make_tag
 from potluck.peer.errors import SealError
-from potluck.peer.seal import Batches, Ledger, check_seal, exchange_seals, key_of, send_seals
+from potluck.peer.seal import Batches, Ledger, check_seal, check_seals, deliver_seals, key_of
 from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity
 
@@ -45,6 +45,13 @@ def grads(m: int) -> Tag:
     return make_tag(STEP, Stream.ACTIVATION_GRADS, chunk=m)
 
 
+async def exchange(box: MemBox, ledger: Ledger, check: bool) -> None:
+    """What ``Duties.seal`` does: its own seals out, then (``check``) its senders' checked."""
+    await deliver_seals(box, STEP, ledger.close(STEP))  # type: ignore[arg-type]
+    if check:
+        await check_seals(box, ledger, STEP, 0.2)  # type: ignore[arg-type]
+
+
 def pipeline(
     withhold: bool = False, failed: bool = False
 ) -> tuple[Ledger, Ledger, list[BaseException | None]]:
@@ -57,13 +64,9 @@ def pipeline(
     async def run() -> list[BaseException | None]:
         wires: dict = {}
         box_a, box_b = MemBox(A.peer_id, wires), MemBox(B.peer_id, wires)
-        b_side = exchange_seals(box_b, b, STEP, 0.2)  # type: ignore[arg-type]
-        if withhold:
-            a_side = asyncio.sleep(0)
-        elif failed:  # its own step failed: it seals what it sent and checks nothing
-            a_side = send_seals(box_a, a, STEP)  # type: ignore[arg-type]
-        else:
-            a_side = exchange_seals(box_a, a, STEP, 0.2)  # type: ignore[arg-type]
+        b_side = exchange(box_b, b, check=True)
+        # a failed replica seals what it sent and checks nothing; a withholding one sends nothing
+        a_side = asyncio.sleep(0) if withhold else exchange(box_a, a, check=not failed)
         return await asyncio.gather(a_side, b_side, return_exceptions=True)
 
     return a, b, asyncio.run(run())

@@ -1,6 +1,8 @@
 """Step seals without a network: one signature covers a peer's step, each message stays provable on its
 own, and a receiver refuses every seal that does not match what it holds."""
 
+import asyncio
+
 import pytest
 
 from potluck.net.tags import Direction, Round, Stream, make_tag
@@ -103,7 +105,13 @@ def test_a_message_sealed_alone_binds_sender_receiver_tag_and_payload():
     sealed = seal_alone(A, B.peer_id, TAG, b"payload")
     assert len(sealed) == len(b"payload") + SEAL_BYTES
     receiver = Ledger(B)
-    assert receiver.open(A.peer_id, TAG, sealed) == b"payload"
+
+    async def opened() -> bytes:
+        payload = receiver.open_later(A.peer_id, TAG, sealed)
+        await receiver.settle()
+        return payload
+
+    assert asyncio.run(opened()) == b"payload"
     assert receiver.received[(A.peer_id, key_of(TAG))] == sealed  # kept as evidence
     other_tag = make_tag(STEP, Stream.ACTIVATIONS, chunk=2)
     for sender, to, tag, data in [

@@ -13,7 +13,7 @@ from potluck.peer.collectives.buckets import _bucketize
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_chunks
 from potluck.peer.config import AllReduceConfig
-from potluck.peer.seal import Ledger
+from potluck.peer.seal import Ledger, key_of
 from potluck.peer.train.checks.recheck import RECHECK_STEPS, GradientChecks
 from potluck.peer.train.commit import Decision
 from potluck.protocol.collective import one_hop_schedule
@@ -90,7 +90,7 @@ class Setup:
                     finite = bool(torch.isfinite(chunk).all())  # a forged NaN goes raw, as an attacker can
                     payload = codec.encode(chunk.contiguous()) if finite else raw_payload(chunk.contiguous())
                     (sealed,) = sealer.seal_together([(self.me, tag, payload)])
-                    self.ledger.open(self.suspect, tag, sealed)
+                    self.ledger.received[(self.suspect, key_of(tag))] = sealed  # as the owner keeps it
 
     def verdict(self) -> str | None:
         sent = self.duty._sent(Round(1, 7), self.suspect)
