@@ -74,6 +74,12 @@ def peer(
         None, min=0.001, help="Your upload, Mbit/s (your plan's figure): the planner keeps bulk sends off it."
     ),
     download_mbps: float = typer.Option(None, min=0.001, help="Your download, Mbit/s."),
+    serve_share: float = typer.Option(
+        WorkerConfig.serve_share,
+        min=0.01,
+        max=1.0,
+        help="While you train, the most of your upload that serving state to other peers takes (1: no cap).",
+    ),
     threads: int = typer.Option(None, min=1, help="CPU threads torch may use (default: all cores)."),
     max_memory: str = typer.Option(
         None, "--max-memory", help="Memory offered to the swarm, e.g. 6GB or 512MiB (default: all free)."
@@ -188,6 +194,7 @@ def peer(
             data_dir=data_dir,
             tokenizer=tokenizer,
             step_timeout_s=step_timeout,
+            serve_share=serve_share,
         ),
         swarm_gone_after_s=swarm_gone_after,
         telemetry=TelemetryConfig(target=target, interval_s=telemetry_interval),

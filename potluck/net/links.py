@@ -14,7 +14,7 @@ import math
 import statistics
 import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
@@ -59,6 +59,16 @@ def choose_targets(self_id: str, peer_ids: Sequence[str], round_no: int, minimum
 async def connections(p2p: P2P) -> dict[str, list[str]]:
     """Per connected peer, the remote addresses of our daemon's open connections to it (one RPC)."""
     return {info.peer_id.to_base58(): [str(a) for a in info.addrs] for info in await p2p.list_peers()}
+
+
+def uplink_bytes_s(declared_mbps: float | None, samples: Iterable[LinkSample]) -> float | None:
+    """A peer's uplink, bytes/s: as its owner declared it (Mbit/s), else the fastest link it measured
+    out of itself (a lower bound: each measured link is capped by this uplink and by the far end);
+    None before either is known."""
+    if declared_mbps is not None:
+        return declared_mbps * 1e6 / 8
+    best = max((s.bandwidth_gbps for s in samples), default=0.0)
+    return best * 1e9 / 8 if best > 0 else None
 
 
 def relayed_only(addrs: Sequence[str]) -> bool:

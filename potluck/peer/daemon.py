@@ -26,7 +26,7 @@ from potluck import logs
 from potluck.aio import bounded, supervise
 from potluck.net.admit import ask_admission
 from potluck.net.dial import dht_addresses
-from potluck.net.links import LinkProber, choose_targets
+from potluck.net.links import LinkProber, choose_targets, uplink_bytes_s
 from potluck.net.node import SwarmNode
 from potluck.net.reachout import dial_public
 from potluck.net.streams import Streams
@@ -183,7 +183,14 @@ class PeerDaemon:
         cotenant = self.cfg.cotenant_of is not None
         if kind == PIPELINE:
             self.worker = PlanWorker(
-                self.node, self.peer_id, self.cfg.invite.swarm_id, wcfg, self.identity, owner, cotenant
+                self.node,
+                self.peer_id,
+                self.cfg.invite.swarm_id,
+                wcfg,
+                self.identity,
+                owner,
+                cotenant,
+                uplink=self._uplink_bytes_s,
             )
             self.worker.activity.on_event = self.telemetry.event
             return self.worker.run()
@@ -285,6 +292,10 @@ class PeerDaemon:
             else:  # a stop request is announced at once, not at the next beat
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop_event.wait(), delay)
+
+    def _uplink_bytes_s(self) -> float | None:
+        """This peer's uplink, bytes/s, as declared or last measured (``net.links.uplink_bytes_s``)."""
+        return uplink_bytes_s(self.cfg.links.upload_mbps, self.link_samples.values())
 
     def _access(self) -> AccessLink:
         """The declared access link, in the report's units (Gbit/s)."""

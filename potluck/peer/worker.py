@@ -25,7 +25,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +91,12 @@ class PlanWorker(Replans):
         identity: Identity | None = None,
         owner: str | None = None,
         cotenant: bool = False,
+        uplink: Callable[[], float | None] | None = None,
     ) -> None:
         """``owner``: the coordinator's peer id; it keeps the job owner's checkpoint copy and serves it.
-        ``cotenant``: this peer is a shared device's second peer; it trains only what a lease names."""
+        ``cotenant``: this peer is a shared device's second peer; it trains only what a lease names.
+        ``uplink()``: this peer's uplink in bytes/s as last measured or declared (None: unknown); while
+        it trains, the state it serves takes at most a share of it (``transfer/pace.py``)."""
         self.node, self.peer_id, self.cfg, self.swarm_id = node, peer_id, cfg, swarm_id
         self.faults = read_faults()  # injected by a test or benchmark (net/faults.py); none here
         self.lease = LeaseFollower(node, peer_id, cotenant)  # the job followed on a swarm of several jobs
@@ -126,16 +129,23 @@ class PlanWorker(Replans):
         self.activity = Activity()  # what it does and did, for the volunteer and the telemetry
         self._running: Trainer | None = None  # the trainer of the current run
         # Serving and fetching live state needs the key that signs manifests; without one, disk only.
+        self._uplink = uplink
         self.streams = Streams(node.p2p)
         self.streams.credentials = lambda: node.admission  # shown to the peers it fetches state from
-        self.transfer = TransferConfig()
+        self.transfer = TransferConfig(serve_share=cfg.serve_share)
         self.state: StateServer | None = None
         if identity is not None:
-            self.state = StateServer(self.streams, swarm_id, identity, self.transfer, self._may_fetch)
+            self.state = StateServer(
+                self.streams, swarm_id, identity, self.transfer, self._may_fetch, self._training_uplink
+            )
         self.copies = CopyDuty(self.streams, swarm_id, peer_id, self.transfer, on_copied=self._copy_landed)
         self.holdings = Holdings(self.state)  # what it holds, as its progress records say (state/holdings.py)
         self._pushed: TrainPlan | None = None  # the newest plan the coordinator pushed (net/push.py)
         self._woken = asyncio.Event()  # set by a push: read the plan now, not at the next poll
+
+    def _training_uplink(self) -> float | None:
+        """This peer's uplink (bytes/s) while it trains, for the state server's pace; else None."""
+        return self._uplink() if self._uplink is not None and self._running is not None else None
 
     async def run(self) -> None:
         """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""

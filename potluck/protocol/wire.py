@@ -88,10 +88,16 @@ def decode_header(header: bytes) -> tuple[MsgType, int, int]:
 async def write_frame(writer: asyncio.StreamWriter, frame: Frame, timeout_s: float) -> None:
     writer.write(encode_header(frame.type, len(frame.payload), frame.flags))
     writer.write(frame.payload)
+    await drain(writer, frame.type, timeout_s)
+
+
+async def drain(writer: asyncio.StreamWriter, kind: MsgType, timeout_s: float) -> None:
+    """Wait until the peer took what was written of a ``kind`` frame; ``WireError`` after ``timeout_s``
+    or when the peer closed the stream."""
     try:
         await asyncio.wait_for(writer.drain(), timeout_s)
     except TimeoutError:
-        raise WireError(f"peer did not accept a {frame.type.name} frame within {timeout_s:.1f} s") from None
+        raise WireError(f"peer did not accept a {kind.name} frame within {timeout_s:.1f} s") from None
     except ConnectionError as e:  # reset or broken pipe: the peer closed the stream
         raise WireError(f"peer closed the stream ({e.__class__.__name__})") from None
 

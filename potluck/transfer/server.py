@@ -13,6 +13,7 @@ that is not what is asked, the checkpoints it keeps for the job (``serve_disk``:
 it keeps for others, or the job owner's complete copy) at the asked step, re-cut to the asked layers. A
 manifest for each asked range is built once (select, pack, hash, sign, in a worker thread) and kept until
 the next offer. Every read has a timeout; a fetcher that goes quiet costs one stream for ``timeout_s``.
+While the peer trains, chunks go out at a share of its uplink (``pace.py``): training traffic first.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES, STATE_ZSTD, Frame, MsgType, read_frame, write_frame
 from potluck.transfer.errors import TransferError
 from potluck.transfer.manifest import CHUNK_BYTES, StateManifest, chunk_hashes
+from potluck.transfer.pace import Pacer, write_paced
 from potluck.transfer.snapshot import StageState, pack, rename, select
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,10 @@ class TransferConfig:
     # of the step every stage still had, and the swarm restarted from step 0).
     keep_states: int = 3
     keep_bytes: int = 4 << 30
+    # While this peer trains, the most of its uplink serving state takes, summed over its streams
+    # (``pace.py``: training traffic keeps the rest); 1: no cap. Applies where the server is told the
+    # uplink and whether it trains (``StateServer(uplink=...)``).
+    serve_share: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0 < self.chunk_bytes <= MAX_STATE_CHUNK_BYTES:
@@ -78,10 +84,11 @@ class TransferConfig:
             or self.rate_bytes_s < 0
             or self.keep_states < 0
             or self.keep_bytes < 0
+            or not 0 < self.serve_share <= 1
         ):
             raise ValueError(
                 "timeouts and batch_chunks must be positive; max_bytes, rate_bytes_s, keep_states and "
-                "keep_bytes non-negative"
+                "keep_bytes non-negative; serve_share in (0, 1]"
             )
 
 
@@ -121,7 +128,9 @@ Gate = Callable[[str, bytes | None], bool]  # (asker, its admission) -> may it h
 
 class StateServer:
     """Serves the state this peer offers to the peers of the swarm that ask (``gate``: only those it
-    lets through, e.g. admitted ones; None: any)."""
+    lets through, e.g. admitted ones; None: any). ``uplink()``: this peer's uplink in bytes/s while it
+    trains, None while it does not (or does not know it): chunks then go out at ``cfg.serve_share`` of
+    it (``pace.py``); without ``uplink``, unpaced."""
 
     def __init__(
         self,
@@ -130,10 +139,12 @@ class StateServer:
         identity: Identity,
         cfg: TransferConfig,
         gate: Gate | None = None,
+        uplink: Callable[[], float | None] | None = None,
     ) -> None:
         if identity.peer_id != streams.peer_id:
             raise ValueError(f"identity {identity.peer_id} is not the daemon's {streams.peer_id}")
         self.streams, self.identity, self.cfg, self.gate = streams, identity, cfg, gate
+        self.pacer = Pacer(lambda: self._rate(uplink))
         self.protocol = state_protocol(swarm_id)
         self._state: StageState | None = None
         # Older states of the same job still offered, newest first (``offer``)
@@ -143,6 +154,16 @@ class StateServer:
         self._disk: dict[str, Path] = {}  # job name -> the checkpoint directory served for it
         self.bytes_sent = 0
         self.refused = 0  # requests from peers the gate did not let through
+        self._serving = 0  # streams sending chunks now: they share the pace
+
+    def _rate(self, uplink: Callable[[], float | None] | None) -> float | None:
+        """Bytes/s serving may take now; None: no cap. Never so little that a chunk, sharing the pace
+        with the other streams being served, takes more than half a fetcher's frame timeout to arrive:
+        on a slow uplink the share gives way rather than fail every fetch."""
+        if uplink is None or self.cfg.serve_share >= 1 or (up := uplink()) is None:
+            return None
+        floor = max(self._serving, 1) * self.cfg.chunk_bytes / (self.cfg.timeout_s / 2)
+        return max(self.cfg.serve_share * up, floor)
 
     async def start(self) -> None:
         await self.streams.serve(self.protocol, self._handle)
@@ -313,9 +334,13 @@ class StateServer:
                     type(i) is int and 0 <= i < n_chunks for i in indices
                 ):
                     raise TransferError(f"{peer} asked for chunks outside [0, {n_chunks})")
-                for i in indices:
-                    frame = await asyncio.to_thread(self._encode_chunk, served, i)
-                    await write_frame(writer, frame, timeout)
-                    self.bytes_sent += len(frame.payload)
+                self._serving += 1  # sending a batch: it shares the pace with the other streams
+                try:
+                    for i in indices:
+                        frame = await asyncio.to_thread(self._encode_chunk, served, i)
+                        await write_paced(writer, frame, timeout, self.pacer)
+                        self.bytes_sent += len(frame.payload)
+                finally:
+                    self._serving -= 1
         except (WireError, TransferError, json.JSONDecodeError, UnicodeDecodeError) as e:
             logger.info("state transfer to %s stopped: %s", peer, e)

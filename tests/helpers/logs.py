@@ -33,8 +33,12 @@ def launch_summary(text: str) -> dict[str, Any]:
 
 def launch_finished(popen: subprocess.Popen[bytes], log: Path, steps: int, timeout_s: float) -> str:
     """Wait for a ``potluck launch --json`` process to end; assert it exited 0 at the job's last step
-    (``steps``). Returns its log."""
-    popen.wait(timeout=timeout_s)
+    (``steps``). Returns its log; AssertionError with the log's tail when it runs past ``timeout_s``."""
+    try:
+        popen.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        tail = log.read_text(errors="replace")[-4000:]
+        raise AssertionError(f"the launch did not end within {timeout_s} s:\n{tail}") from None
     text = log.read_text(errors="replace")
     assert popen.returncode == 0, text[-3000:]
     assert launch_summary(text)["steps"] == steps, text[-3000:]

@@ -126,6 +126,10 @@ async def checked_answer(plan: ClassParPlan, ask: Ask, x: np.ndarray, timeout_s:
     done, pending = await asyncio.wait(tasks, timeout=timeout_s)
     for t in pending:
         t.cancel()
+        logger.warning("worker %d did not answer within %s s", tasks[t], timeout_s)
+    for t in done:
+        if (e := t.exception()) is not None:
+            logger.warning("worker %d did not answer: %s", tasks[t], e)
     ok = sorted((tasks[t], t.result()) for t in done if t.exception() is None)
     workers, replies = [w for w, _ in ok], [np.asarray(r, dtype=np.float64) for _, r in ok]
     if not code.decodable(workers):

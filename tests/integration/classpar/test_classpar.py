@@ -81,7 +81,9 @@ def test_serve_answers_exactly_with_a_holder_killed(tmp_path):
         for a in alive:
             assert len(a["scores"]) == 2 and all(len(row) == 10 for row in a["scores"])
             assert all(0.0 <= v <= 1.0 for row in a["scores"] for v in row)
-            assert sorted(a["workers"]) == [0, 1, 2, 3] and a["consistent"] is True and a["suspect"] is None
+            assert (
+                sorted(a["workers"]) == [0, 1, 2, 3] and a["consistent"] is True and a["suspect"] is None
+            ), (a, err[-3000:])
         workers = dict(re.findall(r"worker (\d+): (\w+)", err))
         assert len(workers) == 4 and len(set(workers.values())) == 4, err
         by_peer = {Identity.load(tmp_path / "run" / n / "identity.pem").peer_id: n for n in names}

@@ -44,3 +44,16 @@ def test_link_reports_keep_newest_of_live_peers_and_live_destinations():
     assert [s.dst for s in out[a].links] == [b]  # newest report of a
     assert [s.dst for s in out[b].links] == [a]  # c dead, self-link dropped
     assert link_reports(records, [a, b], now=25) == {}  # all expired
+
+
+def test_the_uplink_is_the_declared_rate_else_the_fastest_link_measured_out():
+    from potluck.net.links import uplink_bytes_s
+
+    samples = [
+        LinkSample(dst=IDS[1], rtt_ms=30.0, bandwidth_gbps=0.008),
+        LinkSample(dst=IDS[2], rtt_ms=5.0, bandwidth_gbps=0.02),
+    ]
+    assert uplink_bytes_s(None, []) is None
+    assert uplink_bytes_s(None, [LinkSample(dst=IDS[1], rtt_ms=1.0, bandwidth_gbps=0.0)]) is None
+    assert uplink_bytes_s(None, samples) == 0.02e9 / 8  # 20 Mbit/s: the faster of the two
+    assert uplink_bytes_s(10.0, samples) == 10e6 / 8  # the owner's declaration wins

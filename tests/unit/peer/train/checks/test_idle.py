@@ -1,4 +1,4 @@
-"""Recomputation checks run on one worker thread at the lowest CPU priority."""
+"""Recomputation checks run on one worker thread at a lowered CPU priority."""
 
 import asyncio
 import os
@@ -14,12 +14,12 @@ def priority() -> tuple[int, int]:
 
 
 @pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no thread priorities here")
-def test_checks_run_on_one_thread_at_the_lowest_priority_and_leave_the_caller_alone():
+def test_checks_run_on_one_thread_at_a_lowered_priority_and_leave_the_caller_alone():
     async def run() -> list[tuple[int, int]]:
         return [await in_idle_time(priority) for _ in range(3)]
 
     before = priority()
     seen = asyncio.run(run())
     assert {tid for tid, _ in seen} != {before[0]} and len({tid for tid, _ in seen}) == 1
-    assert all(nice == NICE for _, nice in seen)
+    assert NICE > 0 and all(nice == max(NICE, before[1]) for _, nice in seen)
     assert priority() == before
