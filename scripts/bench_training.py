@@ -70,7 +70,8 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
             per_peer[f"s{pos[0]}r{pos[1]}"] = {
                 part: statistics.mean(getattr(t, part) for t in kept) for part in PARTS
             } | {"samples": len(kept)}
-    measured = max(p["total"] for p in per_peer.values())
+    # None when no placed peer's timings were read at all (a run of a few steps on a loaded machine)
+    measured = max((p["total"] for p in per_peer.values()), default=None)
     order = sorted(p for st in plan.stages for p in st.peers)
     tflops = calibrated_tflops(plan, job, compute)
     net, net_note = network(state, order)
@@ -78,17 +79,19 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
     # uncalibrated: no figure rather than a made-up speed.
     unread = [p for p in order if p not in tflops]
     calibrated = None
-    if not unread:
+    if not unread and measured is not None:
         devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
         calibrated = predict_step(plan, job, devices, net, order).total
     predicted = plan.predicted_step_s
     return {
         "step_s": measured,
         "predicted_step_s": predicted,
-        "prediction_error": (predicted - measured) / measured,
+        "prediction_error": None if measured is None else (predicted - measured) / measured,
         "peers": per_peer,
         "calibrated_step_s": calibrated,
-        "calibrated_error": None if calibrated is None else (calibrated - measured) / measured,
+        "calibrated_error": None
+        if calibrated is None or measured is None
+        else (calibrated - measured) / measured,
         "uncalibrated_peers": unread,
         "links": net_note,
         "calibrated_tflops": tflops,
@@ -107,8 +110,9 @@ def table(results: list[dict[str, object]]) -> str:
     ]
     for r in results:
         lines.append(
-            f"| {r['label']} | {r['tokens_per_s']:,.0f} | {r['step_s']:.3f} | {r['predicted_step_s']:.3f} | "
-            f"{r['prediction_error']:+.0%} | {_figure(r['calibrated_step_s'], '.3f')} | "
+            f"| {r['label']} | {r['tokens_per_s']:,.0f} | {_figure(r['step_s'], '.3f')} | "
+            f"{r['predicted_step_s']:.3f} | {_figure(r['prediction_error'], '+.0%')} | "
+            f"{_figure(r['calibrated_step_s'], '.3f')} | "
             f"{_figure(r['calibrated_error'], '+.0%')} | "
             f"{r['bytes_per_step']:,} | "
             f"{r['loss_first']} -> {r['loss_last']} |"

@@ -15,7 +15,7 @@ from potluck.protocol.identity import DEFAULT_HOME
 from potluck.protocol.invite import Invite
 from potluck.protocol.jobspec import AggregationRule
 from potluck.telemetry.config import TelemetryConfig
-from potluck.transfer.server import TransferConfig
+from potluck.transfer.pace import SERVE_SHARE
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class WorkerConfig:
     move_timeout_s: float = 60.0
     max_memory_bytes: int | None = TrainerConfig.max_memory_bytes  # --max-memory, for the trainer
     # While it trains, the most of this peer's uplink serving state to others takes (--serve-share)
-    serve_share: float = TransferConfig.serve_share
+    serve_share: float = SERVE_SHARE
 
     def checkpoints(self, job: str, home: bool = True) -> Path:
         """Where this peer writes and keeps the checkpoints of ``job``: ``checkpoint_root`` names the

@@ -144,8 +144,10 @@ class PlanWorker(Replans):
         self._woken = asyncio.Event()  # set by a push: read the plan now, not at the next poll
 
     def _training_uplink(self) -> float | None:
-        """This peer's uplink (bytes/s) while it trains, for the state server's pace; else None."""
-        return self._uplink() if self._uplink is not None and self._running is not None else None
+        """This peer's uplink (bytes/s) while its trainer steps, for the state server's pace; else None
+        (before the first step and after the last, serving is what the swarm waits on)."""
+        run = self._running
+        return self._uplink() if self._uplink is not None and run is not None and run.stepping else None
 
     async def run(self) -> None:
         """Follow the plan until cancelled; cancelling ends the training run and the records in flight."""

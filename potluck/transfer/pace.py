@@ -25,6 +25,7 @@ from collections.abc import Callable
 from potluck.protocol.wire import Frame, drain, encode_header
 
 SLICE_BYTES = 16 << 10  # bytes written between two looks at the pacer
+SERVE_SHARE = 0.5  # the default share of the uplink serving takes while the peer trains
 
 
 class Pacer:

@@ -37,7 +37,7 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES, STATE_ZSTD, Frame, MsgType, read_frame, write_frame
 from potluck.transfer.errors import TransferError
 from potluck.transfer.manifest import CHUNK_BYTES, StateManifest, chunk_hashes
-from potluck.transfer.pace import Pacer, write_paced
+from potluck.transfer.pace import SERVE_SHARE, Pacer, write_paced
 from potluck.transfer.snapshot import StageState, pack, rename, select
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class TransferConfig:
     # While this peer trains, the most of its uplink serving state takes, summed over its streams
     # (``pace.py``: training traffic keeps the rest); 1: no cap. Applies where the server is told the
     # uplink and whether it trains (``StateServer(uplink=...)``).
-    serve_share: float = 0.5
+    serve_share: float = SERVE_SHARE
 
     def __post_init__(self) -> None:
         if not 0 < self.chunk_bytes <= MAX_STATE_CHUNK_BYTES:

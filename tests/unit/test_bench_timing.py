@@ -35,3 +35,10 @@ def test_a_peer_never_read_leaves_the_calibration_out_and_says_whose():
     assert out["calibrated_step_s"] is None and out["calibrated_error"] is None
     assert out["uncalibrated_peers"] == [IDS[0]]
     assert out["step_s"] == 0.3  # the peers that were read still give the measured step
+
+
+def test_no_peer_read_at_all_gives_no_figures_and_names_them_all():
+    out = report({})
+    assert out["step_s"] is None and out["prediction_error"] is None
+    assert out["calibrated_step_s"] is None and out["calibrated_error"] is None
+    assert sorted(out["uncalibrated_peers"]) == sorted(IDS) and out["peers"] == {}

@@ -97,6 +97,8 @@ async def echo(
     senders = peers if senders is None else senders
     me, mine = box.peer_id, digests(gathered)
     others = [p for p in peers if p != me]
+    if not others:  # a stage down to one replica (a plan shrunk under churn): nobody to compare with
+        return
     tag = make_tag(round_no, Stream.GATHER_ECHO)
     deadline = time.monotonic() + timeout_s
 
@@ -199,6 +201,8 @@ async def allgather(
     check_own(payloads, bounds)
     deadline = time.monotonic() + timeout_s
     others = [p for p in peers if p != me]
+    if not others:  # a stage down to one replica: its own payloads are the whole gather
+        return [list(payloads)]
     sends = {p: asyncio.create_task(send_parts(box, p, round_no, payloads)) for p in others}
     recvs = {p: asyncio.create_task(receive_parts(box, p, round_no, bounds, deadline)) for p in others}
     tasks = [*sends.values(), *recvs.values()]

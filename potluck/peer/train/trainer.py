@@ -175,6 +175,7 @@ class Trainer:
         # A paused job (TrainPlan.stop_at): the run ends after this step, with a checkpoint of it. The
         # worker may set it while the run is under way (the plan re-published with a pause).
         self.stop_step: int | None = plan.stop_at
+        self.stepping = False  # inside the step loop: its traffic comes first (transfer/pace.py)
         self.sources = list(sources)
         self.took: tuple[str, float, int] | None = None  # (source, seconds, bytes) of the state it fetched
         self.n_params = sum(p.numel() for p in self.runner.params)
@@ -525,6 +526,7 @@ class Trainer:
         await start_barrier(self.box, self.plan, self.cfg.start_wait_s)
         end = self.job.steps if until is None else min(until, self.job.steps)
         drain = True
+        self.stepping = True
         try:
             while self.step < end and (self.stop_step is None or self.step < self.stop_step):
                 report = await self.train_step(self.budget.timeout_s())
@@ -535,6 +537,7 @@ class Trainer:
             drain = False  # a new plan: nobody will wait for this run's catch-up sends
             raise
         finally:
+            self.stepping = False
             self.duties.close()
             if self.deadline is not None:  # replicas behind still need the last steps' means
                 await self.deadline.close(drain)

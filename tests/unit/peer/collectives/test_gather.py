@@ -176,6 +176,29 @@ def test_replicas_stay_bit_identical_through_the_jobs_coded_outer_sync():
     assert per_sync < 4 * numel / 8  # 2-bit codes: over 8x fewer bytes than fp32
 
 
+def test_a_stage_down_to_one_replica_syncs_alone():
+    """A plan shrunk under churn to one replica keeps the job's coded outer sync: the gather is the
+    replica's own payloads and the outer step is applied (it raised "Set of Tasks/Futures is empty"
+    at every sync, and the job never got past it)."""
+    assert gather_all({"peer-a": [b"x", b"yy"]}, [10, 10], members=["peer-a"]) == [[[b"x", b"yy"]]]
+    models, dilocos = stage(1)
+    before = [p.detach().clone() for p in models[0].parameters()]
+
+    async def run() -> MemBox:
+        box = MemBox("peer-a", {})
+        for step in range(2):
+            with torch.no_grad():
+                for p in models[0].parameters():
+                    p.add_(0.01 * torch.randn_like(p))
+            gather = stage_gather(box, ["peer-a"], dilocos[0], Round(1, step), 5.0, Timing())  # type: ignore[arg-type]
+            await outer_step(dilocos[0], no_allreduce, gather, ["peer-a"])
+        return box
+
+    box = asyncio.run(run())
+    assert dilocos[0].syncs == 1 and box.bytes_sent == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, models[0].parameters(), strict=True))
+
+
 def test_an_undecodable_payload_fails_the_sync_naming_its_peer():
     _models, dilocos = stage(2)
     foreign = get_codec("int8:block=64")  # the right size, the wrong codec
