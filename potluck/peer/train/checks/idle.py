@@ -1,19 +1,19 @@
-"""Recomputation checks off the training path: one worker thread at a lowered CPU priority.
+"""Recomputation checks in the machine's idle time: one worker thread at the lowest CPU priority.
 
 A gradient check (``recheck.py``) or a pipeline replay (``spot.py``) recomputes a step or a micro-batch
 of another replica: real compute, run in the background while training goes on. On a default-priority
 thread it takes its share of the cores from the training it checks (the Byzantine benchmark's checks
-cost whole steps' compute beside 10 replicas on 2 cores). Lowered, the kernel gives it less of the CPU
-whenever training wants it, and all it leaves over (the pipeline's bubbles, the waits for slow links).
-A check then takes longer to finish, which costs nothing: its verdict is testimony for later steps.
+cost whole steps' compute beside 10 replicas on 2 cores). On a thread at nice 19 the kernel gives it only
+CPU time that nothing else wants: the pipeline's bubbles and the waits for slow links. A check then takes
+longer to finish, which costs nothing: its verdict is testimony for later steps.
 
-Why nice 5 and not 19: the worker shares the interpreter lock with the event loop. A thread that holds
-the lock when the kernel preempts it keeps it until it runs again, and at nice 19 (1/68 of a nice-0
-thread's share) that is a long wait on a busy machine. Measured with three CPU hogs on 2 cores (one
-asyncio loop sleeping 2 ms between bursts of torch work, the worker replaying a small model beside it):
-the loop woke up to 190 ms late (p99) beside a nice-19 worker, 18 ms at nice 5, 22 ms at nice 0, 4 ms
-with no worker. Nice 5 (about 1/3 of a nice-0 thread's share) keeps the event loop as prompt as nice 0
-does while the checks take about a third of the CPU they would.
+The price of nice 19: the worker shares the interpreter lock with the event loop, and when the kernel
+preempts it while it holds the lock, the loop waits until it runs again. With three CPU hogs on 2 cores
+an asyncio loop beside a replaying worker woke up 183 ms late at p99 (14 ms at nice 5, 4 ms with no
+worker; ``scripts/bench_idle_priority.py``). Nice 5 was tried for that and measured worse where it
+counts: the spot-check benchmark's step-time overhead on the same box and day was +19% / +41% (1% / 5%
+of micro-batches checked) at nice 5 against +6.7% / +7.2% at nice 19 (docs/benchmarks/trust.md). The
+stalls happen only while a check runs on a saturated machine; the lost CPU happens on every check.
 
 Only the calling thread is lowered: torch's intra-op threads, which a CPU stage with several threads
 also uses, keep their priority, and a GPU stage's recomputation shares the device with training at the
@@ -35,7 +35,7 @@ from typing import TypeVar
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-NICE = 5  # about 1/3 of a default thread's CPU share (the module's docstring says why not 19)
+NICE = 19  # the lowest priority: what no other thread wants (the docstring weighs nice 5)
 
 _pool: ThreadPoolExecutor | None = None
 
