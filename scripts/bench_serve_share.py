@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
 from potluck.testbed.netem import Netlab, require_root
-from potluck.transfer.pace import Pacer, write_paced
+from potluck.transfer.pace import Throttle, write_paced
 
 TRAIN_PORT, STATE_PORT = 5101, 5102
 MESSAGE_BYTES = 64 << 10
@@ -90,7 +90,7 @@ async def sender(
 
     async def state() -> None:
         _, to_c = await asyncio.open_connection(addrs[2], STATE_PORT)
-        pacer = Pacer(lambda: share * up_mbit * 1e6 / 8 if share is not None and share < 1 else None)
+        pacer = Throttle(lambda: share * up_mbit * 1e6 / 8 if share is not None and share < 1 else None)
         await asyncio.sleep(1.0)  # the training flow first, as on a peer that trains
         t0 = time.monotonic()
         for _ in range(int(state_mb)):

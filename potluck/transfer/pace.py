@@ -14,6 +14,8 @@ The pacer is a virtual clock shared by the server's streams: each slice of bytes
 does not leave as one burst that the uplink's queue would hold in front of a training message. Idle time
 earns no credit: a fetch that starts after a quiet minute still starts at the rate. The server sets the
 rate (``StateServer._rate``), with a floor that keeps each chunk inside the fetcher's frame timeout.
+A fetch with a cap of its own (``TransferConfig.rate_bytes_s``, background copies) waits on the same
+throttle after each chunk it receives (``pull.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ SLICE_BYTES = 16 << 10  # bytes written between two looks at the pacer
 SERVE_SHARE = 0.5  # the default share of the uplink serving takes while the peer trains
 
 
-class Pacer:
+class Throttle:
     def __init__(self, rate: Callable[[], float | None], clock: Callable[[], float] = time.monotonic) -> None:
         """``rate()``: the bytes/s serving may take now; None or <= 0: no cap."""
         self.rate, self.clock = rate, clock
@@ -49,7 +51,7 @@ class Pacer:
             await asyncio.sleep(delay)
 
 
-async def write_paced(writer: asyncio.StreamWriter, frame: Frame, timeout_s: float, pacer: Pacer) -> None:
+async def write_paced(writer: asyncio.StreamWriter, frame: Frame, timeout_s: float, pacer: Throttle) -> None:
     """``protocol.wire.write_frame``, its payload sent in slices of at most ``SLICE_BYTES``, each when
     ``pacer`` allows. ``timeout_s`` bounds each slice's drain (the pacer's waits are not the peer's)."""
     writer.write(encode_header(frame.type, len(frame.payload), frame.flags))

@@ -29,6 +29,7 @@ from potluck.protocol.errors import DialError, WireError
 from potluck.protocol.wire import STATE_ZSTD, Frame, MsgType, read_frame, write_frame
 from potluck.transfer import manifest as mf
 from potluck.transfer.errors import StateError, TransferError
+from potluck.transfer.pace import Throttle
 from potluck.transfer.server import INDEX, TransferConfig, encode_request
 from potluck.transfer.snapshot import check_covers, unpack
 
@@ -51,17 +52,8 @@ class _Progress:
     data: bytearray
     queue: collections.deque[int]
     done: set[int] = field(default_factory=set)
-    rate_bytes_s: float = 0.0  # cap on the whole fetch (0: none)
+    pacer: Throttle = field(default_factory=lambda: Throttle(lambda: None))  # the cap on the whole fetch
     started: float = field(default_factory=time.monotonic)
-    received_bytes: int = 0
-
-    async def pace(self, nbytes: int) -> None:
-        """Count ``nbytes`` received; sleep while the fetch runs ahead of its byte rate."""
-        self.received_bytes += nbytes
-        if self.rate_bytes_s > 0:
-            ahead = self.started + self.received_bytes / self.rate_bytes_s - time.monotonic()
-            if ahead > 0:
-                await asyncio.sleep(ahead)
 
 
 async def _open(
@@ -122,7 +114,7 @@ async def _serve_session(s: _Session, p: _Progress, cfg: TransferConfig) -> None
                 p.data[start:end] = chunk
                 p.done.add(batch.pop(0))
                 s.received += 1
-                await p.pace(end - start)
+                await p.pacer.wait(end - start)
             in_flight.popleft()
     except (WireError, TransferError) as e:
         s.error = str(e)
@@ -173,7 +165,8 @@ async def pull_state(
     sessions = _agreeing(sessions)
     manifest = sessions[0].manifest
     queue = collections.deque(range(len(manifest.chunks)))
-    p = _Progress(manifest, bytearray(manifest.total_bytes), queue, rate_bytes_s=cfg.rate_bytes_s)
+    # a fetch capped at ``cfg.rate_bytes_s`` (0: none) waits after each chunk while it runs ahead of it
+    p = _Progress(manifest, bytearray(manifest.total_bytes), queue, pacer=Throttle(lambda: cfg.rate_bytes_s))
     try:
         while len(p.done) < len(manifest.chunks):
             alive = [s for s in sessions if s.error is None]

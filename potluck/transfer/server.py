@@ -37,7 +37,7 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES, STATE_ZSTD, Frame, MsgType, read_frame, write_frame
 from potluck.transfer.errors import TransferError
 from potluck.transfer.manifest import CHUNK_BYTES, StateManifest, chunk_hashes
-from potluck.transfer.pace import SERVE_SHARE, Pacer, write_paced
+from potluck.transfer.pace import SERVE_SHARE, Throttle, write_paced
 from potluck.transfer.snapshot import StageState, pack, rename, select
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class StateServer:
         if identity.peer_id != streams.peer_id:
             raise ValueError(f"identity {identity.peer_id} is not the daemon's {streams.peer_id}")
         self.streams, self.identity, self.cfg, self.gate = streams, identity, cfg, gate
-        self.pacer = Pacer(lambda: self._rate(uplink))
+        self.pacer = Throttle(lambda: self._rate(uplink))
         self.protocol = state_protocol(swarm_id)
         self._state: StageState | None = None
         # Older states of the same job still offered, newest first (``offer``)

@@ -9,7 +9,7 @@ import pytest
 
 from potluck.protocol.identity import Identity
 from potluck.protocol.wire import Frame, MsgType, read_frame
-from potluck.transfer.pace import SLICE_BYTES, Pacer, write_paced
+from potluck.transfer.pace import SLICE_BYTES, Throttle, write_paced
 from potluck.transfer.server import StateServer, TransferConfig
 
 
@@ -23,7 +23,7 @@ class Clock:
 
 def test_the_pacer_spaces_reservations_at_the_rate_and_idle_time_earns_no_credit():
     clock, rate = Clock(), [1000.0]
-    pacer = Pacer(lambda: rate[0], clock)
+    pacer = Throttle(lambda: rate[0], clock)
     assert pacer.reserve(500) == 0.0  # the first bytes go at once...
     assert pacer.reserve(500) == pytest.approx(0.5)  # ...the next when the first 500 B took their time
     assert pacer.reserve(1000) == pytest.approx(1.0)
@@ -38,7 +38,7 @@ def test_the_pacer_spaces_reservations_at_the_rate_and_idle_time_earns_no_credit
 @pytest.mark.parametrize("rate", [None, 0.0, -1.0])
 def test_without_a_rate_the_pacer_never_waits(rate):
     clock = Clock()
-    pacer = Pacer(lambda: rate, clock)
+    pacer = Throttle(lambda: rate, clock)
     assert all(pacer.reserve(1 << 30) == 0.0 for _ in range(3))
 
 
@@ -49,7 +49,7 @@ async def paced_frame(payload: bytes, rate: float | None) -> tuple[Frame, float]
     try:
         t0 = time.monotonic()
         sent = asyncio.ensure_future(
-            write_paced(writer, Frame(MsgType.STATE_CHUNK, payload), 10.0, Pacer(lambda: rate))
+            write_paced(writer, Frame(MsgType.STATE_CHUNK, payload), 10.0, Throttle(lambda: rate))
         )
         frame = await read_frame(reader, 10.0, expect={MsgType.STATE_CHUNK})
         await sent
