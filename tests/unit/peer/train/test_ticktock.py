@@ -110,25 +110,29 @@ def _paced(runner: StageRunner) -> Layerwise:
 def test_two_waves_stay_within_the_accounted_budget(replicas) -> None:
     reps, _ = replicas
     x = torch.randint(0, 64, (4, 65), generator=torch.Generator().manual_seed(0))
-    profile = measure_profile(_paced(reps[0]), lambda: (x[:, :-1], x[:, 1:]), reps[0].params, 2)
-    for r in reps:
-        r.zero_grad()
-    budget = _budget(profile)
-    tt = TickTock([_paced(r) for r in reps], profile, budget, [r.params for r in reps])
     # The budget holds in every step. That the waves overlap at all depends on the threads being
-    # scheduled: on a box loaded by other tests one wave may run its micro-batches alone, so the overlap
-    # gets three steps to show.
-    peaks = []
-    for seed in range(3):
-        report = tt.run_step([_batches(4, 1 + 2 * seed), _batches(4, 2 + 2 * seed)])
-        assert report.violations == 0 and report.peak_bytes <= budget
-        assert all(len(losses) == 4 for losses in report.losses)
+    # scheduled and on the profile: one measured while other tests load the box can have its unpaced ops
+    # (embedding, head, loss) stretched until the only stagger it admits starts a wave in the other's
+    # last backward (a CI run saw three steps with no overlap at all). So the overlap gets three steps
+    # on each of up to three profiles to show; the budget is checked on every one.
+    seen = []
+    for attempt in range(3):
+        profile = measure_profile(_paced(reps[0]), lambda: (x[:, :-1], x[:, 1:]), reps[0].params, 2)
         for r in reps:
             r.zero_grad()
-        peaks.append(report.peak_bytes)
-        if report.peak_bytes > 1.05 * profile.peak_bytes:
-            break
-    assert max(peaks) > 1.05 * profile.peak_bytes, (peaks, profile.peak_bytes)  # the waves did overlap
+        budget = _budget(profile)
+        tt = TickTock([_paced(r) for r in reps], profile, budget, [r.params for r in reps])
+        for seed in range(3):
+            batches = [_batches(4, 1 + 2 * seed + 10 * attempt), _batches(4, 2 + 2 * seed + 10 * attempt)]
+            report = tt.run_step(batches)
+            assert report.violations == 0 and report.peak_bytes <= budget
+            assert all(len(losses) == 4 for losses in report.losses)
+            for r in reps:
+                r.zero_grad()
+            seen.append((report.peak_bytes / profile.peak_bytes, tt.offset.offset_s, profile.period_s))
+            if report.peak_bytes > 1.05 * profile.peak_bytes:
+                return  # the waves did overlap
+    raise AssertionError(f"the waves never overlapped (peak/profile peak, offset s, period s): {seen}")
 
 
 class _Meet:
