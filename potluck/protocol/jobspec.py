@@ -168,6 +168,7 @@ _LEFT_OUT_AT = (
     ("outer_ef_decay", 1.0),
     ("outer_lr", 0.7),
     ("outer_momentum", 0.9),
+    ("outer_overlap", True),
     ("auto", False),
 )
 AUTO = "auto"  # compression = "auto" in a job file: the coordinator chooses (CompressionSpec.auto)
@@ -197,6 +198,10 @@ class CompressionSpec(_Section):
     # of the signed job at them, so older specs keep their hashes.
     outer_lr: float = Field(default=0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    # Streaming DiLoCo's overlap: the outer sync's exchange runs under the next inner step, and its
+    # outer step lands at that step's end with what the step did carried over (peer/train/outer.py).
+    # False waits for the exchange at the sync, as DiLoCo does. Left out of the signed job when true.
+    outer_overlap: bool = True
     # compression = "auto" (what a job file without a [compression] section gets): the coordinator
     # chooses every setting above per plan from the measured links and signs its choice into the plan
     # (``TrainPlan.compression``; coordinator/job/autocomp.py). The fields keep their defaults, which only

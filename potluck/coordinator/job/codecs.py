@@ -94,7 +94,15 @@ def codec_ratios(
     # payload where the job codes its pseudo-gradients (priced as an all-reduce of it: the all-gather
     # sends each replica's payload to every other one, so beyond two replicas this is optimistic)
     grad = estimated_ratio(comp.outer or comp.gradients) / comp.sync_every
-    return CodecRatios(fast, slow, grad, grad, lan_gbps=comp.slow_link_gbps)
+    return CodecRatios(
+        fast,
+        slow,
+        grad,
+        grad,
+        lan_gbps=comp.slow_link_gbps,
+        sync_every=comp.sync_every,
+        overlap_sync=comp.outer_overlap,
+    )
 
 
 def select_link_codecs(

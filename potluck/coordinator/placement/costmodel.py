@@ -146,6 +146,10 @@ class CodecRatios:
     gradient_lan: float = 1.0
     gradient_wan: float = 1.0
     lan_gbps: float = 10.0
+    # DiLoCo local steps: the gradient ratios above are per step (a sync's bytes / ``sync_every``); with
+    # ``overlap_sync`` each sync runs under the next step's pipeline, and only what outlasts it is exposed
+    sync_every: int = 1
+    overlap_sync: bool = False
 
 
 @dataclass(frozen=True)
@@ -360,6 +364,11 @@ def step_time(
     sync = (sync_lat + shard[:, None] * sync_per_byte).max(axis=1)
     hidden = np.concatenate([[0.0], np.cumsum(compute * 2.0 / 3.0 + np.append(links, 0.0))[:-1]])
     exposed = float(np.maximum(sync - hidden, 0.0).max())
+    h = job.codecs.sync_every
+    if h > 1 and job.codecs.overlap_sync:
+        # one whole sync every h steps (the per-byte ratio is a sync's over h), under the next pipeline
+        whole = float((sync_lat + h * shard[:, None] * sync_per_byte).max())
+        exposed = max(0.0, whole - pipeline) / h
     return StepBreakdown(
         pipeline + exposed,
         pipeline,

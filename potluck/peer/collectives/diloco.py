@@ -62,6 +62,17 @@ class OuterCodec:
             raise ValueError(f"part_elements must be positive, not {self.part_elements}")
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One replica's side of a sync, taken when it is due: ``pseudo`` (snapshot - parameters then,
+    flat, host fp32; read only) and what goes on the wire, ``send`` (a copy of it, for the all-reduce)
+    or the coded ``payloads``."""
+
+    pseudo: torch.Tensor
+    send: torch.Tensor | None
+    payloads: list[bytes] | None
+
+
 class DiLoCo:
     """Wraps a model's parameters; call ``after_inner_step`` after every inner optimizer step."""
 
@@ -94,11 +105,15 @@ class DiLoCo:
     ) -> bool:
         """Count an inner step; every ``inner_steps`` of them, or when ``force`` (the job's last step,
         which every replica reaches together), sync. Returns whether it synced."""
-        self.inner_done += 1
-        if self.inner_done % self.cfg.inner_steps and not force:
+        if not self.count(force):
             return False
         await self.sync(allreduce, allgather)
         return True
+
+    def count(self, force: bool = False) -> bool:
+        """Count an inner step; whether a sync is due after it (every ``inner_steps``, or ``force``)."""
+        self.inner_done += 1
+        return force or self.inner_done % self.cfg.inner_steps == 0
 
     def pseudo_gradient(self) -> torch.Tensor:
         """snapshot - current parameters, flat, on the host (the exchange codes host tensors)."""
@@ -108,20 +123,36 @@ class DiLoCo:
             ).cpu()
 
     async def sync(self, allreduce: AllReduce, allgather: AllGather | None = None) -> None:
-        if self.codec is None:
-            mean = await allreduce(self.pseudo_gradient())
-        elif allgather is not None:
-            mean = self.decode_outer(await allgather(self.encode_outer()))
-        else:
-            mean = await allreduce(self.decode_outer([self.encode_outer()]))
-        self.apply_outer(mean)
+        self.apply_outer(await self.exchange(self.prepare(), allreduce, allgather))
 
-    def encode_outer(self) -> list[bytes]:
-        """This replica's payloads for the sync: the pseudo-gradient plus the decayed residual, coded per
-        part; what the codec dropped stays in the residual for the next sync."""
+    def prepare(self) -> Prepared:
+        """What this replica contributes to a sync, taken now: its pseudo-gradient (kept whole, for an
+        outer step applied after more inner steps, ``apply_outer(carry=...)``) and, with an outer
+        codec, its payloads (the residual updated as they are coded)."""
+        if self.codec is None:
+            pseudo = self.pseudo_gradient()
+            return Prepared(pseudo, pseudo.clone(), None)  # the all-reduce may sum into its input
+        pseudo = self.pseudo_gradient()
+        return Prepared(pseudo, None, self.encode_outer(pseudo))
+
+    async def exchange(
+        self, mine: Prepared, allreduce: AllReduce, allgather: AllGather | None = None
+    ) -> torch.Tensor:
+        """The mean pseudo-gradient of the stage's replicas, from this replica's ``mine``."""
+        if mine.payloads is None:
+            assert mine.send is not None
+            return await allreduce(mine.send)
+        if allgather is not None:
+            return self.decode_outer(await allgather(mine.payloads))
+        return await allreduce(self.decode_outer([mine.payloads]))
+
+    def encode_outer(self, flat: torch.Tensor | None = None) -> list[bytes]:
+        """This replica's payloads for the sync: the pseudo-gradient (``flat``, else taken now) plus the
+        decayed residual, coded per part; what the codec dropped stays in the residual for the next
+        sync. ``flat`` is read, never written."""
         if self.codec is None:
             raise ValueError("encode_outer needs an OuterCodec")
-        flat = self.pseudo_gradient()
+        flat = self.pseudo_gradient() if flat is None else flat
         self.last_sent = [
             self.codec.encode(flat[o : o + n], key=(self.syncs, i), state=ef)
             for i, ((o, n), ef) in enumerate(zip(self.parts, self.feedback, strict=True))
@@ -199,10 +230,15 @@ class DiLoCo:
             self.codec.decode_into(data, ef.residual, accumulate=True)
         self.last_sent = []
 
-    def apply_outer(self, mean: torch.Tensor) -> None:
+    def apply_outer(self, mean: torch.Tensor, carry: torch.Tensor | None = None) -> None:
         """One outer step with the mean pseudo-gradient; every replica restarts from the result. The
         snapshot it replaces is kept on the host (``previous``): a stage whose sync failed (a replica
-        died in it) still holds the older one, and the pipeline can resume where every stage agrees."""
+        died in it) still holds the older one, and the pipeline can resume where every stage agrees.
+
+        ``carry``: this replica's pseudo-gradient of the sync (``Prepared.pseudo``) when inner steps ran
+        while the sync was in flight (an overlapped outer sync): the parameters then move to the new
+        snapshot plus what those inner steps did since the sync's point (snapshot - carry), which the
+        next sync's pseudo-gradient counts. The snapshot is the same on every replica either way."""
         with torch.no_grad():
             self.previous = [s.detach().to("cpu", copy=True) for s in self.snapshot]
             offset = 0
@@ -212,6 +248,13 @@ class DiLoCo:
                 offset += n
             self.outer.step()  # snapshot <- snapshot - outer_lr * nesterov(mean pseudo-gradient)
             self.outer.zero_grad(set_to_none=True)
-            for s, p in zip(self.snapshot, self.params, strict=True):
-                p.copy_(s)  # every replica restarts its inner steps from the same point
+            offset = 0
+            for s, p, old in zip(self.snapshot, self.params, self.previous, strict=True):
+                if carry is None:
+                    p.copy_(s)  # every replica restarts its inner steps from the same point
+                    continue
+                n = s.numel()
+                at_sync = old - carry[offset : offset + n].view_as(old)  # the parameters at the sync
+                p.add_((s - at_sync.to(s.device, s.dtype)).to(p.dtype))  # p - at_sync + s
+                offset += n
         self.syncs += 1

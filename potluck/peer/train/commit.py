@@ -97,6 +97,12 @@ def _parse_ready(data: bytes, who: str, expect: tuple[int, int], n_replicas: int
         ready.replica not in ready.members or any(not 0 <= r < n_replicas for r in ready.members)
     ):
         raise WireError(f"READY from {who} names members {ready.members} of {n_replicas} replicas")
+    return finite(ready, who)
+
+
+def finite(ready: Ready, who: str) -> Ready:
+    """``ready``, or a failed READY where its norm or loss is not finite: such a step cannot commit, and
+    the leader's ABORT then says why (a READY with Inf in it cannot even be written as JSON)."""
     if not (math.isfinite(ready.sq_norm) and ready.sq_norm >= 0 and math.isfinite(ready.loss)):
         return Ready(ready.stage, ready.replica, 0.0, 0.0, False, f"non-finite gradients or loss at {who}")
     return ready
@@ -150,6 +156,7 @@ async def commit_step(
     """Run the commit for one step; returns the COMMIT decision or raises ``StepAborted``. ``ready`` is
     None for a replica left out of its stage's all-reduce: it votes nothing and learns the decision."""
     me, leader = box.peer_id, plan.leader
+    ready = finite(ready, me) if ready is not None else None
     peers = [p for st in plan.stages for p in st.peers]
     tag_ready, tag_decision = make_tag(rnd, Stream.COMMIT_READY), make_tag(rnd, Stream.COMMIT_DECISION)
     if me == leader:

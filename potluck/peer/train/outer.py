@@ -36,7 +36,7 @@ import torch
 from potluck.compression import get_codec
 from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Phase, Round
-from potluck.peer.collectives.diloco import AllGather, AllReduce, DiLoCo, OuterCodec
+from potluck.peer.collectives.diloco import AllGather, AllReduce, DiLoCo, OuterCodec, Prepared
 from potluck.peer.collectives.gather import allgather, echo, payload_bound
 from potluck.peer.collectives.partial import allgather_by_deadline
 from potluck.peer.collectives.robust import Audit
@@ -168,6 +168,34 @@ def stage_gather(
     return gather
 
 
+async def outer_mean(
+    diloco: DiLoCo,
+    mine: Prepared,
+    allreduce: AllReduce,
+    gather: AllGather | None,
+    peers: Sequence[str],
+    audit: Audit | None = None,
+) -> torch.Tensor:
+    """The stage's mean pseudo-gradient from this replica's ``mine`` (``DiLoCo.prepare``); a replica's
+    payload that cannot be decoded fails the sync with a ``ContributionError`` naming that replica's peer
+    (under the mean; a robust rule leaves it out). ``audit`` counts, per peer, the contributions seen,
+    refused and trimmed away by a robust rule, which the trainer reports as its witness of the others."""
+    try:
+        mean = await diloco.exchange(mine, allreduce, gather)
+    except OuterDecodeError as e:
+        peer = peers[e.who] if 0 <= e.who < len(peers) else "?"
+        raise ContributionError(peer, f"outer sync: the payload of {peer} is refused: {e}") from e
+    if audit is not None and diloco.outer_codec is not None and diloco.outer_codec.rule != "mean":
+        for who, peer in enumerate(peers):
+            audit.seen[peer] += 1
+            audit.refused[peer] += who in diloco.refused
+            audit.clipped[peer] += who in diloco.outliers
+        if diloco.refused or diloco.outliers:
+            named = [peers[w] for w in sorted({*diloco.refused, *diloco.outliers}) if w < len(peers)]
+            logger.warning("outer sync: left out or trimmed the contributions of %s", ", ".join(named))
+    return mean
+
+
 async def outer_step(
     diloco: DiLoCo,
     allreduce: AllReduce,
@@ -176,22 +204,9 @@ async def outer_step(
     audit: Audit | None = None,
     force: bool = False,
 ) -> bool:
-    """Count an inner step and sync every H of them, or now when ``force`` (``DiLoCo.after_inner_step``);
-    a replica's payload that cannot be decoded fails the sync with a ``ContributionError`` naming that
-    replica's peer (under the mean; a robust rule leaves it out). ``audit`` counts, per peer, the
-    contributions seen, refused and trimmed away by a robust rule, which the trainer reports as its
-    witness of the others."""
-    try:
-        synced = await diloco.after_inner_step(allreduce, gather, force)
-    except OuterDecodeError as e:
-        peer = peers[e.who] if 0 <= e.who < len(peers) else "?"
-        raise ContributionError(peer, f"outer sync: the payload of {peer} is refused: {e}") from e
-    if synced and audit is not None and diloco.outer_codec is not None and diloco.outer_codec.rule != "mean":
-        for who, peer in enumerate(peers):
-            audit.seen[peer] += 1
-            audit.refused[peer] += who in diloco.refused
-            audit.clipped[peer] += who in diloco.outliers
-        if diloco.refused or diloco.outliers:
-            named = [peers[w] for w in sorted({*diloco.refused, *diloco.outliers}) if w < len(peers)]
-            logger.warning("outer sync: left out or trimmed the contributions of %s", ", ".join(named))
-    return synced
+    """Count an inner step and sync every H of them, or now when ``force``, waiting for the exchange
+    (``outer_mean``); returns whether it synced."""
+    if not diloco.count(force):
+        return False
+    diloco.apply_outer(await outer_mean(diloco, diloco.prepare(), allreduce, gather, peers, audit))
+    return True

@@ -30,7 +30,7 @@ from potluck.peer.errors import NeighbourError, PipelineError
 from potluck.peer.seal import Ledger
 from potluck.peer.train.schedule import one_f_one_b
 from potluck.protocol.errors import WireError
-from potluck.protocol.training import TrainPlan
+from potluck.protocol.training import StepTiming, TrainPlan
 
 T = TypeVar("T")
 
@@ -105,6 +105,21 @@ class Timing:
     wire_raw: int = 0
     wire_coded: int = 0
     started: float = field(default_factory=time.perf_counter)
+
+    def report(self) -> tuple[float, StepTiming]:
+        """The step's wall seconds so far and its breakdown; idle is what compute, sends, receives and
+        the all-reduce leave of it."""
+        total = time.perf_counter() - self.started
+        busy = self.compute + self.send + self.recv + self.allreduce
+        parts = StepTiming(
+            compute=self.compute,
+            send=self.send,
+            recv=self.recv,
+            allreduce=self.allreduce,
+            idle=max(0.0, total - busy),
+            total=total,
+        )
+        return total, parts
 
 
 async def pipeline_step(

@@ -36,7 +36,7 @@ from potluck.model.resume import load_layers
 from potluck.model.stage import StageRunner
 from potluck.net.faults import read_faults
 from potluck.net.mailbox import Mailbox
-from potluck.net.tags import Phase, Round, before
+from potluck.net.tags import Phase, Round, RoundSpan, before
 from potluck.peer.collectives.diloco import DiLoCo
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_allreduce
@@ -57,7 +57,8 @@ from potluck.peer.train.checks.duties import Duties, Place, make_ledger
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
 from potluck.peer.train.commit import Decision, Ready, commit_step
-from potluck.peer.train.outer import make_diloco, outer_step, stage_gather, synced_weights
+from potluck.peer.train.local import LocalSteps
+from potluck.peer.train.outer import make_diloco, outer_mean, stage_gather
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
 from potluck.peer.train.replicas import ReplicaSync
 from potluck.peer.train.straggle import WINDOW, deadline_s
@@ -163,7 +164,8 @@ class Trainer:
         )
         self.duties = Duties.build(at, ledger, self.sync)
         self.ledger = ledger
-        self.diloco: DiLoCo | None = self.replicas.diloco  # a new one each time the state is loaded
+        d = self.replicas.diloco  # with local steps; a new one each time the state is loaded
+        self.local = LocalSteps(d, plan.start_step) if d is not None else None
         # Two replicas' shares on this device (StageAssignment.waves): tick-tock waves (train/waves.py)
         self.shards = plan.shards(self.stage, self.replica)  # the data shards this peer trains on
         self.waves: Waves | None = None
@@ -182,10 +184,12 @@ class Trainer:
         # True iff the runner holds exactly the state after self.step steps (loaded, and no step half-applied)
         self._consistent = False
         self._loaded = False  # the plan's start state is in the runner (a DiLoCo snapshot is of it)
-        # With DiLoCo local steps: the step of the last outer sync (or of the loaded state), the newest
-        # state every replica of the stage agrees on, and so the one this peer serves (``snapshot``)
-        self._synced_at = plan.start_step
-        self._synced_before: int | None = None  # the sync before it (DiLoCo.previous), once there is one
+        self._stepped = plan.start_step  # optimizer steps the runner's state has taken
+        self._end = job.steps  # the step this run stops before (run: the job's end, a pause, ``until``)
+
+    @property
+    def diloco(self) -> DiLoCo | None:
+        return self.local.diloco if self.local is not None else None
 
     @property
     def spot(self) -> SpotChecks | None:
@@ -213,9 +217,10 @@ class Trainer:
     def _new_diloco(self) -> None:
         """With local steps, a DiLoCo on the state just loaded: its snapshot is the loaded weights (the
         state after ``self.step`` steps, which every replica loads alike), its residual starts empty."""
-        if self.diloco is not None:
-            self.diloco = make_diloco(self.runner.params, self.job.compression, self.job.trust, self.step)
-            self._synced_at, self._synced_before = self.step, None
+        if self.local is not None:
+            d = make_diloco(self.runner.params, self.job.compression, self.job.trust, self.step)
+            self.local = LocalSteps(d, self.step)
+            self._stepped = self.step
 
     def want(self) -> StateWant:
         """The state this stage starts from: its layers after the plan's ``start_step`` steps."""
@@ -255,7 +260,7 @@ class Trainer:
         """The step of the state this peer serves (``snapshot``) and its progress records claim: the
         last committed one, or with DiLoCo local steps the last outer sync (between syncs the replicas'
         weights differ, and a resume from one replica's would fork the stage)."""
-        return self._synced_at if self.diloco is not None else self.step
+        return self.local.synced_at if self.local is not None else self.step
 
     def snapshots(self) -> list[StageState]:
         """What a run that ended serves: ``snapshot``, and with local steps also the state of the sync
@@ -263,7 +268,7 @@ class Trainer:
         through hold the new sync and the stage that lost it only the one before; that one is then the
         newest state every stage holds (churn run Z2 went back 500 steps without it)."""
         newest = self.snapshot()
-        if newest is None or self._synced_before is None:  # set with DiLoCo.previous, at a sync
+        if newest is None or self.local is None or self.local.synced_before is None:
             return [newest] if newest is not None else []
         return [self._synced_state(previous=True), newest]
 
@@ -277,7 +282,7 @@ class Trainer:
         a sync-step checkpoint, and keeping an exact copy of them at every sync would cost a second
         copy of the optimizer state in memory. Without this a kill between syncs left nobody able to
         serve the step the survivors reported, and the job failed (issue 38)."""
-        if self.diloco is not None:
+        if self.local is not None:
             return self._synced_state(previous=False) if self._loaded else None
         if not self._consistent:
             return None
@@ -285,19 +290,9 @@ class Trainer:
         return StageState(self.stage_meta(), tensors)
 
     def _synced_state(self, previous: bool) -> StageState:
-        """The state at the last outer sync (``previous``: the one before it): the sync's weights, this
-        replica's inner AdamW moments as they are now, their step counts set back to the sync's. The
-        weights always come from DiLoCo's snapshots: they change only inside a sync's outer step, which
-        runs on the event loop without a pause, so they are never torn, not even when an inner step or
-        the sync itself failed half-way (churn run Z2: a kill during an outer sync left the stage's
-        survivor serving nothing, and the swarm went back 500 steps)."""
-        assert self.diloco is not None
-        step = self._synced_before if previous else self._synced_at
-        assert step is not None
-        tensors = {k: v.clone() for k, v in self.runner.state_tensors().items()}  # it may keep training
-        tensors |= synced_weights(self.diloco, self.runner.model, previous)
-        for k in [k for k in tensors if k.startswith("optim.") and k.endswith(".step")]:
-            tensors[k] = (tensors[k] - (self.step - step)).clamp_min(0)
+        """The state at the last outer sync (``previous``: the one before it; ``LocalSteps.state``)."""
+        assert self.local is not None
+        step, tensors = self.local.state(self.runner, self._stepped, previous)
         return StageState(self.stage_meta(step), tensors)
 
     # ---- one step ----------------------------------------------------------------------------------------
@@ -387,18 +382,18 @@ class Trainer:
             timing.allreduce += time.perf_counter() - t0
         await self.duties.after_commit(rnd, decision, self.most_micro_batches())
         lr = await self._apply(step, decision, timing)
-        since = step if self.diloco is None else self._synced_at  # the last step a checkpoint could take
-        if self.diloco is not None and await self._outer_sync(rnd, timing):
-            self._synced_before, self._synced_at = self._synced_at, step + 1
+        since = step if self.local is None else self.local.synced_at  # the last a checkpoint could take
+        if self.local is not None:
+            await self._outer_sync(self.local, rnd, timing)
         self.step = step + 1
         self._consistent = True
         checkpoint = await self._maybe_checkpoint(since)
-        await self.box.forget(before(self.plan.epoch, step + 1))  # step + 1's early messages stay
+        await self._forget(step)
         timing.bytes_sent = self.box.bytes_sent - sent_before  # activations, gradients, buckets, commit
         if self.deadline is not None:
             self.deadline.check()  # a straggler too many steps in a row: reported failed
         ratio = timing.wire_raw / timing.wire_coded if timing.wire_coded else 0.0
-        total, st = _step_timing(timing)
+        total, st = timing.report()
         return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint, ratio)
 
     async def _compute(
@@ -452,26 +447,73 @@ class Trainer:
         t0 = time.perf_counter()
         self._consistent = False  # until self.step says how many steps the weights have taken
         await asyncio.to_thread(self.runner.step, lr, coef)
+        self._stepped = step + 1
         if self.waves is not None:
             self.waves.follow()  # the second wave's weights: the first's after the update
         timing.compute += time.perf_counter() - t0
         return lr
 
-    async def _outer_sync(self, rnd: Round, timing: Timing) -> bool:
+    async def _outer_sync(self, local: LocalSteps, rnd: Round, timing: Timing) -> None:
         """Every H steps with local steps, and after the job's last step (so the final model is the
-        replicas' agreed one): the coded outer sync with the stage's replicas (``outer.py``). Returns
-        whether it synced."""
-        assert self.diloco is not None
+        replicas' agreed one): the coded outer sync with the stage's replicas (``outer.py``).
+
+        With ``compression.outer_overlap`` (the default) a sync that another step of this run follows
+        only starts here, and the next step's end lands it (``local.py``). The run's last sync (the
+        job's end, a pause, a hand-off) is waited for: a run leaves the state every replica agrees on."""
+        local.stepped()
+        if local.in_flight is not None:
+            await local.land(timing)
         peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
         wait_s = None
         if self.lateness is not None:
             self._compute_s.append(timing.compute)
             pol = self.job.sync
             wait_s = deadline_s(list(self._compute_s), pol.deadline_factor, pol.min_deadline_s, timeout)
-        gather = stage_gather(self.box, peers, self.diloco, rnd, timeout, timing, wait_s, self.lateness)
-        sync = lambda t: self._outer_allreduce(t, rnd, timing)  # noqa: E731
         last = rnd.step + 1 == self.job.steps  # every replica reaches it together (commits are all-or-none)
-        return await outer_step(self.diloco, sync, gather, peers, self.audit, force=last)
+        if not local.diloco.count(force=last):
+            return
+        end = min(self._end, self.stop_step if self.stop_step is not None else self._end)
+        overlap = self.job.compression.outer_overlap and rnd.step + 1 < end
+        clock = Timing() if overlap else timing  # an overlapped exchange counts only its wait at landing
+        gather = stage_gather(self.box, peers, local.diloco, rnd, timeout, clock, wait_s, self.lateness)
+        sync = lambda t: self._outer_allreduce(t, rnd, clock)  # noqa: E731
+        mine = local.diloco.prepare()
+        exchange = outer_mean(local.diloco, mine, sync, gather, peers, self.audit)
+        if overlap:
+            local.start(rnd.step + 1, mine, exchange)
+            return
+        local.diloco.apply_outer(await exchange)
+        local.synced(rnd.step + 1)
+
+    async def _settle(self, ended: bool) -> None:
+        """The run is over with an overlapped sync still in flight (a pause set under it, or a failed
+        step): land it, then write the checkpoint a pause or the job's end asks for. ``ended``: the run
+        stopped where it meant to, so a failure to land is the run's; else a step failed, and the sync
+        gets one step budget, as the stage's other replicas are likely to land it too."""
+        local = self.local
+        if local is None or local.in_flight is None:
+            return
+        since = local.synced_at
+        if ended:
+            await local.land()
+        else:
+            try:
+                await local.land(timeout_s=self.budget.timeout_s())
+            except Exception as e:  # the step's own failure is what the run reports
+                logger.info("the outer sync of step %d was dropped: %s", since, e)
+                return
+        await self._maybe_checkpoint(since)
+
+    async def _forget(self, step: int) -> None:
+        """Drop what step ``step`` and earlier left buffered (step + 1's early messages stay), but for
+        the outer sync in flight: its round's late arrivals are what it waits for."""
+        done = before(self.plan.epoch, step + 1)
+        kept = self.local.kept(self.plan.epoch) if self.local is not None else None
+        if kept is None:
+            await self.box.forget(done)
+            return
+        await self.box.forget(RoundSpan(done.start, kept.start))
+        await self.box.forget(RoundSpan(kept.stop, done.stop))
 
     async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
         if self.plan.n_replicas == 1:
@@ -485,19 +527,25 @@ class Trainer:
         return out
 
     async def _maybe_checkpoint(self, since: int) -> Path | None:
-        """A checkpoint of the state after ``self.step`` steps when a multiple of ``checkpoint.interval``
-        lies after ``since`` (the last step one could be taken at: the step before, or with DiLoCo the
-        sync before) and up to here, and at the job's end or a pause. With local steps only synced states
-        are checkpointed (between syncs the replicas differ), so H = 16 with an interval of 10 takes
-        one at steps 16, 32, 48, 64 and 80, not at every 80th step only."""
+        """A checkpoint of the stage's state when a multiple of ``checkpoint.interval`` lies after
+        ``since`` (the last step one could be taken at: the step before, or with DiLoCo the sync before)
+        and up to it, and at the job's end or a pause. With local steps only synced states are
+        checkpointed (between syncs the replicas differ), so H = 16 with an interval of 10 takes one at
+        steps 16, 32, 48, 64 and 80, not at every 80th step only; an overlapped sync's state is written
+        when it lands, a step later, as the state after its own step."""
         done, ck = self.step, self.job.checkpoint
+        if self.local is not None:
+            if self.local.synced_at == since:
+                return None
+            done = self.local.synced_at
         last = done in (self.job.steps, self.stop_step)  # the job's end, or a pause (docs/multijob.md)
-        if self.diloco is not None and done != self._synced_at and not last:
-            return None
         if done // ck.interval == since // ck.interval and not last:
             return None
-        meta = self.stage_meta()  # its step is ``done``
-        tensors = self.runner.state_tensors()
+        if self.local is not None:
+            state = self._synced_state(previous=False)
+            meta, tensors = state.meta, state.tensors
+        else:
+            meta, tensors = self.stage_meta(), self.runner.state_tensors()
         root = self.checkpoint_root
         # Every replica writes its own copy to its own disk: no disk is shared, so a stage's checkpoint
         # survives as long as one of its replicas (or the copy holder, or the job owner) does.
@@ -524,36 +572,26 @@ class Trainer:
         # Nobody steps before everyone holds its state: the first step then needs no extra wait, so a
         # death inside it is noticed within the step budget (barrier.py).
         await start_barrier(self.box, self.plan, self.cfg.start_wait_s)
-        end = self.job.steps if until is None else min(until, self.job.steps)
+        end = self._end = self.job.steps if until is None else min(until, self.job.steps)
         drain = True
         self.stepping = True
+        ended = False
         try:
             while self.step < end and (self.stop_step is None or self.step < self.stop_step):
                 report = await self.train_step(self.budget.timeout_s())
                 self.budget.observe(report.seconds)
                 if on_step is not None:
                     on_step(report)
+            ended = True
         except asyncio.CancelledError:
             drain = False  # a new plan: nobody will wait for this run's catch-up sends
+            if self.local is not None:
+                self.local.drop()
             raise
         finally:
+            if drain:
+                await self._settle(ended)
             self.stepping = False
             self.duties.close()
             if self.deadline is not None:  # replicas behind still need the last steps' means
                 await self.deadline.close(drain)
-
-
-def _step_timing(timing: Timing) -> tuple[float, StepTiming]:
-    """The step's wall seconds and its breakdown; idle is what compute, sends, receives and the
-    all-reduce leave of it."""
-    total = time.perf_counter() - timing.started
-    busy = timing.compute + timing.send + timing.recv + timing.allreduce
-    st = StepTiming(
-        compute=timing.compute,
-        send=timing.send,
-        recv=timing.recv,
-        allreduce=timing.allreduce,
-        idle=max(0.0, total - busy),
-        total=total,
-    )
-    return total, st

@@ -55,11 +55,12 @@ def job(rule: str):
 
 
 def inflate(_key, _report, trainers) -> None:  # type: ignore[no-untyped-def]
-    """The attacker's pseudo-gradients, 1000x: coded and sent to everyone alike, echoed truthfully."""
+    """The attacker's pseudo-gradients, 1000x: coded and sent to everyone alike, echoed truthfully; its
+    own weights stay honest (its outer step carries its true pseudo-gradient)."""
     d = trainers[(0, HOSTILE)].diloco
     if not getattr(d, "inflated", False):
-        honest = d.pseudo_gradient
-        d.pseudo_gradient = lambda: 1000.0 * honest()
+        honest = d.encode_outer
+        d.encode_outer = lambda flat=None: honest(1000.0 * (d.pseudo_gradient() if flat is None else flat))
         d.inflated = True
 
 

@@ -1,0 +1,113 @@
+"""A trainer's DiLoCo local steps: the synced states its stage agrees on, and the outer sync in flight.
+
+Between two outer syncs a stage's replicas hold different weights; what they agree on is the state of
+the last sync (``synced_at``), kept in DiLoCo's snapshot, and the one before it (``synced_before``,
+DiLoCo's ``previous``). That is what a peer serves, checkpoints and reports, never its drifting weights.
+
+Streaming DiLoCo's overlap (``compression.outer_overlap``, the default): a sync that the run's next
+step follows only starts when it is due (``start``). Its pseudo-gradient is taken then, its exchange
+runs under the next inner step, and that step's end lands it (``land``): the snapshot moves to the outer
+step's result, the same on every replica, and each replica's weights to that snapshot plus what its own
+inner step did meanwhile, which the next sync's pseudo-gradient then counts. On home links the
+exchange (0.4-1.7 s for the bench_wan job's 4 local steps) hides under a step of 2.2 s; a sync waited
+for costs all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+import torch
+
+from potluck.model.stage import StageRunner
+from potluck.net.tags import Phase, Round, RoundSpan
+from potluck.peer.collectives.diloco import DiLoCo, Prepared
+from potluck.peer.errors import CollectiveError
+from potluck.peer.train.outer import synced_weights
+from potluck.peer.train.pipeline import Timing
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlight:
+    """An overlapped outer sync, due after ``step`` - 1 steps: its exchange (``task``) runs while the next
+    inner step does; its outer step makes the stage's agreed state after ``step`` steps."""
+
+    step: int
+    mine: Prepared
+    task: asyncio.Future[torch.Tensor]
+    inner_steps: int = 0  # inner steps applied since the sync was due
+
+
+class LocalSteps:
+    """The DiLoCo side of one trainer, from the state it loaded (after ``step`` steps) on."""
+
+    def __init__(self, diloco: DiLoCo, step: int) -> None:
+        self.diloco = diloco
+        self.synced_at = step  # the last outer sync's step (or the loaded state's)
+        self.synced_before: int | None = None  # the sync before it, once there is one
+        self.in_flight: InFlight | None = None
+
+    def synced(self, step: int) -> None:
+        self.synced_before, self.synced_at = self.synced_at, step
+
+    def start(self, step: int, mine: Prepared, exchange: Awaitable[torch.Tensor]) -> None:
+        """Run ``exchange`` (the stage's mean pseudo-gradient from ``mine``) under the next step."""
+        assert self.in_flight is None
+        self.in_flight = InFlight(step, mine, asyncio.ensure_future(exchange))
+
+    def stepped(self) -> None:
+        """An inner step was applied: one more under the sync in flight, if any."""
+        if self.in_flight is not None:
+            self.in_flight.inner_steps += 1
+
+    async def land(self, timing: Timing | None = None, timeout_s: float | None = None) -> None:
+        """Wait for the sync in flight (``timeout_s``: at most that long, then it is dropped with a
+        ``CollectiveError``) and apply its outer step; the wait counts as ``timing``'s all-reduce."""
+        flight, self.in_flight = self.in_flight, None
+        assert flight is not None
+        t0 = time.perf_counter()
+        try:
+            mean = await asyncio.wait_for(asyncio.shield(flight.task), timeout_s)
+        except TimeoutError as e:
+            raise CollectiveError(f"the outer sync of step {flight.step} did not end in {timeout_s} s") from e
+        finally:
+            if not flight.task.done():
+                flight.task.cancel()
+            if timing is not None:
+                timing.allreduce += time.perf_counter() - t0
+        # nothing ran under it (the run stopped, or its step failed before the update): the snapshot itself
+        self.diloco.apply_outer(mean, flight.mine.pseudo if flight.inner_steps else None)
+        self.synced(flight.step)
+
+    def drop(self) -> None:
+        if self.in_flight is not None:
+            self.in_flight.task.cancel()
+            self.in_flight = None
+
+    def kept(self, epoch: int) -> RoundSpan | None:
+        """The rounds the sync in flight still receives on (the mailbox must not forget them)."""
+        if self.in_flight is None:
+            return None
+        return Round(epoch, self.in_flight.step - 1, Phase.OUTER).attempts()
+
+    def state(self, runner: StageRunner, stepped: int, previous: bool) -> tuple[int, dict[str, torch.Tensor]]:
+        """The state at the last outer sync (``previous``: the one before it), as (step, tensors): the
+        sync's weights, this replica's inner AdamW moments as they are now (``stepped`` optimizer steps
+        in), their step counts set back to the sync's. The weights always come from DiLoCo's snapshots:
+        they change only inside an outer step, which runs on the event loop without a pause, so they are
+        never torn, not even when an inner step or the sync itself failed half-way (churn run Z2: a kill
+        during an outer sync left the stage's survivor serving nothing, and the swarm went back 500
+        steps)."""
+        step = self.synced_before if previous else self.synced_at
+        assert step is not None
+        tensors = {k: v.clone() for k, v in runner.state_tensors().items()}  # it may keep training
+        tensors |= synced_weights(self.diloco, runner.model, previous)
+        for k in [k for k in tensors if k.startswith("optim.") and k.endswith(".step")]:
+            tensors[k] = (tensors[k] - (stepped - step)).clamp_min(0)
+        return step, tensors
