@@ -206,15 +206,17 @@ def test_between_diloco_syncs_a_peer_serves_the_last_synced_state(tmp_path):
     assert all(torch.allclose(older.tensors[k], reference[k], rtol=0, atol=1e-6) for k in weights)
 
 
-def test_diloco_syncs_at_the_job_end_and_checkpoints_at_the_first_sync_past_each_interval(tmp_path):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_diloco_syncs_at_the_job_end_and_checkpoints_at_the_first_sync_past_each_interval(tmp_path, overlap):
     """steps = 6, H = 4: a sync at step 4 and a last one at step 6, so the final model is the replicas'
     agreed one; checkpoints every 3 steps fall on those syncs (4 passed 3, 6 is the end)."""
-    job = tiny_job(steps=6, checkpoint={"interval": 3}, compression={"sync_every": 4})
+    comp = {"sync_every": 4, "outer_overlap": overlap}
+    job = tiny_job(steps=6, checkpoint={"interval": 3}, compression=comp)
     reports, trainers = asyncio.run(train_swarm(job, 1, 2, [(0, 4)], tmp_path, own_disks=True))
     a, b = trainers[(0, 0)], trainers[(0, 1)]
     assert a.diloco is not None and a.diloco.syncs == 2 and a.held_step == 6
     assert all(torch.equal(x, y) for x, y in zip(a.runner.params, b.runner.params, strict=True))
-    # The sync due after step 4 lands under step 5 (compression.outer_overlap): its state is written
-    # then, as the state after 4 steps; the job's last sync is waited for and written at once.
+    # With compression.outer_overlap the sync due after step 4 lands under step 5: its state is written
+    # then, as the state after 4 steps. The job's last sync is waited for and written at once.
     written = [(r.step + 1, r.checkpoint.name) for r in reports[(0, 0)] if r.checkpoint is not None]
-    assert written == [(5, "step-00000004"), (6, "step-00000006")]
+    assert written == [(5 if overlap else 4, "step-00000004"), (6, "step-00000006")]

@@ -147,3 +147,36 @@ def test_a_bottleneck_token_table_costs_the_stages_after_the_first_memory() -> N
     caps_plain = memory_caps(StepJob(ModelShape.from_spec(plain), batch), memory, in_flight)
     caps_side = memory_caps(StepJob(ModelShape.from_spec(side), batch), memory, in_flight)
     assert caps_side[0] == caps_plain[0] and (caps_side[1:] < caps_plain[1:]).all()
+
+
+def test_an_overlapped_outer_sync_is_exposed_only_where_it_outlasts_the_next_pipeline() -> None:
+    """DiLoCo's sync every h steps (the per-byte cost is a sync's over h): waited for, it is priced as
+    a per-step all-reduce; under the next step (``overlap_sync``), only the part of a whole sync longer
+    than that step's pipeline, spread over the h steps."""
+    from dataclasses import replace
+
+    from potluck.coordinator.placement.costmodel import CodecRatios
+
+    base = _job(layers=4)
+    s, r, h = 2, 2, 4
+
+    def run(per_byte: float, overlap: bool) -> tuple[float, float, float]:
+        job = replace(base, codecs=CodecRatios(sync_every=h, overlap_sync=overlap))
+        out = step_time(
+            np.array([100.0, 100.0]),
+            np.array([80.0, 80.0]),
+            np.array([0.01]),
+            np.zeros((s, r)),
+            np.full((s, r), per_byte),
+            job,
+            r,
+        )
+        return out.pipeline, out.dp_exposed, h * max(out.dp_sync)  # the last: one whole sync (s)
+
+    pipeline, waited, whole = run(1e-9, overlap=False)
+    assert waited > 0.0 and whole < pipeline
+    assert run(1e-9, overlap=True)[1] == 0.0  # a whole sync fits under one step
+    _, long_waited, long_whole = run(1e-7, overlap=False)
+    _, long_hidden, _ = run(1e-7, overlap=True)
+    assert long_whole > pipeline and long_hidden == pytest.approx((long_whole - pipeline) / h, rel=1e-6)
+    assert long_hidden < long_waited
