@@ -21,8 +21,10 @@ Every rung is a setting a benchmark trained to the baseline's loss (docs/benchma
   call, like every rung's. (A threshold from the predicted compute per micro-batch was tried first: from
   the start-up probes it put home uplinks of 5-10 Mbit/s on the fast side, while their activations
   were 0.5-1.1 s of a 2.45 s step.)
-* ``4 local steps``: that, with DiLoCo's 4 inner steps between replica syncs (the home-links row of
-  issue 15: 2.09x instead of 2.81x slower than fast links, lower loss than hivemind's at equal tokens).
+* ``4 local steps``: that, with 4 inner steps between replica syncs whose outer step averages the
+  replicas (outer lr 1, no momentum: local SGD). On the bench_wan home links (docs/benchmarks/wan.md,
+  2026-12-07) it reached 0.630 at 5,922 tokens/s, below hivemind's 0.661 and level with the bridge's 0.640
+  without local steps; DiLoCo's own outer step (lr 0.7, Nesterov 0.9) ended at 0.792 at 4 inner steps.
 * ``16 local steps, 2-bit outer``: that, with 16 inner steps and pseudo-gradients coded at 2 bits with
   error feedback, outer lr 0.8 (issue 22: 546x fewer bytes than fp32 data parallelism, +0.23% loss
   at the worst of three seeds).
@@ -46,6 +48,7 @@ TOLERANCE = 1.10  # a more faithful rung is kept while its predicted step is wit
 LOCAL_STEPS_GAIN = 1.25  # local steps only for a step at least this many times faster than without
 SLOW_ACTIVATIONS = "int4:block=64"  # issue 15's tuned home-links codec, on slow directions only
 OUTER = "int2:block=512|zstd"  # issue 22's coded pseudo-gradients
+LOCAL_4 = {"sync_every": 4, "outer_lr": 1.0, "outer_momentum": 0.0}  # 4 inner steps, then the replicas' mean
 SLOW_GBPS = 1.0  # directions slower than this (Gbit/s) are home or WAN links: int4 on them, if it pays
 LOSSLESS_GBPS = 10.0  # the slowest measured link (Gbit/s) at which no codec at all is a candidate
 
@@ -64,7 +67,7 @@ def ladder(slow_gbps: float = SLOW_GBPS) -> list[Rung]:
         Rung("lossless", CompressionSpec(activations="none", gradients="none", error_feedback=False)),
         Rung("int8", CompressionSpec()),
         Rung(named, slow),
-        Rung(f"{named}, 4 local steps", slow.model_copy(update={"sync_every": 4})),
+        Rung(f"{named}, 4 local steps", slow.model_copy(update=LOCAL_4)),
         Rung(
             f"{named}, 16 local steps, 2-bit outer",
             slow.model_copy(update={"sync_every": 16, "outer": OUTER, "outer_lr": 0.8}),

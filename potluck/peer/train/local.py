@@ -32,6 +32,10 @@ from potluck.peer.train.pipeline import Timing
 
 logger = logging.getLogger(__name__)
 
+# Seconds a run whose step failed still waits for its sync in flight: the exchange of a 2-stage x
+# 2-replica home-links job takes 0.4-1.7 s; a stage that lands it serves the newer state.
+SETTLE_S = 3.0
+
 
 @dataclass
 class InFlight:
@@ -90,11 +94,14 @@ class LocalSteps:
             self.in_flight.task.cancel()
             self.in_flight = None
 
-    def kept(self, epoch: int) -> RoundSpan | None:
-        """The rounds the sync in flight still receives on (the mailbox must not forget them)."""
+    def forgettable(self, done: RoundSpan) -> list[RoundSpan]:
+        """``done`` (finished rounds the mailbox may forget) less the rounds the sync in flight still
+        receives on: their late arrivals are what it waits for."""
         if self.in_flight is None:
-            return None
-        return Round(epoch, self.in_flight.step - 1, Phase.OUTER).attempts()
+            return [done]
+        r = Round.unpack(done.stop)
+        kept = Round(r.epoch, self.in_flight.step - 1, Phase.OUTER).attempts()
+        return [RoundSpan(done.start, kept.start), RoundSpan(kept.stop, done.stop)]
 
     def state(self, runner: StageRunner, stepped: int, previous: bool) -> tuple[int, dict[str, torch.Tensor]]:
         """The state at the last outer sync (``previous``: the one before it), as (step, tensors): the

@@ -36,7 +36,7 @@ from potluck.model.resume import load_layers
 from potluck.model.stage import StageRunner
 from potluck.net.faults import read_faults
 from potluck.net.mailbox import Mailbox
-from potluck.net.tags import Phase, Round, RoundSpan, before
+from potluck.net.tags import Phase, Round, before
 from potluck.peer.collectives.diloco import DiLoCo
 from potluck.peer.collectives.robust import Audit
 from potluck.peer.collectives.tree import tree_allreduce
@@ -57,7 +57,7 @@ from potluck.peer.train.checks.duties import Duties, Place, make_ledger
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
 from potluck.peer.train.commit import Decision, Ready, commit_step
-from potluck.peer.train.local import LocalSteps
+from potluck.peer.train.local import SETTLE_S, LocalSteps
 from potluck.peer.train.outer import make_diloco, outer_mean, stage_gather
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
 from potluck.peer.train.replicas import ReplicaSync
@@ -489,7 +489,8 @@ class Trainer:
         """The run is over with an overlapped sync still in flight (a pause set under it, or a failed
         step): land it, then write the checkpoint a pause or the job's end asks for. ``ended``: the run
         stopped where it meant to, so a failure to land is the run's; else a step failed, and the sync
-        gets one step budget, as the stage's other replicas are likely to land it too."""
+        gets ``SETTLE_S`` at most (it has had most of a step already; one still waiting then most likely
+        waits for the peer that died, and the worker's report of the failure must not wait for it)."""
         local = self.local
         if local is None or local.in_flight is None:
             return
@@ -498,22 +499,17 @@ class Trainer:
             await local.land()
         else:
             try:
-                await local.land(timeout_s=self.budget.timeout_s())
+                await local.land(timeout_s=min(SETTLE_S, self.budget.timeout_s()))
             except Exception as e:  # the step's own failure is what the run reports
                 logger.info("the outer sync of step %d was dropped: %s", since, e)
                 return
         await self._maybe_checkpoint(since)
 
     async def _forget(self, step: int) -> None:
-        """Drop what step ``step`` and earlier left buffered (step + 1's early messages stay), but for
-        the outer sync in flight: its round's late arrivals are what it waits for."""
+        """Drop what step ``step`` and earlier left buffered (step + 1's early messages stay)."""
         done = before(self.plan.epoch, step + 1)
-        kept = self.local.kept(self.plan.epoch) if self.local is not None else None
-        if kept is None:
-            await self.box.forget(done)
-            return
-        await self.box.forget(RoundSpan(done.start, kept.start))
-        await self.box.forget(RoundSpan(kept.stop, done.stop))
+        for span in self.local.forgettable(done) if self.local is not None else [done]:
+            await self.box.forget(span)
 
     async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
         if self.plan.n_replicas == 1:
