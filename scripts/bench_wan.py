@@ -387,6 +387,15 @@ def loss_at(curve: list[tuple[float, float]], tokens: float) -> float | None:
     return pts[-1][1] if tokens <= pts[-1][0] * 1.05 else None
 
 
+def compared_tokens(potluck_tokens: int, hivemind: dict[str, Any] | None) -> int:
+    """The tokens both systems' losses are read at: potluck's, or fewer where hivemind's run ended
+    short of them (more than the 5% ``loss_at`` extrapolates over)."""
+    if not hivemind or not hivemind.get("losses"):
+        return potluck_tokens
+    reached = max(int(t) for t, _ in hivemind["losses"])
+    return reached if reached * 1.05 < potluck_tokens else potluck_tokens
+
+
 def smoothed(curve: list[tuple[float, float]], window: int = 4) -> list[tuple[float, float]]:
     """Each point's loss as the mean of the last ``window`` points' (training losses are noisy)."""
     pts = sorted(curve)
@@ -497,8 +506,9 @@ def main() -> None:
     if "fast" in out and "home" in out:
         head["wan_slowdown"] = out["fast"]["tokens_per_s"] / out["home"]["tokens_per_s"]
     # Loss after the same tokens: each system's training loss, smoothed over its last 4 points, at the
-    # tokens potluck trained (hivemind's computed tokens: it overshoots its target batch each epoch).
-    tokens = args.steps * args.tokens_per_step
+    # tokens potluck trained (hivemind's computed tokens: it overshoots its target batch most epochs),
+    # or at hivemind's last point where it fell short of them (12-07: 592,128 of 655,360)
+    tokens = compared_tokens(args.steps * args.tokens_per_step, out.get("hivemind"))
     head["tokens_compared"] = tokens
     if "home" in out:
         pl = smoothed([(int(s) * args.tokens_per_step, v) for s, v in out["home"]["losses"].items()])

@@ -42,3 +42,17 @@ def test_no_peer_read_at_all_gives_no_figures_and_names_them_all():
     assert out["step_s"] is None and out["prediction_error"] is None
     assert out["calibrated_step_s"] is None and out["calibrated_error"] is None
     assert sorted(out["uncalibrated_peers"]) == sorted(IDS) and out["peers"] == {}
+
+
+def test_bench_wan_compares_the_losses_at_the_tokens_both_runs_reached() -> None:
+    """hivemind's run can end short of potluck's tokens (12-07: 592,128 of 655,360): both losses are
+    then read where it ended, not left out."""
+    from bench_wan import compared_tokens, loss_at, smoothed
+
+    potluck = 80 * 8192
+    short = {"losses": [[8960, 5.0], [300_000, 1.0], [592_128, 0.66]]}
+    assert compared_tokens(potluck, short) == 592_128
+    assert compared_tokens(potluck, {"losses": [[8960, 5.0], [660_000, 0.6]]}) == potluck
+    assert compared_tokens(potluck, None) == potluck
+    curve = smoothed([(t, v) for t, v in short["losses"]], window=1)
+    assert loss_at(curve, potluck) is None and loss_at(curve, 592_128) == 0.66
