@@ -199,7 +199,7 @@ class CompressionSpec(_Section):
     outer_lr: float = Field(default=0.7, gt=0.0, le=10.0)
     outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     # Streaming DiLoCo's overlap: the outer sync's exchange runs under the next inner step, and its
-    # outer step lands at that step's end with what the step did carried over (peer/train/outer.py).
+    # outer step lands at that step's end with what the step did carried over (peer/train/local.py).
     # False waits for the exchange at the sync, as DiLoCo does. Left out of the signed job when true.
     outer_overlap: bool = True
     # compression = "auto" (what a job file without a [compression] section gets): the coordinator

@@ -65,11 +65,10 @@ class OuterCodec:
 @dataclass(frozen=True)
 class Prepared:
     """One replica's side of a sync, taken when it is due: ``pseudo`` (snapshot - parameters then,
-    flat, host fp32; read only) and what goes on the wire, ``send`` (a copy of it, for the all-reduce)
-    or the coded ``payloads``."""
+    flat, host fp32; read only: the all-reduce sums a copy) and, with an outer codec, the coded
+    ``payloads`` that go on the wire instead."""
 
     pseudo: torch.Tensor
-    send: torch.Tensor | None
     payloads: list[bytes] | None
 
 
@@ -129,19 +128,15 @@ class DiLoCo:
         """What this replica contributes to a sync, taken now: its pseudo-gradient (kept whole, for an
         outer step applied after more inner steps, ``apply_outer(carry=...)``) and, with an outer
         codec, its payloads (the residual updated as they are coded)."""
-        if self.codec is None:
-            pseudo = self.pseudo_gradient()
-            return Prepared(pseudo, pseudo.clone(), None)  # the all-reduce may sum into its input
         pseudo = self.pseudo_gradient()
-        return Prepared(pseudo, None, self.encode_outer(pseudo))
+        return Prepared(pseudo, self.encode_outer(pseudo) if self.codec is not None else None)
 
     async def exchange(
         self, mine: Prepared, allreduce: AllReduce, allgather: AllGather | None = None
     ) -> torch.Tensor:
         """The mean pseudo-gradient of the stage's replicas, from this replica's ``mine``."""
         if mine.payloads is None:
-            assert mine.send is not None
-            return await allreduce(mine.send)
+            return await allreduce(mine.pseudo)
         if allgather is not None:
             return self.decode_outer(await allgather(mine.payloads))
         return await allreduce(self.decode_outer([mine.payloads]))
