@@ -58,6 +58,7 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
     measured meanwhile (checks the model's structure apart from the start-up probe)."""
     plan, state = watcher.plan, watcher.swarm_state
     assert plan is not None and state is not None
+    job = plan.under(job)  # priced with what the peers ran: the plan's compression under "auto"
     per_peer: dict[str, dict[str, float]] = {}
     compute: dict[str, float] = {}
     for peer, by_step in watcher.timings.items():
@@ -78,10 +79,18 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
     # A peer whose timings the watcher never read (a short run on a loaded machine) leaves the model
     # uncalibrated: no figure rather than a made-up speed.
     unread = [p for p in order if p not in tflops]
-    calibrated = None
+    calibrated, breakdown = None, None
     if not unread and measured is not None:
         devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
-        calibrated = predict_step(plan, job, devices, net, order).total
+        br = predict_step(plan, job, devices, net, order)
+        calibrated = br.total
+        breakdown = {
+            "pipeline_s": br.pipeline,
+            "sync_exposed_s": br.dp_exposed,
+            "stage_compute_s": list(br.stage_compute),  # per micro-batch
+            "link_s": list(br.link),  # per micro-batch, one direction, the slowest matched link
+            "sync_s": list(br.dp_sync),
+        }
     predicted = plan.predicted_step_s
     return {
         "step_s": measured,
@@ -92,6 +101,7 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
         "calibrated_error": None
         if calibrated is None or measured is None
         else (calibrated - measured) / measured,
+        "calibrated_breakdown": breakdown,
         "uncalibrated_peers": unread,
         "links": net_note,
         "calibrated_tflops": tflops,

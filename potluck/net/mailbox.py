@@ -47,6 +47,7 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from potluck.net.config import Pacer, TransportConfig
 from potluck.net.dial import AddressBook, open_stream, reachable
+from potluck.net.pace import Background
 from potluck.net.tags import INDEX_BITS, TAG_BYTES, Round, RoundSpan, Stream, Tag, make_tag
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, read_exactly, read_header, write_frame
@@ -82,6 +83,7 @@ class Mailbox:
         self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
         self.drop = drop
         self.pacer = pacer  # paces sends to configured link rates (benchmarks, upload caps)
+        self.background = Background()  # rounds sent at a share of the uplink (an overlapped outer sync)
         self.addresses = addresses  # where a peer said it listens (its heartbeat); None: the daemon's route
         self.vouch = vouch  # asked about a sender outside the admitted peers: is it in a newer plan?
         self.peer_id = p2p.peer_id.to_base58()
@@ -148,6 +150,7 @@ class Mailbox:
         writer, lock = await self._stream_to(peer)
         if self.pacer is not None:
             await self.pacer.pace(self.peer_id, peer, len(payload))
+        await self.background.wait(tag.round, len(payload))
         async with lock:
             try:
                 await write_frame(writer, Frame(MsgType.TENSOR, tag.pack() + payload), self.cfg.timeout_s)

@@ -169,6 +169,7 @@ _LEFT_OUT_AT = (
     ("outer_lr", 0.7),
     ("outer_momentum", 0.9),
     ("outer_overlap", True),
+    ("outer_delay", None),
     ("auto", False),
 )
 AUTO = "auto"  # compression = "auto" in a job file: the coordinator chooses (CompressionSpec.auto)
@@ -202,6 +203,12 @@ class CompressionSpec(_Section):
     # outer step lands at that step's end with what the step did carried over (peer/train/local.py).
     # False waits for the exchange at the sync, as DiLoCo does. Left out of the signed job when true.
     outer_overlap: bool = True
+    # How many inner steps an overlapped exchange may run under before its outer step lands (Streaming
+    # DiLoCo's tau), 1 to sync_every - 1. Unset: sync_every - 1 for an outer step without momentum (a
+    # late average is still the average, and on a 5 Mbit/s uplink one sync's bytes need several steps'
+    # spare upload), 1 with momentum (a Nesterov step delayed by half its period diverged at H = 2).
+    # Left out of the signed job when unset.
+    outer_delay: int | None = Field(default=None, ge=1, le=10_000)
     # compression = "auto" (what a job file without a [compression] section gets): the coordinator
     # chooses every setting above per plan from the measured links and signs its choice into the plan
     # (``TrainPlan.compression``; coordinator/job/autocomp.py). The fields keep their defaults, which only
@@ -242,6 +249,16 @@ class CompressionSpec(_Section):
                 f"the outer momentum, which is then 0"
             )
         return self
+
+    def landing_delay(self) -> int:
+        """Inner steps an overlapped outer sync runs under before it lands (``outer_delay`` resolved):
+        at least 1, at most sync_every - 1 (it lands before the next sync is due)."""
+        most = max(1, self.sync_every - 1)
+        if self.outer_delay is not None:
+            return min(self.outer_delay, most)
+        # no momentum: set to 0, or replaced by a decaying residual (peer/train/outer.py)
+        averaging = self.outer_momentum == 0.0 or (self.outer is not None and self.outer_ef_decay < 1.0)
+        return most if averaging else 1
 
 
 _DEFAULTS = CompressionSpec().model_dump()  # what "auto" leaves every field at (see ``auto``)

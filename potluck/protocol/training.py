@@ -134,8 +134,9 @@ class TrainPlan(Record):
     micro_batches: int = Field(ge=1, le=1 << 20)  # per replica per step
     spares: list[Spare] = Field(default_factory=list, max_length=4096)
     predicted_step_s: Seconds = 0.0
-    # Extra warm-up forwards every stage runs before its first backward (``peer/train/schedule.py``):
-    # enough micro-batches in flight to cover the slowest boundary's round trip on slow links.
+    # Extra warm-up forwards every stage but the last runs before its first backward
+    # (``peer/train/schedule.py``): enough micro-batches in flight to cover the slowest boundary's round
+    # trip on slow links.
     run_ahead: int = Field(default=0, ge=0, le=64)
     # Where start_step's state is: in live peers' memory ("live": replicas of every stage survived) or in
     # checkpoints only ("checkpoint": some stage lost every replica). Peers ask the likelier holders first.

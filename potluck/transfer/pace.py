@@ -20,44 +20,8 @@ throttle after each chunk it receives (``pull.py``).
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
+from potluck.net.pace import SLICE_BYTES, Throttle, write_paced
 
-from potluck.protocol.wire import Frame, drain, encode_header
+__all__ = ["SERVE_SHARE", "SLICE_BYTES", "Throttle", "write_paced"]
 
-SLICE_BYTES = 16 << 10  # bytes written between two looks at the pacer
 SERVE_SHARE = 0.5  # the default share of the uplink serving takes while the peer trains
-
-
-class Throttle:
-    def __init__(self, rate: Callable[[], float | None], clock: Callable[[], float] = time.monotonic) -> None:
-        """``rate()``: the bytes/s serving may take now; None or <= 0: no cap."""
-        self.rate, self.clock = rate, clock
-        self._free_at = 0.0  # when the share is next free, on ``clock``
-
-    def reserve(self, nbytes: int) -> float:
-        """Reserve the share for ``nbytes``; the seconds to wait before sending them (0: at once)."""
-        rate, now = self.rate(), self.clock()
-        if rate is None or rate <= 0:
-            self._free_at = now
-            return 0.0
-        start = max(now, self._free_at)
-        self._free_at = start + nbytes / rate
-        return start - now
-
-    async def wait(self, nbytes: int) -> None:
-        if (delay := self.reserve(nbytes)) > 0:
-            await asyncio.sleep(delay)
-
-
-async def write_paced(writer: asyncio.StreamWriter, frame: Frame, timeout_s: float, pacer: Throttle) -> None:
-    """``protocol.wire.write_frame``, its payload sent in slices of at most ``SLICE_BYTES``, each when
-    ``pacer`` allows. ``timeout_s`` bounds each slice's drain (the pacer's waits are not the peer's)."""
-    writer.write(encode_header(frame.type, len(frame.payload), frame.flags))
-    view = memoryview(frame.payload)
-    for start in range(0, max(len(view), 1), SLICE_BYTES):
-        piece = view[start : start + SLICE_BYTES]
-        await pacer.wait(len(piece))
-        writer.write(piece)
-        await drain(writer, frame.type, timeout_s)

@@ -102,6 +102,7 @@ def codec_ratios(
         lan_gbps=comp.slow_link_gbps,
         sync_every=comp.sync_every,
         overlap_sync=comp.outer_overlap,
+        overlap_steps=comp.landing_delay(),
     )
 
 

@@ -461,7 +461,7 @@ def run_ahead_for(
     ahead = min(micro_batches - 1, MAX_RUN_AHEAD)
     if job is not None and memory_gb is not None:
         act = layer_memory(job)[1]  # bytes per layer per micro-batch in flight
-        for layers, mem in zip(br.layers, memory_gb, strict=True):
+        for layers, mem in zip(br.layers[:-1], memory_gb[:-1], strict=True):  # the last keeps none
             ahead = min(ahead, int(RUN_AHEAD_MEMORY * mem * 1e9 // max(act * max(layers, 1), 1.0)))
     return max(0, ahead)
 
@@ -502,7 +502,15 @@ def predict_step(
     memory = np.array([s[1] for s in stats])
     layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
     lat, per_byte = np.stack([s[2] for s in stats]), np.stack([s[3] for s in stats])
-    return step_time(speed, memory, edges, lat, per_byte, sj, len(rows[0]), layers, plan.run_ahead, latency)
+    br = step_time(speed, memory, edges, lat, per_byte, sj, len(rows[0]), layers, plan.run_ahead, latency)
+    # Every step ends with the commit (peer/train/commit.py): the last peer's READY goes to the leader
+    # and its decision comes back before anyone starts the next step: the farthest peer's round trip
+    # (up to 0.1 s between the home testbed's peers; next to nothing on a LAN).
+    leader = index[plan.leader]
+    placed = [index[p] for st in plan.stages for p in st.peers]
+    round_trip = net.latency_ms[placed, leader] + net.latency_ms[leader, placed]  # ms, each to the leader
+    commit = float(round_trip.max()) / 1e3
+    return replace(br, total=br.total + commit, commit=commit) if br.feasible else br
 
 
 def calibrated_tflops(plan: TrainPlan, job: JobSpec, compute_s: dict[str, float]) -> dict[str, float]:

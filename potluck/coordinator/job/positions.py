@@ -43,7 +43,9 @@ def fits_memory(plan: TrainPlan, sj: StepJob, memory_gb: Sequence[float]) -> boo
     """Whether every stage's layers, with the micro-batches it keeps in flight, fit the smallest free
     memory among its peers (``memory_gb``, per stage), by the planner's own rule (``memory_caps``)."""
     s = len(plan.stages)
-    in_flight = np.minimum(micro_batches(sj, plan.data_replicas), s - np.arange(s)) + plan.run_ahead
+    # every stage but the last keeps run_ahead more (peer/train/schedule.py, ``warmups``)
+    ahead = np.where(np.arange(s) < s - 1, plan.run_ahead, 0)
+    in_flight = np.minimum(micro_batches(sj, plan.data_replicas), s - np.arange(s)) + ahead
     layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
     return bool((layers <= memory_caps(sj, np.asarray(memory_gb, dtype=float), in_flight)).all())
 

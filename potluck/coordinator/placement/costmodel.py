@@ -147,9 +147,11 @@ class CodecRatios:
     gradient_wan: float = 1.0
     lan_gbps: float = 10.0
     # DiLoCo local steps: the gradient ratios above are per step (a sync's bytes / ``sync_every``); with
-    # ``overlap_sync`` each sync runs under the next step's pipeline, and only what outlasts it is exposed
+    # ``overlap_sync`` each sync runs under the next ``overlap_steps`` steps' pipelines, and only what
+    # outlasts them is exposed
     sync_every: int = 1
     overlap_sync: bool = False
+    overlap_steps: int = 1
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ class StepBreakdown:
     layers: tuple[int, ...]  # layer split in pipeline order
     micro_batches: int
     feasible: bool
+    commit: float = 0.0  # the step commit's round trip to the plan's leader (``predict_step`` adds it)
 
 
 def micro_batch_flops(job: StepJob) -> tuple[float, float]:
@@ -366,9 +369,9 @@ def step_time(
     exposed = float(np.maximum(sync - hidden, 0.0).max())
     h = job.codecs.sync_every
     if h > 1 and job.codecs.overlap_sync:
-        # one whole sync every h steps (the per-byte ratio is a sync's over h), under the next pipeline
+        # one whole sync every h steps (the per-byte ratio is a sync's over h), under the next pipelines
         whole = float((sync_lat + h * shard[:, None] * sync_per_byte).max())
-        exposed = max(0.0, whole - pipeline) / h
+        exposed = max(0.0, whole - job.codecs.overlap_steps * pipeline) / h
     return StepBreakdown(
         pipeline + exposed,
         pipeline,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from potluck.model.stage import StageRunner
+from potluck.net.pace import Background
 from potluck.net.tags import Phase, Round, RoundSpan
 from potluck.peer.collectives.diloco import DiLoCo, Prepared
 from potluck.peer.errors import CollectiveError
@@ -35,6 +36,9 @@ logger = logging.getLogger(__name__)
 # Seconds a run whose step failed still waits for its sync in flight: the exchange of a 2-stage x
 # 2-replica home-links job takes 0.4-1.7 s; a stage that lands it serves the newer state.
 SETTLE_S = 3.0
+# Elements per chunk of an overlapped sync's all-reduce: each message then holds ~33 KB of int8 codes,
+# 53 ms of a 5 Mbit/s uplink, which is as long as a commit message may wait behind it.
+BACKGROUND_CHUNK_ELEMENTS = 1 << 15
 
 
 @dataclass
@@ -51,8 +55,10 @@ class InFlight:
 class LocalSteps:
     """The DiLoCo side of one trainer, from the state it loaded (after ``step`` steps) on."""
 
-    def __init__(self, diloco: DiLoCo, step: int) -> None:
-        self.diloco = diloco
+    def __init__(self, diloco: DiLoCo, step: int, background: Background | None = None) -> None:
+        """``background``: the mailbox's, whose share of the uplink an exchange in flight takes until
+        someone waits for it."""
+        self.diloco, self.background = diloco, background
         self.synced_at = step  # the last outer sync's step (or the loaded state's)
         self.synced_before: int | None = None  # the sync before it, once there is one
         self.in_flight: InFlight | None = None
@@ -60,10 +66,19 @@ class LocalSteps:
     def synced(self, step: int) -> None:
         self.synced_before, self.synced_at = self.synced_at, step
 
-    def start(self, step: int, mine: Prepared, exchange: Awaitable[torch.Tensor]) -> None:
-        """Run ``exchange`` (the stage's mean pseudo-gradient from ``mine``) under the next step."""
+    def start(
+        self, step: int, mine: Prepared, exchange: Awaitable[torch.Tensor], span: RoundSpan | None = None
+    ) -> None:
+        """Run ``exchange`` (the stage's mean pseudo-gradient from ``mine``) under the next steps; its
+        messages (the rounds of ``span``) go as background traffic meanwhile."""
         assert self.in_flight is None
         self.in_flight = InFlight(step, mine, asyncio.ensure_future(exchange))
+        if self.background is not None:
+            self.background.mark(span)
+
+    def _waited(self) -> None:
+        if self.background is not None:
+            self.background.mark(None)  # whatever is left goes at full speed
 
     def stepped(self) -> None:
         """An inner step was applied: one more under the sync in flight, if any."""
@@ -75,6 +90,7 @@ class LocalSteps:
         ``CollectiveError``) and apply its outer step; the wait counts as ``timing``'s all-reduce."""
         flight, self.in_flight = self.in_flight, None
         assert flight is not None
+        self._waited()
         t0 = time.perf_counter()
         try:
             mean = await asyncio.wait_for(asyncio.shield(flight.task), timeout_s)
@@ -89,7 +105,24 @@ class LocalSteps:
         self.diloco.apply_outer(mean, flight.mine.pseudo if flight.inner_steps else None)
         self.synced(flight.step)
 
+    async def settle(self, ended: bool, timeout_s: float) -> bool:
+        """Land the sync in flight at the end of a run (a pause set under it, or a failed step); whether
+        it landed. ``ended``: the run stopped where it meant to, so a failure to land is the run's; else
+        a step failed, and the sync gets ``timeout_s`` at most (it has had most of a step already; one
+        still waiting then most likely waits for the peer that died, and the worker's report of the
+        failure must not wait for it)."""
+        if ended:
+            await self.land()
+            return True
+        try:
+            await self.land(timeout_s=timeout_s)
+        except Exception as e:  # the step's own failure is what the run reports
+            logger.info("the outer sync of step %d was dropped: %s", self.synced_at, e)
+            return False
+        return True
+
     def drop(self) -> None:
+        self._waited()
         if self.in_flight is not None:
             self.in_flight.task.cancel()
             self.in_flight = None

@@ -100,6 +100,7 @@ class Timing:
     recv: float = 0.0
     allreduce: float = 0.0
     commit: float = 0.0
+    piped: float = 0.0
     bytes_sent: int = 0
     # Activations and their gradients crossing stage boundaries: fp32 bytes before the codec, and after
     wire_raw: int = 0
@@ -120,6 +121,14 @@ class Timing:
             total=total,
         )
         return total, parts
+
+    def line(self, total: float, parts: StepTiming) -> str:
+        """The step's breakdown for a log line (seconds)."""
+        return (
+            f"{total:.3f} s; pipeline done at {self.piped:.3f}, commit {self.commit:.3f}, compute "
+            f"{parts.compute:.3f}, receive {parts.recv:.3f}, send {parts.send:.3f}, "
+            f"all-reduce {parts.allreduce:.3f}"
+        )
 
 
 async def pipeline_step(

@@ -18,6 +18,7 @@ messages of an aborted attempt under an older plan can never be mistaken for the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -57,7 +58,7 @@ from potluck.peer.train.checks.duties import Duties, Place, make_ledger
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
 from potluck.peer.train.commit import Decision, Ready, commit_step
-from potluck.peer.train.local import SETTLE_S, LocalSteps
+from potluck.peer.train.local import BACKGROUND_CHUNK_ELEMENTS, SETTLE_S, LocalSteps
 from potluck.peer.train.outer import make_diloco, outer_mean, stage_gather
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
 from potluck.peer.train.replicas import ReplicaSync
@@ -165,7 +166,7 @@ class Trainer:
         self.duties = Duties.build(at, ledger, self.sync)
         self.ledger = ledger
         d = self.replicas.diloco  # with local steps; a new one each time the state is loaded
-        self.local = LocalSteps(d, plan.start_step) if d is not None else None
+        self.local = LocalSteps(d, plan.start_step, box.background) if d is not None else None
         # Two replicas' shares on this device (StageAssignment.waves): tick-tock waves (train/waves.py)
         self.shards = plan.shards(self.stage, self.replica)  # the data shards this peer trains on
         self.waves: Waves | None = None
@@ -219,7 +220,7 @@ class Trainer:
         state after ``self.step`` steps, which every replica loads alike), its residual starts empty."""
         if self.local is not None:
             d = make_diloco(self.runner.params, self.job.compression, self.job.trust, self.step)
-            self.local = LocalSteps(d, self.step)
+            self.local = LocalSteps(d, self.step, self.box.background)
             self._stepped = self.step
 
     def want(self) -> StateWant:
@@ -394,6 +395,7 @@ class Trainer:
             self.deadline.check()  # a straggler too many steps in a row: reported failed
         ratio = timing.wire_raw / timing.wire_coded if timing.wire_coded else 0.0
         total, st = timing.report()
+        logger.debug("step %d on stage %d: %s", step, self.stage, timing.line(total, st))
         return StepReport(step, decision.loss, lr, total, st, timing.bytes_sent, checkpoint, ratio)
 
     async def _compute(
@@ -423,6 +425,7 @@ class Trainer:
                     self.ledger,
                     self.plan.run_ahead,
                 )
+                timing.piped = time.perf_counter() - timing.started
                 # one signature over its pipeline messages, out now: it reaches the neighbours while
                 # they sync their replicas, and their READY does not wait a hop for it
                 await self.duties.seal(rnd, timeout_s, timing, check=False)
@@ -461,49 +464,43 @@ class Trainer:
         only starts here, and the next step's end lands it (``local.py``). The run's last sync (the
         job's end, a pause, a hand-off) is waited for: a run leaves the state every replica agrees on."""
         local.stepped()
-        if local.in_flight is not None:
+        last = rnd.step + 1 == self.job.steps  # every replica reaches it together (commits are all-or-none)
+        due = local.diloco.count(force=last)
+        flight = local.in_flight
+        # it lands after its delay in inner steps, the same step on every replica, and always before
+        # the next sync starts
+        if flight is not None and (due or flight.inner_steps >= self.job.compression.landing_delay()):
             await local.land(timing)
+        if self.lateness is not None:
+            self._compute_s.append(timing.compute)
+        if not due:
+            return
         peers, timeout = self.assignment.peers, self.cfg.allreduce_timeout_s
         wait_s = None
         if self.lateness is not None:
-            self._compute_s.append(timing.compute)
             pol = self.job.sync
             wait_s = deadline_s(list(self._compute_s), pol.deadline_factor, pol.min_deadline_s, timeout)
-        last = rnd.step + 1 == self.job.steps  # every replica reaches it together (commits are all-or-none)
-        if not local.diloco.count(force=last):
-            return
         end = min(self._end, self.stop_step if self.stop_step is not None else self._end)
         overlap = self.job.compression.outer_overlap and rnd.step + 1 < end
         clock = Timing() if overlap else timing  # an overlapped exchange counts only its wait at landing
         gather = stage_gather(self.box, peers, local.diloco, rnd, timeout, clock, wait_s, self.lateness)
-        sync = lambda t: self._outer_allreduce(t, rnd, clock)  # noqa: E731
+        sync = lambda t: self._outer_allreduce(t, rnd, clock, overlap)  # noqa: E731
         mine = local.diloco.prepare()
         exchange = outer_mean(local.diloco, mine, sync, gather, peers, self.audit)
         if overlap:
-            local.start(rnd.step + 1, mine, exchange)
+            local.start(rnd.step + 1, mine, exchange, rnd.at(Phase.OUTER).attempts())
             return
         local.diloco.apply_outer(await exchange)
         local.synced(rnd.step + 1)
 
     async def _settle(self, ended: bool) -> None:
-        """The run is over with an overlapped sync still in flight (a pause set under it, or a failed
-        step): land it, then write the checkpoint a pause or the job's end asks for. ``ended``: the run
-        stopped where it meant to, so a failure to land is the run's; else a step failed, and the sync
-        gets ``SETTLE_S`` at most (it has had most of a step already; one still waiting then most likely
-        waits for the peer that died, and the worker's report of the failure must not wait for it)."""
+        """The run is over with an overlapped sync still in flight: land it (``LocalSteps.settle``),
+        then write the checkpoint a pause or the job's end asks for."""
         local = self.local
-        if local is None or local.in_flight is None:
-            return
-        since = local.synced_at
-        if ended:
-            await local.land()
-        else:
-            try:
-                await local.land(timeout_s=min(SETTLE_S, self.budget.timeout_s()))
-            except Exception as e:  # the step's own failure is what the run reports
-                logger.info("the outer sync of step %d was dropped: %s", since, e)
-                return
-        await self._maybe_checkpoint(since)
+        if local is not None and local.in_flight is not None:
+            since = local.synced_at
+            if await local.settle(ended, min(SETTLE_S, self.budget.timeout_s())):
+                await self._maybe_checkpoint(since)
 
     async def _forget(self, step: int) -> None:
         """Drop what step ``step`` and earlier left buffered (step + 1's early messages stay)."""
@@ -511,11 +508,15 @@ class Trainer:
         for span in self.local.forgettable(done) if self.local is not None else [done]:
             await self.box.forget(span)
 
-    async def _outer_allreduce(self, pseudo: torch.Tensor, rnd: Round, timing: Timing) -> torch.Tensor:
+    async def _outer_allreduce(
+        self, pseudo: torch.Tensor, rnd: Round, timing: Timing, background: bool = False
+    ) -> torch.Tensor:
         if self.plan.n_replicas == 1:
             return pseudo
         t0 = time.perf_counter()
         cfg = self._allreduce_cfg(average=True)
+        if background:  # small messages, each paced whole (net/pace.py, Background)
+            cfg = dataclasses.replace(cfg, chunk_elements=min(cfg.chunk_elements, BACKGROUND_CHUNK_ELEMENTS))
         out = await tree_allreduce(
             self.box, self.schedule, pseudo, rnd.at(Phase.OUTER).pack(), cfg, self.audit
         )

@@ -206,17 +206,27 @@ def test_between_diloco_syncs_a_peer_serves_the_last_synced_state(tmp_path):
     assert all(torch.allclose(older.tensors[k], reference[k], rtol=0, atol=1e-6) for k in weights)
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_diloco_syncs_at_the_job_end_and_checkpoints_at_the_first_sync_past_each_interval(tmp_path, overlap):
-    """steps = 6, H = 4: a sync at step 4 and a last one at step 6, so the final model is the replicas'
-    agreed one; checkpoints every 3 steps fall on those syncs (4 passed 3, 6 is the end)."""
-    comp = {"sync_every": 4, "outer_overlap": overlap}
-    job = tiny_job(steps=6, checkpoint={"interval": 3}, compression=comp)
+@pytest.mark.parametrize(
+    ("comp", "landed"),
+    [
+        ({"outer_overlap": False}, 4),  # waited for: written at once
+        ({}, 5),  # overlapped, with momentum: lands under one step
+        ({"outer_lr": 1.0, "outer_momentum": 0.0}, 7),  # averaging: lands after H - 1 = 3 steps
+        ({"outer_lr": 1.0, "outer_momentum": 0.0, "outer_delay": 2}, 6),
+    ],
+)
+def test_diloco_syncs_at_the_job_end_and_checkpoints_at_the_first_sync_past_each_interval(
+    tmp_path, comp, landed
+):
+    """steps = 8, H = 4: a sync at step 4 and a last one at step 8, so the final model is the replicas'
+    agreed one; checkpoints every 3 steps fall on those syncs (4 passed 3, 8 is the end)."""
+    job = tiny_job(steps=8, checkpoint={"interval": 3}, compression={"sync_every": 4, **comp})
     reports, trainers = asyncio.run(train_swarm(job, 1, 2, [(0, 4)], tmp_path, own_disks=True))
     a, b = trainers[(0, 0)], trainers[(0, 1)]
-    assert a.diloco is not None and a.diloco.syncs == 2 and a.held_step == 6
+    assert a.diloco is not None and a.diloco.syncs == 2 and a.held_step == 8
     assert all(torch.equal(x, y) for x, y in zip(a.runner.params, b.runner.params, strict=True))
-    # With compression.outer_overlap the sync due after step 4 lands under step 5: its state is written
-    # then, as the state after 4 steps. The job's last sync is waited for and written at once.
+    # An overlapped sync due after step 4 lands under the steps after it (compression.outer_delay): its
+    # state is written then, as the state after 4 steps. The job's last sync is waited for and written
+    # at once.
     written = [(r.step + 1, r.checkpoint.name) for r in reports[(0, 0)] if r.checkpoint is not None]
-    assert written == [(5 if overlap else 4, "step-00000004"), (6, "step-00000006")]
+    assert written == [(landed, "step-00000004"), (8, "step-00000008")]

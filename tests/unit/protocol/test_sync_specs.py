@@ -164,3 +164,31 @@ def test_deadline_with_dense_local_steps_is_rejected_and_with_the_coded_sync_tak
         job(tmp_path, '[sync]\npolicy = "strict"\n[compression]\nsync_every = 4\n').compression.sync_every
         == 4
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "delay"),
+    [
+        ("sync_every = 4\n", 1),  # DiLoCo's Nesterov step: lands under one step
+        ("sync_every = 4\nouter_momentum = 0.0\nouter_lr = 1.0\n", 3),  # averaging: under H - 1
+        ('sync_every = 16\nouter = "int2"\nouter_ef_decay = 0.9\n', 15),  # the residual replaces momentum
+        ("sync_every = 4\nouter_delay = 2\n", 2),
+        ("sync_every = 4\nouter_delay = 9\n", 3),  # never past the next sync
+        ("sync_every = 1\nouter_delay = 3\n", 1),
+    ],
+)
+def test_an_overlapped_sync_lands_after_its_delay(tmp_path, extra, delay):
+    comp = job(tmp_path, "[compression]\n" + extra).compression
+    assert comp.landing_delay() == delay
+
+
+def test_outer_delay_is_left_out_unset_and_checked(tmp_path):
+    assert (
+        "outer_delay"
+        not in job(tmp_path, "[compression]\nsync_every = 4\n").model_dump(mode="json")["compression"]
+    )
+    set_ = job(tmp_path, "[compression]\nsync_every = 4\nouter_delay = 2\n").model_dump(mode="json")
+    assert set_["compression"]["outer_delay"] == 2
+    with pytest.raises(JobSpecError) as err:
+        job(tmp_path, "[compression]\nsync_every = 4\nouter_delay = 0\n")
+    assert "`compression.outer_delay" in str(err.value)

@@ -190,4 +190,6 @@ def test_run_ahead_covers_a_long_round_trip_and_is_zero_on_fast_links() -> None:
     assert hidden.total < 0.7 * slow.total
     # As far ahead as memory allows: a device with little room keeps fewer micro-batches in flight.
     assert run_ahead_for(slow, slow.micro_batches, job, [8.0, 8.0]) == ahead
-    assert 0 <= run_ahead_for(slow, slow.micro_batches, job, [8.0, 0.001]) < ahead
+    assert 0 <= run_ahead_for(slow, slow.micro_batches, job, [0.001, 8.0]) < ahead
+    # the last stage runs nothing ahead (peer/train/schedule.py), so its memory does not limit it
+    assert run_ahead_for(slow, slow.micro_batches, job, [8.0, 0.001]) == ahead
