@@ -6,11 +6,15 @@ DiLoCo's ``previous``). That is what a peer serves, checkpoints and reports, nev
 
 Streaming DiLoCo's overlap (``compression.outer_overlap``, the default): a sync that the run's next
 step follows only starts when it is due (``start``). Its pseudo-gradient is taken then, its exchange
-runs under the next inner step, and that step's end lands it (``land``): the snapshot moves to the outer
-step's result, the same on every replica, and each replica's weights to that snapshot plus what its own
-inner step did meanwhile, which the next sync's pseudo-gradient then counts. On home links the
-exchange (0.4-1.7 s for the bench_wan job's 4 local steps) hides under a step of 2.2 s; a sync waited
-for costs all of it.
+runs under the next inner steps, and the end of the ``compression.outer_delay``-th lands it (``land``,
+the same step on every replica, always before the next sync): the snapshot moves to the outer step's
+result, the same on every replica, and each replica's weights to that snapshot plus what its own inner
+steps did meanwhile, which the next sync's pseudo-gradient then counts. Meanwhile the exchange's
+messages are background traffic (``net/pace.py``): small, and at a share of the uplink, so that the
+pipeline's activations and the commits do not queue behind them; landing waits for the rest at full
+speed. On the home testbed (4 local steps), unpaced, a step's commit waited up to 1.3 s behind the
+sync's chunks; the mean step was 1.20 s with the exchange under one step, 1.23-1.26 s under three, and
+1.10-1.14 s under three and paced (one run each, docs/benchmarks/wan.md).
 """
 
 from __future__ import annotations

@@ -144,3 +144,22 @@ def test_peers_to_hold_counts_the_largest_memories_first_and_extrapolates_past_t
     assert peers_to_hold(sj, [64.0, mem_gb, mem_gb]) == 1  # the big one holds everything
     assert peers_to_hold(sj, []) is None
     assert peers_to_hold(sj, [mem_gb / 100]) is None  # not even a layer each, however many
+
+
+def test_the_predicted_step_ends_with_the_commit_round_trip_to_the_leader():
+    """Every step ends with READY to the plan's leader and its decision back (peer/train/commit.py): the
+    model adds the farthest placed peer's round trip to the leader on top of the pipeline and the sync."""
+    from potluck.coordinator.job.plan import DEFAULT_RTT_MS, network, predict_step
+    from potluck.coordinator.placement.costmodel import DeviceSpec
+
+    pids = ids(4)
+    state = SwarmState("s", 100.0, {p: peer(p) for p in pids})
+    plan, _, _ = make_train_plan(state, JOB, 100.0, epoch=1, start_step=0)
+    assert plan is not None
+    order = sorted(pids)
+    net, _ = network(state, order)  # no measured links: DEFAULT_RTT_MS between every two peers
+    devices = {p: DeviceSpec(tflops=0.1, memory_gb=8.0) for p in order}
+    br = predict_step(plan, JOB, devices, net, order)
+    assert br.commit == DEFAULT_RTT_MS / 1e3
+    assert br.total == br.pipeline + br.dp_exposed + br.commit
+    assert plan.predicted_step_s == br.total
