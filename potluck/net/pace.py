@@ -60,22 +60,44 @@ async def write_paced(writer: asyncio.StreamWriter, frame: Frame, timeout_s: flo
 class Background:
     """The rounds a mailbox sends as background traffic (``mark``): a DiLoCo outer sync running under
     the next steps, whose bytes would otherwise fill a home uplink's queue ahead of the activations and
-    commit messages the swarm waits on. Each of their messages waits for its turn at ``rate()`` bytes/s
-    (None: unpaced) before it is written, so senders keep them small (``BACKGROUND_CHUNK_ELEMENTS``).
-    Unmarked once someone waits for the round: its rest then goes at full speed."""
+    commit messages the swarm waits on.
 
-    def __init__(self) -> None:
-        self.rate: Callable[[], float | None] | None = None  # set by the peer: a share of its uplink
+    Strict priority, kept at the sender: every foreground message adds its bytes to a virtual queue that
+    drains at the uplink's rate (``uplink()``, bytes/s; None: unknown, nothing is paced), and a
+    background message waits until that queue is empty, then for its turn at ``share`` of the uplink.
+    So the sync fills the gaps the pipeline leaves (stage 1's uplink before the first gradient, stage
+    0's after the last activation) rather than taking half the link while the pipeline needs it.
+    Each background message goes whole once its turn comes, so senders keep them small
+    (``peer/train/local.py``, ``BACKGROUND_CHUNK_ELEMENTS``). Unmarked once someone waits for the
+    round: its rest then goes at full speed."""
+
+    def __init__(self, share: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
+        self.uplink: Callable[[], float | None] | None = None  # set by the peer
+        self.share, self.clock = share, clock
         self.span: RoundSpan | None = None
-        self.throttle = Throttle(self._rate)
+        self.throttle = Throttle(self._rate, clock)
+        self._foreground_until = 0.0  # when the foreground's virtual queue drains, on ``clock``
 
     def mark(self, span: RoundSpan | None) -> None:
         self.span = span
 
+    def _up(self) -> float | None:
+        up = self.uplink() if self.uplink is not None else None
+        return up if up is not None and up > 0 else None
+
     def _rate(self) -> float | None:
-        return None if self.span is None or self.rate is None else self.rate()
+        up = self._up()
+        return None if self.span is None or up is None else up * self.share
 
     async def wait(self, round_: int, nbytes: int) -> None:
-        """Wait until a message of ``nbytes`` in round ``round_`` (packed) may go."""
-        if self.span is not None and self.span.start <= round_ < self.span.stop:
-            await self.throttle.wait(nbytes)
+        """Wait until a message of ``nbytes`` in round ``round_`` (packed) may go: at once for the
+        foreground (counted), after the foreground's queue and at the share for the background."""
+        up = self._up()
+        if up is None:
+            return
+        if self.span is None or round_ not in self.span:
+            self._foreground_until = max(self.clock(), self._foreground_until) + nbytes / up
+            return
+        while (gap := self._foreground_until - self.clock()) > 0 and self.span is not None:
+            await asyncio.sleep(gap)
+        await self.throttle.wait(nbytes)

@@ -130,8 +130,9 @@ class PlanWorker(Replans):
         self._running: Trainer | None = None  # the trainer of the current run
         # Serving and fetching live state needs the key that signs manifests; without one, disk only.
         self._uplink = uplink
-        # an outer sync under the next steps takes at most the serving share of the uplink (net/pace.py)
-        self.box.background.rate = lambda: (u * cfg.serve_share) if (u := self._training_uplink()) else None
+        # an outer sync under the next steps fills the pipeline's gaps, at most at the serving share of
+        # the uplink (net/pace.py)
+        self.box.background.uplink, self.box.background.share = self._training_uplink, cfg.serve_share
         self.streams = Streams(node.p2p)
         self.streams.credentials = lambda: node.admission  # shown to the peers it fetches state from
         self.transfer = TransferConfig(serve_share=cfg.serve_share)

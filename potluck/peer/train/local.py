@@ -40,9 +40,10 @@ logger = logging.getLogger(__name__)
 # Seconds a run whose step failed still waits for its sync in flight: the exchange of a 2-stage x
 # 2-replica home-links job takes 0.4-1.7 s; a stage that lands it serves the newer state.
 SETTLE_S = 3.0
-# Elements per chunk of an overlapped sync's all-reduce: each message then holds ~33 KB of int8 codes,
-# 53 ms of a 5 Mbit/s uplink, which is as long as a commit message may wait behind it.
-BACKGROUND_CHUNK_ELEMENTS = 1 << 15
+# Elements per chunk of an overlapped sync's all-reduce, summed over its trees: with two replicas each
+# message holds ~8 KB of int8 codes, 13 ms of a 5 Mbit/s uplink, as long as an activation or a commit
+# message that comes right after it waits behind it.
+BACKGROUND_CHUNK_ELEMENTS = 1 << 14
 
 
 @dataclass

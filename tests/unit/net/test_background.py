@@ -1,6 +1,6 @@
-"""Background traffic (net/pace.py, ``Background``): an overlapped outer sync's messages wait for their
-turn at a share of the uplink; every other message, and the sync's rest once someone waits for it, goes
-at once."""
+"""Background traffic (net/pace.py, ``Background``): an overlapped outer sync's messages go after the
+foreground's queue has drained and at a share of the uplink; foreground messages never wait, and once
+someone waits for the sync its rest goes at full speed. A fake clock that sleeping advances."""
 
 from __future__ import annotations
 
@@ -12,48 +12,74 @@ from potluck.net import pace
 from potluck.net.pace import Background
 from potluck.net.tags import Phase, Round
 
+OUTER = Round(0, 7, Phase.OUTER)
+STEP = Round(0, 8, Phase.STEP)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, delay: float) -> None:
+        self.slept.append(delay)
+        self.now += delay
+
 
 @pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The delays the pacer asked for, instead of sleeping them."""
-    asked: list[float] = []
-
-    async def sleep(delay: float) -> None:
-        asked.append(delay)
-
-    monkeypatch.setattr(pace.asyncio, "sleep", sleep)
-    return asked
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(pace.asyncio, "sleep", c.sleep)
+    return c
 
 
-def test_messages_of_the_marked_rounds_are_spaced_at_the_rate(sleeps: list[float]) -> None:
-    outer = Round(0, 7, Phase.OUTER)
-    bg = Background()
-    bg.rate = lambda: 100_000.0  # bytes/s
-    bg.mark(outer.attempts())
+def background(clock: Clock, uplink: float | None = 100_000.0) -> Background:
+    bg = Background(share=0.5, clock=clock)
+    bg.uplink = lambda: uplink  # bytes/s
+    bg.mark(OUTER.attempts())
+    return bg
 
-    async def main() -> None:
+
+def test_the_background_waits_for_the_foreground_queue_then_goes_at_the_share(clock: Clock) -> None:
+    bg = background(clock)
+
+    async def main() -> list[float]:
+        await bg.wait(STEP.pack(), 30_000)  # the pipeline's: 0.3 s of the uplink, never waits
+        sent = []
         for _ in range(3):
-            await bg.wait(outer.pack(), 20_000)  # 0.2 s of the share each
-        await bg.wait(Round(0, 8, Phase.STEP).pack(), 20_000)  # the pipeline's: never waits
+            await bg.wait(OUTER.pack(), 10_000)  # 0.2 s each at half the uplink
+            sent.append(clock.now)
+        return sent
 
-    asyncio.run(main())
-    # the first goes at once; each later one waits for the ones before it (within the test's own run time)
-    assert len(sleeps) == 2
-    assert sleeps[0] == pytest.approx(0.2, abs=0.05) and sleeps[1] == pytest.approx(0.4, abs=0.05)
+    sent = asyncio.run(main())
+    assert sent == pytest.approx([100.3, 100.5, 100.7])  # after the 0.3 s queue, then spaced 0.2 s
+    assert clock.slept[0] == pytest.approx(0.3)
 
 
-def test_unmarked_or_without_a_known_uplink_nothing_waits(sleeps: list[float]) -> None:
-    outer = Round(0, 7, Phase.OUTER)
-    bg = Background()
-    bg.mark(outer.attempts())  # no rate: the uplink is unknown
+def test_foreground_messages_never_wait(clock: Clock) -> None:
+    bg = background(clock)
 
     async def main() -> None:
-        await bg.wait(outer.pack(), 1 << 20)
-        await bg.wait(outer.pack(), 1 << 20)
-        bg.rate = lambda: 1000.0
-        bg.mark(None)  # someone waits for the sync: its rest goes at full speed
-        await bg.wait(outer.pack(), 1 << 20)
-        await bg.wait(outer.pack(), 1 << 20)
+        for _ in range(5):
+            await bg.wait(STEP.pack(), 1 << 20)
 
     asyncio.run(main())
-    assert sleeps == []
+    assert clock.slept == []
+
+
+def test_unmarked_or_without_a_known_uplink_nothing_waits(clock: Clock) -> None:
+    unknown = background(clock, uplink=None)
+
+    async def main() -> None:
+        await unknown.wait(STEP.pack(), 1 << 20)
+        await unknown.wait(OUTER.pack(), 1 << 20)  # the uplink is unknown: unpaced
+        known = background(clock)
+        await known.wait(STEP.pack(), 1 << 20)
+        known.mark(None)  # someone waits for the sync: its rest goes at full speed
+        await known.wait(OUTER.pack(), 1 << 20)
+
+    asyncio.run(main())
+    assert clock.slept == []
