@@ -78,7 +78,8 @@ def peer(
         WorkerConfig.serve_share,
         min=0.01,
         max=1.0,
-        help="While you train, the most of your upload that serving state to other peers takes (1: no cap).",
+        help="While you train, the most of your upload that serving state to other peers, or a replica sync "
+        "running under the next steps, takes (1: no cap).",
     ),
     threads: int = typer.Option(None, min=1, help="CPU threads torch may use (default: all cores)."),
     max_memory: str = typer.Option(

@@ -83,7 +83,7 @@ class Mailbox:
         self.p2p, self.protocol, self.cfg = p2p, protocol, cfg
         self.drop = drop
         self.pacer = pacer  # paces sends to configured link rates (benchmarks, upload caps)
-        self.background = Background()  # rounds sent at a share of the uplink (an overlapped outer sync)
+        self.background = Background()  # rounds sent in the foreground's gaps (an overlapped outer sync)
         self.addresses = addresses  # where a peer said it listens (its heartbeat); None: the daemon's route
         self.vouch = vouch  # asked about a sender outside the admitted peers: is it in a newer plan?
         self.peer_id = p2p.peer_id.to_base58()

@@ -10,11 +10,12 @@ runs under the next inner steps, and the end of the ``compression.outer_delay``-
 the same step on every replica, always before the next sync): the snapshot moves to the outer step's
 result, the same on every replica, and each replica's weights to that snapshot plus what its own inner
 steps did meanwhile, which the next sync's pseudo-gradient then counts. Meanwhile the exchange's
-messages are background traffic (``net/pace.py``): small, and at a share of the uplink, so that the
-pipeline's activations and the commits do not queue behind them; landing waits for the rest at full
-speed. On the home testbed (4 local steps), unpaced, a step's commit waited up to 1.3 s behind the
-sync's chunks; the mean step was 1.20 s with the exchange under one step, 1.23-1.26 s under three, and
-1.10-1.14 s under three and paced (one run each, docs/benchmarks/wan.md).
+messages are background traffic (``net/pace.py``): small, sent only once the pipeline's own bytes
+have left the uplink, and at most at a share of it, so that the activations and the commits do not
+queue behind them; landing waits for the rest at full speed. On the home testbed (4 local steps),
+unpaced, a step's commit waited up to 1.3 s behind the sync's chunks; the mean step was 1.20 s with
+the exchange under one step, 1.23-1.26 s under three, 1.10-1.14 s under three at a share of the
+uplink, and 1.07 s in the pipeline's gaps (one run each, docs/benchmarks/wan.md).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class LocalSteps:
     """The DiLoCo side of one trainer, from the state it loaded (after ``step`` steps) on."""
 
     def __init__(self, diloco: DiLoCo, step: int, background: Background | None = None) -> None:
-        """``background``: the mailbox's, whose share of the uplink an exchange in flight takes until
+        """``background``: the mailbox's, whose gaps in the uplink an exchange in flight takes until
         someone waits for it."""
         self.diloco, self.background = diloco, background
         self.synced_at = step  # the last outer sync's step (or the loaded state's)

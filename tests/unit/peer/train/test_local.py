@@ -75,3 +75,26 @@ def test_the_mailbox_keeps_the_rounds_of_the_sync_in_flight() -> None:
         local.drop()
 
     asyncio.run(main())
+
+
+def test_a_sync_in_flight_is_background_traffic_until_someone_waits_for_it() -> None:
+    from potluck.net.pace import Background
+
+    async def main() -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        bg = Background()
+        local = LocalSteps(DiLoCo(model.parameters(), DiLoCoConfig(inner_steps=2, outer_lr=1.0)), 0, bg)
+        mine = local.diloco.prepare()
+        span = Round(0, 1, Phase.OUTER).attempts()
+        done: asyncio.Future[torch.Tensor] = asyncio.get_running_loop().create_future()
+        local.start(2, mine, done, span)
+        assert bg.span == span  # its messages go in the pipeline's gaps
+        done.set_result(mine.pseudo.clone())
+        await local.land()
+        assert bg.span is None  # landing waits for it: the rest would go at full speed
+        local.start(4, local.diloco.prepare(), asyncio.get_running_loop().create_future(), span)
+        local.drop()
+        assert bg.span is None and local.in_flight is None
+
+    asyncio.run(main())
