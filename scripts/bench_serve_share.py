@@ -4,7 +4,7 @@ Three network namespaces on a bridge (``testbed.netem.Netlab``): A trains and se
 training messages, C fetches state from A. A's uplink is capped by a kernel tbf (``--up-mbit``, 20 by
 default, its queue 100 ms, as a home router's). A sends B one 64 KiB training message every 100 ms
 (5.2 Mbit/s: a pipeline's activations) and, in the rows with a fetch, sends C ``--state-mb`` MiB of
-state in 1 MiB chunk frames through the state server's own write path (``transfer.pace.write_paced``)
+state in 1 MiB chunk frames through the state server's own write path (``net.pace.write_paced``)
 at the row's share of the uplink. B timestamps each training message's arrival (the namespaces share
 one monotonic clock), so a message's latency includes A's queue and the link; a row's figures are
 over the messages sent while the fetch ran.
@@ -35,9 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's potluck
 
+from potluck.net.pace import Throttle, write_paced
 from potluck.protocol.wire import Frame, MsgType, read_frame, write_frame
 from potluck.testbed.netem import Netlab, require_root
-from potluck.transfer.pace import Throttle, write_paced
 
 TRAIN_PORT, STATE_PORT = 5101, 5102
 MESSAGE_BYTES = 64 << 10

@@ -250,15 +250,19 @@ class CompressionSpec(_Section):
             )
         return self
 
+    @property
+    def outer_momentum_used(self) -> float:
+        """The outer step's Nesterov momentum as it runs: none under a decaying residual, which plays
+        its part (SparseLoCo; the validator refuses setting both)."""
+        return 0.0 if self.outer is not None and self.outer_ef_decay < 1.0 else self.outer_momentum
+
     def landing_delay(self) -> int:
         """Inner steps an overlapped outer sync runs under before it lands (``outer_delay`` resolved):
         at least 1, at most sync_every - 1 (it lands before the next sync is due)."""
         most = max(1, self.sync_every - 1)
         if self.outer_delay is not None:
             return min(self.outer_delay, most)
-        # no momentum: set to 0, or replaced by a decaying residual (peer/train/outer.py)
-        averaging = self.outer_momentum == 0.0 or (self.outer is not None and self.outer_ef_decay < 1.0)
-        return most if averaging else 1
+        return most if self.outer_momentum_used == 0.0 else 1
 
 
 _DEFAULTS = CompressionSpec().model_dump()  # what "auto" leaves every field at (see ``auto``)

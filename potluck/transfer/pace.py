@@ -9,19 +9,16 @@ over every stream it serves; training traffic keeps the rest. When it does not t
 waiting for the state of a new one) serving runs at the link's full speed: then the fetch is what
 everyone waits on.
 
-The pacer is a virtual clock shared by the server's streams: each slice of bytes reserves the next
-``nbytes / rate`` seconds of the share and waits for its turn. Slices are small (16 KiB) so a 1 MiB chunk
-does not leave as one burst that the uplink's queue would hold in front of a training message. Idle time
-earns no credit: a fetch that starts after a quiet minute still starts at the rate. The server sets the
+The pacer (``net/pace.py``) is a virtual clock shared by the server's streams: each slice of bytes
+reserves the next ``nbytes / rate`` seconds of the share and waits for its turn. Slices are small
+(16 KiB) so a 1 MiB chunk does not leave as one burst that the uplink's queue would hold in front of a
+training message. Idle time earns no credit: a fetch that starts after a quiet minute still starts at
+the rate. The server sets the
 rate (``StateServer._rate``), with a floor that keeps each chunk inside the fetcher's frame timeout.
 A fetch with a cap of its own (``TransferConfig.rate_bytes_s``, background copies) waits on the same
 throttle after each chunk it receives (``pull.py``).
 """
 
 from __future__ import annotations
-
-from potluck.net.pace import SLICE_BYTES, Throttle, write_paced
-
-__all__ = ["SERVE_SHARE", "SLICE_BYTES", "Throttle", "write_paced"]
 
 SERVE_SHARE = 0.5  # the default share of the uplink serving takes while the peer trains

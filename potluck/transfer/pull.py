@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import torch
 import zstandard
 
+from potluck.net.pace import Throttle
 from potluck.net.streams import Streams
 from potluck.protocol.errors import DialError, WireError
 from potluck.protocol.wire import STATE_ZSTD, Frame, MsgType, read_frame, write_frame
 from potluck.transfer import manifest as mf
 from potluck.transfer.errors import StateError, TransferError
-from potluck.transfer.pace import Throttle
 from potluck.transfer.server import INDEX, TransferConfig, encode_request
 from potluck.transfer.snapshot import check_covers, unpack
 

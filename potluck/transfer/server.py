@@ -30,6 +30,7 @@ from pathlib import Path
 import zstandard
 
 from potluck.model.resume import holds, load_layers, present_stages
+from potluck.net.pace import Throttle, write_paced
 from potluck.net.streams import Streams
 from potluck.protocol.checkpoints import step_dir
 from potluck.protocol.errors import CheckpointError, WireError
@@ -37,7 +38,7 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.wire import MAX_STATE_CHUNK_BYTES, STATE_ZSTD, Frame, MsgType, read_frame, write_frame
 from potluck.transfer.errors import TransferError
 from potluck.transfer.manifest import CHUNK_BYTES, StateManifest, chunk_hashes
-from potluck.transfer.pace import SERVE_SHARE, Throttle, write_paced
+from potluck.transfer.pace import SERVE_SHARE
 from potluck.transfer.snapshot import StageState, pack, rename, select
 
 logger = logging.getLogger(__name__)

@@ -56,7 +56,14 @@ from potluck.coordinator.trees.plan import choose_tree_plan, to_schedule
 from potluck.protocol.collective import schedule_to_records
 from potluck.protocol.jobspec import CompressionSpec, JobSpec
 from potluck.protocol.records import PeerRecord
-from potluck.protocol.training import LinkCodecs, Spare, StageAssignment, TrainPlan, TreeRecord
+from potluck.protocol.training import (
+    LinkCodecs,
+    Spare,
+    StageAssignment,
+    TrainPlan,
+    TreeRecord,
+    stage_run_ahead,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -461,8 +468,10 @@ def run_ahead_for(
     ahead = min(micro_batches - 1, MAX_RUN_AHEAD)
     if job is not None and memory_gb is not None:
         act = layer_memory(job)[1]  # bytes per layer per micro-batch in flight
-        for layers, mem in zip(br.layers[:-1], memory_gb[:-1], strict=True):  # the last keeps none
-            ahead = min(ahead, int(RUN_AHEAD_MEMORY * mem * 1e9 // max(act * max(layers, 1), 1.0)))
+        extra = stage_run_ahead(len(br.layers), 1)  # which stages keep the extra micro-batches
+        for layers, mem, keeps in zip(br.layers, memory_gb, extra, strict=True):
+            if keeps:
+                ahead = min(ahead, int(RUN_AHEAD_MEMORY * mem * 1e9 // max(act * max(layers, 1), 1.0)))
     return max(0, ahead)
 
 

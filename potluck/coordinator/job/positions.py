@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from potluck.coordinator.placement.costmodel import StepJob, memory_caps, micro_batches
-from potluck.protocol.training import TrainPlan
+from potluck.protocol.training import TrainPlan, stage_run_ahead
 
 MAX_SPLITS = 256  # position splits priced at most (each is one step-model evaluation, ~1 ms)
 
@@ -43,8 +43,7 @@ def fits_memory(plan: TrainPlan, sj: StepJob, memory_gb: Sequence[float]) -> boo
     """Whether every stage's layers, with the micro-batches it keeps in flight, fit the smallest free
     memory among its peers (``memory_gb``, per stage), by the planner's own rule (``memory_caps``)."""
     s = len(plan.stages)
-    # every stage but the last keeps run_ahead more (peer/train/schedule.py, ``warmups``)
-    ahead = np.where(np.arange(s) < s - 1, plan.run_ahead, 0)
+    ahead = np.array(stage_run_ahead(s, plan.run_ahead))
     in_flight = np.minimum(micro_batches(sj, plan.data_replicas), s - np.arange(s)) + ahead
     layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
     return bool((layers <= memory_caps(sj, np.asarray(memory_gb, dtype=float), in_flight)).all())

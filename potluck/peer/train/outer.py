@@ -25,7 +25,6 @@ one that sends different payloads to different replicas fails the sync.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -60,12 +59,9 @@ def outer_codec(comp: CompressionSpec, trust: TrustSpec | None = None) -> OuterC
 def outer_config(comp: CompressionSpec) -> DiLoCoConfig:
     """The DiLoCo settings of a job: H = ``sync_every``, the outer step's ``outer_lr`` and Nesterov
     ``outer_momentum``; no outer momentum under a decaying residual (the spec refuses setting both)."""
-    cfg = DiLoCoConfig(
-        inner_steps=comp.sync_every, outer_lr=comp.outer_lr, outer_momentum=comp.outer_momentum
+    return DiLoCoConfig(
+        inner_steps=comp.sync_every, outer_lr=comp.outer_lr, outer_momentum=comp.outer_momentum_used
     )
-    if comp.outer is not None and comp.outer_ef_decay < 1.0:
-        return dataclasses.replace(cfg, outer_momentum=0.0)
-    return cfg
 
 
 def make_diloco(

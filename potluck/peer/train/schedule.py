@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from potluck.protocol.training import stage_run_ahead
+
 Op = tuple[Literal["F", "B"], int]
 
 
@@ -23,7 +25,7 @@ def warmups(n_stages: int, run_ahead: int = 0) -> list[int]:
     directions of a slow link carry activations and gradients at once instead of one after the other
     (on the home testbed, with 15 ahead, the last stage ran 15 forwards before its first backward).
     Warm-ups never increase along the pipeline, which keeps the schedule deadlock free."""
-    return [n_stages - s - 1 + (run_ahead if s < n_stages - 1 else 0) for s in range(n_stages)]
+    return [n_stages - s - 1 + k for s, k in enumerate(stage_run_ahead(n_stages, run_ahead))]
 
 
 def one_f_one_b(stage: int, n_stages: int, n_micro: int, run_ahead: int = 0) -> list[Op]:

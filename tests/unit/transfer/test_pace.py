@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from potluck.net.pace import SLICE_BYTES, Throttle, write_paced
 from potluck.protocol.identity import Identity
 from potluck.protocol.wire import Frame, MsgType, read_frame
-from potluck.transfer.pace import SLICE_BYTES, Throttle, write_paced
 from potluck.transfer.server import StateServer, TransferConfig
 
 
