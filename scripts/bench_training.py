@@ -22,12 +22,12 @@ from typing import Any
 from potluck.cli.demo_cmd import run_local_job
 from potluck.cli.views.job import JobWatcher
 from potluck.compat import use_fork
-from potluck.coordinator.job.plan import calibrated_tflops, network, predict_step
+from potluck.coordinator.job.plan import calibrated_tflops, message_costs, network, predict_step
 from potluck.coordinator.placement.costmodel import DeviceSpec
 from potluck.protocol.jobspec import JobSpec
 from potluck.testbed.demojob import demo_job
 
-PARTS = ("compute", "send", "recv", "allreduce", "idle", "total")
+PARTS = ("compute", "send", "recv", "allreduce", "idle", "total", "round_trip", "hold")
 
 
 def run(label: str, steps: int, codecs: str, threads: int, skip: int, timeout: float) -> dict[str, object]:
@@ -61,11 +61,15 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
     job = plan.under(job)  # priced with what the peers ran: the plan's compression under "auto"
     per_peer: dict[str, dict[str, float]] = {}
     compute: dict[str, float] = {}
+    round_trip: dict[str, float] = {}
+    hold: dict[str, float] = {}
     for peer, by_step in watcher.timings.items():
         kept = [t for s, t in sorted(by_step.items()) if s > skip] or list(by_step.values())
         if not kept:
             continue
         compute[peer] = statistics.mean(t.compute for t in kept)
+        round_trip[peer] = statistics.mean(t.round_trip for t in kept)
+        hold[peer] = statistics.mean(t.hold for t in kept)
         pos = plan.position(peer)
         if pos is not None:
             per_peer[f"s{pos[0]}r{pos[1]}"] = {
@@ -76,13 +80,16 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
     order = sorted(p for st in plan.stages for p in st.peers)
     tflops = calibrated_tflops(plan, job, compute)
     net, net_note = network(state, order)
+    # what a pipeline message cost under load, each way (its encode, transit, decode and a busy
+    # peer's delays): the probe measured the links idle
+    messages = message_costs(plan, round_trip, hold)
     # A peer whose timings the watcher never read (a short run on a loaded machine) leaves the model
     # uncalibrated: no figure rather than a made-up speed.
     unread = [p for p in order if p not in tflops]
     calibrated, breakdown = None, None
     if not unread and measured is not None:
         devices = {p: DeviceSpec(tflops=tflops[p], memory_gb=8.0) for p in order}
-        br = predict_step(plan, job, devices, net, order)
+        br = predict_step(plan, job, devices, net, order, messages=messages)
         calibrated = br.total
         breakdown = {
             "pipeline_s": br.pipeline,
@@ -90,6 +97,8 @@ def timing_report(watcher: JobWatcher, job: JobSpec, skip: int) -> dict[str, Any
             "stage_compute_s": list(br.stage_compute),  # per micro-batch
             "link_s": list(br.link),  # per micro-batch, one direction, the slowest matched link
             "sync_s": list(br.dp_sync),
+            "commit_s": br.commit,
+            "message_s": sorted(messages.values()),  # one way, per pipeline pair, measured
         }
     predicted = plan.predicted_step_s
     return {

@@ -50,7 +50,7 @@ from potluck.net.dial import AddressBook, open_stream, reachable
 from potluck.net.pace import Background
 from potluck.net.tags import INDEX_BITS, TAG_BYTES, Round, RoundSpan, Stream, Tag, make_tag
 from potluck.protocol.errors import WireError
-from potluck.protocol.wire import Frame, MsgType, read_exactly, read_header, write_frame
+from potluck.protocol.wire import Frame, MsgType, discard_exactly, read_exactly, read_header, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,8 @@ class Mailbox:
         self.addresses = addresses  # where a peer said it listens (its heartbeat); None: the daemon's route
         self.vouch = vouch  # asked about a sender outside the admitted peers: is it in a newer plan?
         self.peer_id = p2p.peer_id.to_base58()
-        self._pending: dict[tuple[str, Tag], bytes] = {}
+        # buffered messages and when each arrived (perf_counter s: the pipeline's message-cost figures)
+        self._pending: dict[tuple[str, Tag], tuple[bytes, float]] = {}
         self._waiters: dict[tuple[str, Tag], asyncio.Future[bytes]] = {}
         self._pending_bytes = 0
         self._held: dict[str, int] = {}  # sender -> bytes charged for its buffered messages
@@ -326,6 +327,10 @@ class Mailbox:
 
     async def recv(self, peer: str, tag: Tag, timeout_s: float | None = None) -> bytes:
         """The payload ``peer`` sent under ``tag``; raises ``WireError`` if it does not come in time."""
+        return (await self.recv_stamped(peer, tag, timeout_s))[0]
+
+    async def recv_stamped(self, peer: str, tag: Tag, timeout_s: float | None = None) -> tuple[bytes, float]:
+        """``recv``, with when the message arrived (``time.perf_counter`` s)."""
         key = (peer, tag)
         if key in self._pending:
             return await self._claim(key)
@@ -352,20 +357,20 @@ class Mailbox:
             self._waiters.pop(key, None)
         return await self._claim(key)
 
-    async def _claim(self, key: tuple[str, Tag]) -> bytes:
+    async def _claim(self, key: tuple[str, Tag]) -> tuple[bytes, float]:
         async with self._space:
-            payload = self._release(key)
+            got = self._release(key)
             self._space.notify_all()
-        return payload
+        return got
 
-    def _release(self, key: tuple[str, Tag]) -> bytes:
-        payload = self._pending.pop(key)
+    def _release(self, key: tuple[str, Tag]) -> tuple[bytes, float]:
+        payload, arrived = self._pending.pop(key)
         cost = len(payload) + MESSAGE_COST
         self._pending_bytes -= cost
         self._held[key[0]] -= cost
         if not self._held[key[0]]:
             del self._held[key[0]]
-        return payload
+        return payload, arrived
 
     async def forget(self, span: RoundSpan) -> int:
         """Drop buffered messages whose round lies in ``span`` (late arrivals of finished rounds); returns
@@ -421,7 +426,7 @@ class Mailbox:
             logger.info("duplicate message %s from %s ignored", tag, sender)
             await self._unreserve(sender, len(payload))
             return
-        self._pending[key] = payload
+        self._pending[key] = (payload, time.perf_counter())
         fut = self._waiters.get(key)
         if fut is not None and not fut.done():
             fut.set_result(b"")
@@ -462,7 +467,7 @@ class Mailbox:
                 if not self._in_horizon(tag):  # read past it, unstored: the stream's later messages count
                     self.refused += 1
                     logger.warning("refused message %s from %s: too far ahead of this peer", tag, sender)
-                    await _discard(reader, length - TAG_BYTES, self.cfg.timeout_s)
+                    await discard_exactly(reader, length - TAG_BYTES, self.cfg.timeout_s)
                     continue
                 if tag.stream >> INDEX_BITS == Stream.GONE:  # for the mailbox itself, never stored
                     if length - TAG_BYTES > MAX_GONE_BYTES:
@@ -589,9 +594,3 @@ class Mailbox:
             return
         self._ended.add(peer)
         self._check_alive(peer, tell=False)
-
-
-async def _discard(reader: asyncio.StreamReader, n: int, timeout_s: float) -> None:
-    """Read and drop ``n`` bytes, 64 KiB at a time (a refused message costs no memory)."""
-    while n > 0:
-        n -= len(await read_exactly(reader, min(n, 1 << 16), timeout_s))

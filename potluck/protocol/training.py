@@ -318,6 +318,10 @@ class StepTiming(BaseModel):
     allreduce: Seconds = 0.0  # replica synchronisation not hidden under compute
     idle: Seconds = 0.0  # the rest: commit barrier, bubbles
     total: Seconds = 0.0
+    # Per micro-batch means (peer/train/pipeline.py, Timing): activations sent -> their gradient back
+    # and decoded (stages with a next), and activations here -> their gradient sent (with a previous)
+    round_trip: Seconds = 0.0
+    hold: Seconds = 0.0
 
 
 ProgressState = Literal["waiting", "training", "done", "failed"]

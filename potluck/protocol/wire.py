@@ -114,6 +114,12 @@ async def read_exactly(reader: asyncio.StreamReader, n: int, timeout_s: float) -
         raise WireError(f"peer closed the stream ({e.__class__.__name__})") from None
 
 
+async def discard_exactly(reader: asyncio.StreamReader, n: int, timeout_s: float) -> None:
+    """Read and drop ``n`` bytes, 64 KiB at a time (a refused message costs no memory)."""
+    while n > 0:
+        n -= len(await read_exactly(reader, min(n, 1 << 16), timeout_s))
+
+
 async def read_header(
     reader: asyncio.StreamReader, timeout_s: float, expect: set[MsgType] | None = None
 ) -> tuple[MsgType, int, int]:

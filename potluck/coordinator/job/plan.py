@@ -9,6 +9,7 @@ packed over their measured links.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -484,13 +485,17 @@ def predict_step(
     speedups: Mapping[str, float] | None = None,
     measured_ratios: Mapping[str, float] | None = None,
     positions: Collection[int] | None = None,
+    messages: Mapping[tuple[str, str], float] | None = None,
 ) -> StepBreakdown:
     """The step-time model evaluated on a fixed plan (its placement and layer split), for checking the
     model against measured steps. ``order`` names the peers of ``net``'s rows; a peer running two waves
     counts as two slots sharing its device (``speedups``: the pair speedups peers measured);
     ``measured_ratios``: the codec ratios peers measured (``step_job``); ``positions``: a bottleneck
     job's positions (``TrainPlan.bottlenecks``), where a cut is priced at the rank; a cut elsewhere
-    carries d_model-wide hidden states and is priced so (None: every cut at the rank)."""
+    carries d_model-wide hidden states and is priced so (None: every cut at the rank). ``messages``:
+    one-way seconds a pipeline message took under load per (upstream, downstream) pair, its encode,
+    transit and decode (``message_costs``); a boundary prices the larger of it and the links' figure,
+    the excess as latency (the probe's idle round trip misses the codecs and a busy peer's delays)."""
     sj = step_job(job, measured_ratios)
     rows, devices, net, order = unfold(plan, devices, net, order, sj, speedups or {})
     index = {p: i for i, p in enumerate(order)}
@@ -507,6 +512,12 @@ def predict_step(
                 edges[j] = max(wide[a, b] for a, b in pair)
     one_way = np.maximum(net.latency_ms, net.latency_ms.T) / 1e3
     latency = np.array([max(one_way[a, b] for a, b in pair) for pair in matched])
+    if messages:
+        for j in range(len(rows) - 1):
+            seen = [messages[a, b] for a, b in zip(rows[j], rows[j + 1], strict=True) if (a, b) in messages]
+            if seen and max(seen) > edges[j]:
+                latency[j] += max(seen) - edges[j]
+                edges[j] = max(seen)
     speed = np.array([s[0] for s in stats])
     memory = np.array([s[1] for s in stats])
     layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
@@ -520,6 +531,20 @@ def predict_step(
     round_trip = net.latency_ms[placed, leader] + net.latency_ms[leader, placed]  # ms, each to the leader
     commit = float(round_trip.max()) / 1e3
     return replace(br, total=br.total + commit, commit=commit) if br.feasible else br
+
+
+def message_costs(
+    plan: TrainPlan, round_trip: Mapping[str, float], hold: Mapping[str, float]
+) -> dict[tuple[str, str], float]:
+    """One-way seconds of a pipeline message under load per (upstream, downstream) pair of ``plan``:
+    half of what the upstream peer measured from sending a micro-batch's activations to having its
+    gradient back, less what the downstream peer held them (``StepTiming.round_trip``, ``.hold``)."""
+    out = {}
+    for up, down in itertools.pairwise(plan.stages):
+        for a, b in zip(up.peers, down.peers, strict=False):  # replica i feeds replica i
+            if round_trip.get(a, 0.0) > 0 and b in hold:
+                out[a, b] = max(0.0, round_trip[a] - hold[b]) / 2.0
+    return out
 
 
 def calibrated_tflops(plan: TrainPlan, job: JobSpec, compute_s: dict[str, float]) -> dict[str, float]:

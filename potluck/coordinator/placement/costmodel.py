@@ -328,10 +328,11 @@ def step_time(
 ) -> StepBreakdown:
     """Step time from per-stage summaries in pipeline order.
 
-    ``run_ahead`` (extra micro-batches in flight per stage) with each boundary's one-way ``latency`` (s):
-    stage j keeps S - j + run_ahead micro-batches in flight, so a boundary's round trip (both transfers
-    and the compute on its two sides) is spread over that many micro-batches, and only its bandwidth
-    part must fit in a slot.
+    Each boundary's one-way ``latency`` (s; None: not priced) with ``run_ahead`` (extra micro-batches in
+    flight per stage): stage j keeps S - j + run_ahead micro-batches in flight, so a boundary's round trip
+    (both transfers and the compute on its two sides) is spread over that many micro-batches, and only
+    its bandwidth part must fit in a slot. Without run-ahead this is 1F1B's own cost of latency: two
+    balanced stages of slot c over a link of one-way l take c + l per micro-batch, not c.
 
     order_speed/order_memory: slowest replica's TFLOP/s and smallest memory per stage; links: bottleneck
     matched link per boundary (s per micro-batch, one direction); sync_lat/sync_per_byte: per stage and
@@ -352,7 +353,7 @@ def step_time(
     extra[-1] += head
     compute = (extra + work * layers) / (order_speed * 1e12)
     slot = max(float(compute.max()), float(links.max()) if len(links) else 0.0)
-    if run_ahead > 0 and latency is not None and len(links):
+    if latency is not None and len(links):
         window = s - np.arange(s - 1) + run_ahead  # micro-batches in flight on the boundary's first stage
         cycle = (2.0 * links + compute[:-1] + compute[1:]) / window
         transfer = np.maximum(links - latency, 0.0)

@@ -105,6 +105,13 @@ class Timing:
     # Activations and their gradients crossing stage boundaries: fp32 bytes before the codec, and after
     wire_raw: int = 0
     wire_coded: int = 0
+    # A pipeline message's cost under load, in two halves that only meet at the coordinator: on each
+    # micro-batch, the time from handing its activations to the send to having its gradient decoded
+    # (stages with a next), and the time from its activations arriving decoded to handing its gradient
+    # to the send (stages with a previous). A boundary's round trip less its downstream's hold is both
+    # messages' encode, transit and decode: what the step model's link term must price (seconds).
+    round_trips: list[float] = field(default_factory=list)
+    holds: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
 
     def report(self) -> tuple[float, StepTiming]:
@@ -119,6 +126,8 @@ class Timing:
             allreduce=self.allreduce,
             idle=max(0.0, total - busy),
             total=total,
+            round_trip=_mean(self.round_trips),
+            hold=_mean(self.holds),
         )
         return total, parts
 
@@ -129,6 +138,10 @@ class Timing:
             f"{parts.compute:.3f}, receive {parts.recv:.3f}, send {parts.send:.3f}, "
             f"all-reduce {parts.allreduce:.3f}"
         )
+
+
+def _mean(values: list[float]) -> float:
+    return max(0.0, sum(values) / len(values)) if values else 0.0
 
 
 async def pipeline_step(
@@ -203,9 +216,14 @@ async def pipeline_step(
             failed.result()  # raises the send's error
         return task.result()
 
-    async def recv(peer: str, tag: Tag, shape: tuple[int, int, int], codec: Codec) -> torch.Tensor:
+    async def recv(
+        peer: str, tag: Tag, shape: tuple[int, int, int], codec: Codec
+    ) -> tuple[torch.Tensor, float]:
+        """The decoded tensor and when it would have been ready had this stage been waiting for it: its
+        arrival plus the decode (perf_counter s)."""
         t0 = time.perf_counter()
-        data = await guarded(box.recv(peer, tag, timeout_s))
+        data, arrived = await guarded(box.recv_stamped(peer, tag, timeout_s))
+        t1 = time.perf_counter()
         if ledger is not None:
             ledger.hold(peer, tag, data)  # its seal comes with the step's (peer/seal), before the READY
         try:
@@ -218,8 +236,9 @@ async def pipeline_step(
         # One NaN or Inf would poison every later stage's output and every replica's mean after it.
         if not all_finite(tensor):
             raise NeighbourError(peer, f"{tag} from {peer} holds NaN or Inf")
-        timing.recv += time.perf_counter() - t0
-        return tensor
+        t2 = time.perf_counter()
+        timing.recv += t2 - t0
+        return tensor, arrived + (t2 - t1)
 
     async def compute(fn, *args):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
@@ -237,6 +256,8 @@ async def pipeline_step(
         grad_in = runner.backward(m, grad)
         return None if grad_in is None or where.prev is None else staging.to_host(grad_in)
 
+    acts_sent: dict[int, float] = {}  # micro-batch -> when its activations went to the send
+    acts_ready: dict[int, float] = {}  # micro-batch -> when its activations were here, decoded
     try:
         for kind, m in one_f_one_b(where.stage, where.n_stages, len(micro), run_ahead):
             mb = micro[m]
@@ -246,20 +267,29 @@ async def pipeline_step(
                     assert mb.inputs is not None
                     x = mb.inputs
                 else:
-                    x = await recv(where.prev, tag, (*mb.rows, runner.model.width_in), codecs.acts_in)
+                    x, acts_ready[m] = await recv(
+                        where.prev, tag, (*mb.rows, runner.model.width_in), codecs.acts_in
+                    )
                 out = await compute(forward, m, x, mb)
                 if isinstance(out, Outgoing):
                     assert where.next is not None
+                    acts_sent[m] = time.perf_counter()
                     send(where.next, tag, out, codecs.acts_out)
                 else:
                     losses.append((out, mb.share))
             else:
                 tag = make_tag(rnd, Stream.ACTIVATION_GRADS, chunk=m)
                 shape = (*mb.rows, runner.model.width_out)
-                grad = None if where.next is None else await recv(where.next, tag, shape, codecs.grads_in)
+                grad = None
+                if where.next is not None:
+                    grad, ready = await recv(where.next, tag, shape, codecs.grads_in)
+                    if m in acts_sent:
+                        timing.round_trips.append(ready - acts_sent.pop(m))
                 grad_in = await compute(backward, m, grad)
                 if where.prev is not None:
                     assert grad_in is not None
+                    if m in acts_ready:
+                        timing.holds.append(time.perf_counter() - acts_ready.pop(m))
                     send(where.prev, tag, grad_in, codecs.grads_out)
         t0 = time.perf_counter()
         await asyncio.gather(*sends)

@@ -163,3 +163,35 @@ def test_the_predicted_step_ends_with_the_commit_round_trip_to_the_leader():
     assert br.commit == DEFAULT_RTT_MS / 1e3
     assert br.total == br.pipeline + br.dp_exposed + br.commit
     assert plan.predicted_step_s == br.total
+
+
+def test_measured_message_costs_price_each_boundary_under_load():
+    """The probe measures idle links; under load a pipeline message also pays its codec and a busy
+    peer's delays. What the peers measured (``StepTiming.round_trip`` upstream less ``.hold``
+    downstream, halved) replaces a boundary's link time where it is larger, and 1F1B pays it per
+    micro-batch: on two stages holding one micro-batch ahead, about half the round trip each slot."""
+    from potluck.coordinator.job.plan import message_costs, network, predict_step
+    from potluck.coordinator.placement.costmodel import DeviceSpec
+
+    pids = ids(4)
+    state = SwarmState("s", 100.0, {p: peer(p) for p in pids})
+    plan, _, _ = make_train_plan(state, JOB, 100.0, epoch=1, start_step=0)
+    assert plan is not None and len(plan.stages) == 2
+    up, down = plan.stages[0].peers, plan.stages[1].peers
+    round_trip = {p: 0.375 for p in up} | {p: 0.0 for p in down}
+    hold = {p: 0.25 for p in down} | {p: 0.0 for p in up}
+    messages = message_costs(plan, round_trip, hold)
+    assert messages == {(a, b): 0.0625 for a, b in zip(up, down, strict=True)}
+    order = sorted(pids)
+    net, _ = network(state, order)
+    devices = {p: DeviceSpec(tflops=0.1, memory_gb=8.0) for p in order}
+    idle = predict_step(plan, JOB, devices, net, order)
+    busy = predict_step(plan, JOB, devices, net, order, messages=messages)
+    assert idle.link[0] < 0.0625 and busy.link[0] == 0.0625
+    window = 2 + plan.run_ahead  # micro-batches stage 0 keeps in flight
+    extra = (busy.micro_batches - 1) * 2 * (0.0625 - idle.link[0]) / window
+    assert busy.pipeline >= idle.pipeline + 0.9 * extra
+    # a peer that measured nothing (or a smaller figure than the links') leaves the model as it was
+    assert predict_step(plan, JOB, devices, net, order, messages={}).total == idle.total
+    small = {k: 1e-6 for k in messages}
+    assert predict_step(plan, JOB, devices, net, order, messages=small).total == idle.total

@@ -85,7 +85,7 @@ def test_the_pipeline_sends_each_direction_with_its_plans_chain():
     assert losses[1] > 0
     # every message's (sender, stream kind) -> the chain in its header
     seen = {
-        (src, Stream(tag.stream >> INDEX_BITS)): unpack_header(fut.result())[0].spec
+        (src, Stream(tag.stream >> INDEX_BITS)): unpack_header(fut.result()[0])[0].spec
         for (src, _, tag), fut in wires.items()
     }
     assert seen == {("a", Stream.ACTIVATIONS): FWD, ("b", Stream.ACTIVATION_GRADS): BACK}

@@ -18,18 +18,33 @@ from potluck.testbed.harness.training import tiny_dataset, tiny_job
 
 
 class MemBox:
-    """Just what pipeline_step uses of a Mailbox: send and recv by (sender, receiver, tag)."""
+    """Just what pipeline_step uses of a Mailbox: send and recv by (sender, receiver, tag); each message
+    arrives ``delay`` seconds after its send (a link's one-way time) and is stamped then."""
 
-    def __init__(self, me: str, wires: dict[tuple[str, str, Tag], asyncio.Future[bytes]]) -> None:
-        self.peer_id, self.wires = me, wires
+    def __init__(
+        self,
+        me: str,
+        wires: dict[tuple[str, str, Tag], asyncio.Future[tuple[bytes, float]]],
+        delay: float = 0.0,
+    ) -> None:
+        self.peer_id, self.wires, self.delay = me, wires, delay
 
-    def _wire(self, src: str, dst: str, tag: Tag) -> asyncio.Future[bytes]:
+    def _wire(self, src: str, dst: str, tag: Tag) -> asyncio.Future[tuple[bytes, float]]:
         return self.wires.setdefault((src, dst, tag), asyncio.get_running_loop().create_future())
 
     async def send(self, peer: str, tag: Tag, payload: bytes) -> None:
-        self._wire(self.peer_id, peer, tag).set_result(payload)
+        wire = self._wire(self.peer_id, peer, tag)
+        if self.delay:
+            asyncio.get_running_loop().call_later(
+                self.delay, lambda: wire.set_result((payload, time.perf_counter()))
+            )
+        else:
+            wire.set_result((payload, time.perf_counter()))
 
     async def recv(self, peer: str, tag: Tag, timeout_s: float | None = None) -> bytes:
+        return (await self.recv_stamped(peer, tag, timeout_s))[0]
+
+    async def recv_stamped(self, peer: str, tag: Tag, timeout_s: float | None = None) -> tuple[bytes, float]:
         return await asyncio.wait_for(asyncio.shield(self._wire(peer, self.peer_id, tag)), timeout_s)
 
 
@@ -52,7 +67,9 @@ def _micro(job, runner_first: bool, runner_last: bool) -> list[MicroBatch]:
     return out
 
 
-async def _two_stages(pooled: bool, codec: str, device: str = "cpu") -> tuple[float, list[torch.Tensor]]:
+async def _two_stages(
+    pooled: bool, codec: str, device: str = "cpu", delay: float = 0.0, timings: list[Timing] | None = None
+) -> tuple[float, list[torch.Tensor]]:
     job = tiny_job()
     dev = torch.device(device)
     runners = [
@@ -62,15 +79,14 @@ async def _two_stages(pooled: bool, codec: str, device: str = "cpu") -> tuple[fl
     for r in runners:
         r.staging = Staging(r.device, pooled=pooled)
     wires: dict = {}
-    boxes = [MemBox("a", wires), MemBox("b", wires)]
+    boxes = [MemBox("a", wires, delay), MemBox("b", wires, delay)]
+    timings = [Timing(), Timing()] if timings is None else timings
     wheres = [Neighbours(0, 2, None, "b"), Neighbours(1, 2, "a", None)]
     rnd = Round(1, 0)
     losses = await asyncio.gather(
         *(
-            pipeline_step(
-                box, r, w, _micro(job, r.is_first, r.is_last), rnd, get_codec(codec), 30.0, Timing()
-            )
-            for box, r, w in zip(boxes, runners, wheres, strict=True)
+            pipeline_step(box, r, w, _micro(job, r.is_first, r.is_last), rnd, get_codec(codec), 30.0, t)
+            for box, r, w, t in zip(boxes, runners, wheres, timings, strict=True)
         )
     )
     if pooled:  # every buffer went back: one per (size, dtype) in use at once, never one per message
@@ -114,3 +130,19 @@ def test_a_failed_send_ends_the_step_at_once_with_its_own_error():
     with pytest.raises(PipelineError, match=r"NaN|Inf|finite"):
         asyncio.run(run())
     assert time.perf_counter() - t0 < 20.0  # not the 60 s receive timeout
+
+
+def test_a_boundarys_round_trip_less_its_hold_is_the_two_messages_cost():
+    """The message-cost figures the step model is calibrated with (Timing.round_trips, .holds): over a
+    link with a 30 ms one-way delay, the first stage's round trip less the second's hold is both
+    messages' transit, whatever either stage computed or queued meanwhile."""
+    timings = [Timing(), Timing()]
+    asyncio.run(_two_stages(False, "int8:block=64", delay=0.03, timings=timings))
+    first, last = timings
+    n = len(_micro(tiny_job(), True, False))
+    assert len(first.round_trips) == n and len(last.holds) == n and not first.holds and not last.round_trips
+    one_way = [(rt - hold) / 2 for rt, hold in zip(first.round_trips, last.holds, strict=True)]
+    # the delay, plus each side's encode and decode of a tiny tensor (and this box's scheduling)
+    assert all(0.03 <= w < 0.06 for w in one_way), one_way
+    _, parts = first.report()
+    assert parts.round_trip == pytest.approx(sum(first.round_trips) / n) and parts.hold == 0.0
