@@ -494,8 +494,9 @@ def predict_step(
     job's positions (``TrainPlan.bottlenecks``), where a cut is priced at the rank; a cut elsewhere
     carries d_model-wide hidden states and is priced so (None: every cut at the rank). ``messages``:
     one-way seconds a pipeline message took under load per (upstream, downstream) pair, its encode,
-    transit and decode (``message_costs``); a boundary prices the larger of it and the links' figure,
-    the excess as latency (the probe's idle round trip misses the codecs and a busy peer's delays)."""
+    transit and decode (``message_costs``); what of it neither the links' figure nor the wait behind
+    the stage's other messages in flight explains is priced as latency (the probe's idle round trip
+    misses the codecs and a busy peer's delays)."""
     sj = step_job(job, measured_ratios)
     rows, devices, net, order = unfold(plan, devices, net, order, sj, speedups or {})
     index = {p: i for i, p in enumerate(order)}
@@ -512,12 +513,16 @@ def predict_step(
                 edges[j] = max(wide[a, b] for a, b in pair)
     one_way = np.maximum(net.latency_ms, net.latency_ms.T) / 1e3
     latency = np.array([max(one_way[a, b] for a, b in pair) for pair in matched])
-    if messages:
-        for j in range(len(rows) - 1):
-            seen = [messages[a, b] for a, b in zip(rows[j], rows[j + 1], strict=True) if (a, b) in messages]
-            if seen and max(seen) > edges[j]:
-                latency[j] += max(seen) - edges[j]
-                edges[j] = max(seen)
+    for j in range(len(rows) - 1) if messages else ():
+        seen = [messages[a, b] for a, b in zip(rows[j], rows[j + 1], strict=True) if (a, b) in messages]
+        # A measured message also waited behind the others stage j keeps in flight on the same link
+        # (a plan that runs ahead fills it on purpose), which the slot's bandwidth term already prices:
+        # only what that queue cannot explain is the message's own cost.
+        queue = (len(rows) - j - 1 + plan.run_ahead) * max(edges[j] - latency[j], 0.0)  # j is not last
+        excess = max(seen, default=0.0) - edges[j] - queue
+        if excess > 0:
+            latency[j] += excess
+            edges[j] += excess
     speed = np.array([s[0] for s in stats])
     memory = np.array([s[1] for s in stats])
     layers = np.array([st.last_layer - st.first_layer for st in plan.stages])
