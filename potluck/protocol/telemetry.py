@@ -83,6 +83,8 @@ class StepTimes(BaseModel):
     allreduce: Num = 0.0
     idle: Num = 0.0
     total: Num = 0.0
+    round_trip: Num = 0.0  # per micro-batch: activations sent -> their gradient back (StepTiming)
+    hold: Num = 0.0  # per micro-batch: activations in -> their gradient sent
 
 
 class LinkRate(BaseModel):
