@@ -27,7 +27,9 @@ from potluck.cli.common import (
 )
 from potluck.errors import TaskFailed
 from potluck.net.config import LinkProbeConfig
+from potluck.peer import priority
 from potluck.peer.config import PeerConfig, WorkerConfig
+from potluck.peer.priority import START_NICE
 from potluck.protocol.errors import AdmissionError, BootstrapError, IdentityError
 from potluck.protocol.identity import DEFAULT_HOME
 from potluck.telemetry.config import MqttTarget, TelemetryConfig
@@ -145,8 +147,18 @@ def peer(
     telemetry_interval: float = typer.Option(
         5.0, "--telemetry-interval", min=0.5, help="Seconds between two metrics messages."
     ),
+    start_nice: int = typer.Option(
+        START_NICE,
+        "--start-nice",
+        min=0,
+        max=19,
+        help="CPU priority (nice) of the start-up (imports, probe, state fetch) so that it does not slow "
+        "peers training on the same machine; back to normal once it trains (needs CAP_SYS_NICE, else "
+        "it stays). 0: start at normal priority.",
+    ),
 ) -> None:
     """Join a swarm with this machine: probe the hardware, announce it, keep a heartbeat."""
+    priority.lower(start_nice)  # before torch and the daemons start threads and processes: they inherit it
     from potluck.classpar.swarm.peer import classpar_worker  # torch, hivemind: only once the command runs
     from potluck.peer.daemon import PeerDaemon
 

@@ -283,9 +283,12 @@ class Replanner:
         newcomers = job.joins.newcomers(plan, host.state, host.job)
         if not job.joins.due(newcomers, time.monotonic()):
             return
+        # priced on the swarm a re-plan would use: a dead peer still heartbeating in the DHT, excluded
+        # as a suspect, would otherwise be placed by the candidate, which the re-plan then drops
+        _, excluded = job.progress.verdicts(host.state, get_dht_time(), job.retry)
         decision, reason, ev = await asyncio.to_thread(
             job.joins.evaluate,
-            host.state,
+            host.state.without(excluded),
             host.job,
             plan,
             step,

@@ -42,6 +42,7 @@ from potluck.net.mailbox import Mailbox
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
 from potluck.net.tags import before
+from potluck.peer import priority
 from potluck.peer.activity import Activity
 from potluck.peer.config import WorkerConfig
 from potluck.peer.datapaths import local_data
@@ -421,6 +422,7 @@ class PlanWorker(Replans):
         step commits, the coordinator would otherwise still count the layers it held before (a moved
         peer), and a death in the first step could look like the loss of a whole stage."""
         self.holdings.at(plan.start_step, plan.stages[stage])
+        priority.restore()  # its start-up is over (imports, probe, state): it trains at full priority
         trainer = self._running
         if trainer is not None and trainer.took is not None:
             self.activity.took_state(*trainer.took, step=plan.start_step)

@@ -42,6 +42,8 @@ class ImproveConfig:
     )
     margin: float = 1.5  # the saving must beat the cost by this factor: the step model errs on busy machines
     default_gbps: float = DEFAULT_GBPS  # download rate assumed where no link to a holder was measured
+    # placing newcomers must make the step this much faster than the best plan without them (fraction)
+    newcomer_gain: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,28 @@ def evaluate_join(
             why = f"{why} ({fresh_s:.3f} s vs now {current_s:.3f} s)"
         return JoinEvaluation(JoinOffer(step, remaining, current_s, current_s, 0.0, (), why), None, None)
     new_s, cand, placement = best
+    # The same search without the newcomers: a gain it finds too comes from re-placing the peers already
+    # here (speeds measured on a busy machine move from plan to plan), not from the newcomers, and would
+    # cost a re-plan for nothing (churn run A, 12-07: 4 of 9 joiners were "placed" by swapping them for
+    # an equal spare, each swap a hand-off of the whole swarm).
+    alone, _, _ = make_train_plan(
+        state.without(newcomers),
+        job,
+        now,
+        plan.epoch + 1,
+        step,
+        None,
+        plan_cfg,
+        dict(speeds),
+        measured_ratios=ratios,
+        positions=fixed,
+        keep_compression=plan.compression,
+    )
+    if alone is not None:
+        alone_s = predicted_step_s(alone, run, state, speeds, ratios, fixed)
+        if new_s >= alone_s * (1.0 - cfg.newcomer_gain):
+            why = f"a plan without it is as fast ({alone_s:.3f} s vs {new_s:.3f} s with it)"
+            return JoinEvaluation(JoinOffer(step, remaining, current_s, current_s, 0.0, (), why), None, None)
     if measured_s > 0 and current_s > 0:
         current_s, new_s = measured_s, new_s * measured_s / current_s
     placed = tuple(sorted(p for p in newcomers if cand.position(p) is not None))

@@ -513,7 +513,8 @@ def predict_step(
                 edges[j] = max(wide[a, b] for a, b in pair)
     one_way = np.maximum(net.latency_ms, net.latency_ms.T) / 1e3
     latency = np.array([max(one_way[a, b] for a, b in pair) for pair in matched])
-    for j in range(len(rows) - 1) if messages else ():
+    messages = messages or {}
+    for j in range(len(rows) - 1):
         seen = [messages[a, b] for a, b in zip(rows[j], rows[j + 1], strict=True) if (a, b) in messages]
         # A measured message also waited behind the others stage j keeps in flight on the same link
         # (a plan that runs ahead fills it on purpose), which the slot's bandwidth term already prices:

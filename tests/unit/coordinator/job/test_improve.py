@@ -166,3 +166,22 @@ def test_a_newcomers_claim_counts_for_at_most_cap_x_the_measured_median():
     state = SwarmState("s", 1.0, {a: peer(a, tflops=0.1), b: peer(b, tflops=0.1), c: liar})
     assert newcomer_speeds(state, {a: 0.1, b: 0.1}, [c])[c] == 2000.0  # believed as probed
     assert newcomer_speeds(state, {a: 0.1, b: 0.1}, [c], cap=2.0)[c] == 0.2
+
+
+def test_a_newcomer_is_not_swapped_for_an_equal_spare():
+    """One placed peer runs 3x slower and the plan is full (2 replicas at most): a newcomer would be
+    placed in its stead, but so would the spare already waiting, as fast. The gain is the spare's
+    to give, found by the same search without the newcomer: no re-plan for a swap (churn run A, 12-07,
+    where each such swap handed the whole swarm over to a new plan for nothing)."""
+    a, b, c, s = ids(4)
+    speeds = {a: 0.1 / 3, b: 0.1}
+    alone = SwarmState("s", 1.0, {p: peer(p) for p in (a, b, c)})
+    placed = evaluate_join(alone, job(max_replicas=2), one_stage([a, b]), 20, speeds, [c], 1.0, plan_cfg=FAST)
+    assert placed.offer.placed == (c,) and join_verdict(placed.offer)[0] == "improve"
+    # the spare was measured (placed before) at the speed a newcomer is believed to have: the median
+    # of the measured ones (newcomer_speeds); the search with both happens to pick the newcomer
+    spare = SwarmState("s", 1.0, {p: peer(p) for p in (a, b, c, s)})
+    measured = speeds | {s: 0.065}
+    ev = evaluate_join(spare, job(max_replicas=2), one_stage([a, b]), 20, measured, [c], 1.0, plan_cfg=FAST)
+    decision, why = join_verdict(ev.offer)
+    assert decision == "keep" and "a plan without it is as fast" in why and ev.plan is None
