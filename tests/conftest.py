@@ -15,6 +15,12 @@ import pytest
 
 pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py runs the budget hook in an inner session
 
+# The peers a test starts begin at normal CPU priority (``potluck peer --start-nice``, default 10): the
+# suite's other worker runs unit tests at normal priority, and a niced peer's start-up and heartbeats
+# beside them only make its swarm slower and its waits flakier; nobody trains beside it to protect.
+# Children inherit it; tests/unit/peer/test_priority.py tests the niced start-up itself.
+os.environ.setdefault("POTLUCK_START_NICE", "0")
+
 # A test carrying any of these runs outside the fast tier (pyproject.toml describes each).
 TIER_MARKERS = frozenset({"slow", "integration", "extended", "docker"})
 INTEGRATION = Path(__file__).resolve().parent / "integration"

@@ -150,6 +150,7 @@ def peer(
     start_nice: int = typer.Option(
         START_NICE,
         "--start-nice",
+        envvar="POTLUCK_START_NICE",
         min=0,
         max=19,
         help="CPU priority (nice) of the start-up (imports, probe, state fetch) so that it does not slow "
