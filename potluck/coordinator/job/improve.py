@@ -203,11 +203,10 @@ def evaluate_join(
     remaining = max(0, job.steps - step)
     best: tuple[float, TrainPlan, PlacementPlan] | None = None
     fresh: TrainPlan | None = None
-    for shaped in (grown(job, plan, len(newcomers)), job):
-        if shaped is None:
-            continue
-        cand, placement, _ = make_train_plan(
-            state,
+
+    def search(swarm: SwarmState, shaped: JobSpec) -> tuple[TrainPlan | None, PlacementPlan | None]:
+        found, placement, _ = make_train_plan(
+            swarm,
             shaped,
             now,
             plan.epoch + 1,
@@ -219,6 +218,12 @@ def evaluate_join(
             positions=fixed,
             keep_compression=plan.compression,
         )
+        return found, placement
+
+    for shaped in (grown(job, plan, len(newcomers)), job):
+        if shaped is None:
+            continue
+        cand, placement = search(state, shaped)
         if cand is None or placement is None:
             continue
         fresh = cand if shaped is job else fresh
@@ -237,19 +242,7 @@ def evaluate_join(
     # here (speeds measured on a busy machine move from plan to plan), not from the newcomers, and would
     # cost a re-plan for nothing (churn run A, 12-07: 4 of 9 joiners were "placed" by swapping them for
     # an equal spare, each swap a hand-off of the whole swarm).
-    alone, _, _ = make_train_plan(
-        state.without(newcomers),
-        job,
-        now,
-        plan.epoch + 1,
-        step,
-        None,
-        plan_cfg,
-        dict(speeds),
-        measured_ratios=ratios,
-        positions=fixed,
-        keep_compression=plan.compression,
-    )
+    alone, _ = search(state.without(newcomers), job)
     if alone is not None:
         alone_s = predicted_step_s(alone, run, state, speeds, ratios, fixed)
         if new_s >= alone_s * (1.0 - cfg.newcomer_gain):
