@@ -24,13 +24,14 @@ logger = logging.getLogger(__name__)
 START_NICE = 10  # between the trainers (0) and the idle-time checks (19, peer/train/checks/idle.py)
 
 _base: int | None = None  # the priority before ``lower``; None: not lowered (or already restored)
+_lowered = START_NICE  # the priority ``lower`` set
 
 
 def lower(nice: int = START_NICE) -> bool:
     """Lower this process's priority to ``nice`` for its start-up; call before it starts threads or
     children (Linux applies nice per thread, and new ones inherit it). Returns whether it lowered it
     (never raises one that is already lower: a volunteer who started it under ``nice 19`` keeps that)."""
-    global _base
+    global _base, _lowered
     if nice <= 0:
         return False
     try:
@@ -41,13 +42,14 @@ def lower(nice: int = START_NICE) -> bool:
     except (AttributeError, OSError) as e:  # not Linux-like, or refused: start at normal priority
         logger.debug("start-up priority not lowered: %s", e)
         return False
-    _base = base
+    _base, _lowered = base, nice
     return True
 
 
 def restore() -> bool:
-    """Put every thread of this process and of its descendants back to the priority ``lower`` found.
-    Returns whether it did; at most once (later calls do nothing)."""
+    """Put every thread of this process and of its descendants that is still at the start-up priority
+    back to the one ``lower`` found (a thread that chose its own, such as the idle-time check worker at
+    nice 19, keeps it). Returns whether it did; at most once (later calls do nothing)."""
     global _base
     if _base is None:
         return False
@@ -55,11 +57,12 @@ def restore() -> bool:
     for pid in [os.getpid(), *_descendants(os.getpid())]:
         for tid in _threads(pid):
             try:
-                os.setpriority(os.PRIO_PROCESS, tid, base)
+                if os.getpriority(os.PRIO_PROCESS, tid) == _lowered:
+                    os.setpriority(os.PRIO_PROCESS, tid, base)
             except ProcessLookupError:
                 continue  # a thread that ended meanwhile
             except OSError as e:  # EACCES/EPERM: raising a priority needs CAP_SYS_NICE
-                logger.info("running on at start-up priority (nice %d): %s", START_NICE, e.strerror)
+                logger.info("running on at start-up priority (nice %d): %s", _lowered, e.strerror)
                 return False
     return True
 

@@ -410,14 +410,14 @@ class Progress(Record):
         return canonical_json(body)
 
 
-# Which of the trust checks a plan runs (docs/security.md): peers run them and the coordinator weighs
-# their testimony, so both read the same rules here.
 def stage_run_ahead(n_stages: int, run_ahead: int) -> list[int]:
     """The extra micro-batches each stage keeps in flight under a plan's ``run_ahead``: every stage but
     the last, which has no round trip to cover (``peer/train/schedule.py``, ``warmups``)."""
     return [run_ahead if s < n_stages - 1 else 0 for s in range(n_stages)]
 
 
+# Which of the trust checks a plan runs (docs/security.md): peers run them and the coordinator weighs
+# their testimony, so both read the same rules here.
 def spot_checked(job: JobSpec, plan: TrainPlan) -> bool:
     """Whether the plan's pipeline messages are sealed and spot-checked: a job asking for checks,
     a pipeline to check and replicas to check it, weights equal across replicas (no local steps)."""

@@ -33,13 +33,24 @@ SCRIPT = textwrap.dedent(
     ready.wait(10)
     time.sleep(0.2)  # the child is running
     during = [nice(0), nice(seen["tid"]), nice(child.pid)]
+    # a thread that chose a lower priority of its own (the idle-time check worker's 19) keeps it
+    own, own_ready = {}, threading.Event()
+    def checker():
+        own["tid"] = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, own["tid"], 19)
+        own_ready.set()
+        done.wait(30)
+    t2 = threading.Thread(target=checker)
+    t2.start()
+    own_ready.wait(10)
     restored = priority.restore()
     after = [nice(0), nice(seen["tid"]), nice(child.pid)]
+    kept = nice(own["tid"])
     again = priority.restore()
-    done.set(); t.join(10)
+    done.set(); t.join(10); t2.join(10)
     child.kill(); child.wait(10)
     print(json.dumps({"base": base, "lowered": lowered, "during": during, "restored": restored,
-                      "after": after, "again": again}))
+                      "after": after, "again": again, "kept": kept}))
     """
 )
 
@@ -62,6 +73,7 @@ def test_start_up_threads_and_children_run_niced_then_go_back():
     else:  # may not: it stays at the start-up priority and says so
         assert not got["restored"] and got["after"] == [10, 10, 10]
     assert got["again"] is False  # once
+    assert got["kept"] == 19
 
 
 def test_a_lower_priority_is_kept_and_zero_means_normal():
