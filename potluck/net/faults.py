@@ -9,7 +9,7 @@ builds each part, and nowhere else:
 - ``kill_at_step``: the worker SIGKILLs its own process right after it committed that step (a crash at
   a known step, not at a guessed time; ``peer/worker.py``);
 - ``drop``: the training mailbox sends nothing to and accepts nothing from these peers (a link down in
-  both directions; ``net/mailbox.py``).
+  both directions; ``net/mailbox/``).
 
 Absent, the plan is empty and nothing changes. The variable is parsed like any input: bounded size,
 known fields only, bounded values, and a clear error naming the variable.

@@ -2,7 +2,7 @@
 that sends a payload in slices, each when the clock allows.
 
 Two kinds of traffic leave a training peer's uplink beside the pipeline's: state it serves
-(``transfer/pace.py``) and a DiLoCo outer sync running under the next steps (``net/mailbox.py``,
+(``transfer/pace.py``) and a DiLoCo outer sync running under the next steps (``net/mailbox/``,
 ``Mailbox.background``). Unpaced, either fills a home uplink's queue for seconds, and the activations,
 gradients and commit messages the swarm waits on queue behind it. Paced at a share of the uplink the
 queue stays short, and training traffic keeps the rest.

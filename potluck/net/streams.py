@@ -1,6 +1,6 @@
 """Plain request/response streams on the peer's libp2p daemon, for protocols outside the mailbox.
 
-The mailbox (``mailbox.py``) multiplexes tagged messages of the training step; some protocols instead
+The mailbox (``mailbox/box.py``) multiplexes tagged messages of the training step; some protocols instead
 want one stream per conversation (a state transfer: request, manifest, chunks). ``Streams`` is the thin,
 typed door to hivemind's binary stream handlers for them, so code above ``net`` never touches hivemind:
 handlers get the remote peer id as a base58 string (authenticated by libp2p: it is the remote key's id),

@@ -75,6 +75,8 @@ class Stream(IntEnum):
     GATHER_ECHO = 18  # robust outer sync: a replica's digests of every member's gathered payloads
     GATHER_DECISION = 19  # outer sync under a deadline: the leader's bitmask of the replicas in it
     SEAL = 20  # a checked step's seal, sender -> each receiver: the signed Merkle root and its proofs
+    COMMIT_ASK = 21  # step commit, peer -> peer: what did the leader decide? (it missed the decision)
+    COMMIT_ANSWER = 22  # the answer: the leader's signed decision as it came, or empty
 
 
 class Direction(IntEnum):

@@ -59,7 +59,9 @@ def live_step(
     is all a peer can serve between syncs): commits and syncs are all-or-nothing across the pipeline,
     so every such peer holds the newest step any of them reported (a report may lag a step). A peer
     whose run ended holds exactly what it reports (``Progress.holds``: its stage's snapshot, or, when it
-    failed before taking the plan's state, the layers it held before); a failed peer of its own stage
+    failed before taking the plan's state, the layers it held before, or nothing: churn run C re-planned
+    three times from a step nobody held, counting a newcomer that had failed to take it as running it,
+    until a later kill); a failed peer of its own stage
     also tells how far the pipeline got, since it can hold only a committed step. A placed peer that
     has not reported under this plan holds its stage at the committed step once the plan committed one,
     else what it reported last (``known``): never the plan's start as such, which it may not have
@@ -73,7 +75,7 @@ def live_step(
         pos = plan.position(p)
         mine = (plan.stages[pos[0]].first_layer, plan.stages[pos[0]].last_layer) if pos else None
         held = rec.holds
-        if held is None and mine is not None:
+        if held is None and mine is not None and rec.state != "failed":
             running.append(mine)
             committed = max(committed or 0, rec.step)
         elif held is not None and rec.state in ("training", "done") and held.range == mine:

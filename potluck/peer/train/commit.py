@@ -12,8 +12,9 @@ no READY: the contributors name the stage's members (replica indices) in theirs,
 exactly those, uses their (identical) squared norm for every replica of the stage and renormalises the
 loss over the last stage's contributors; the left-out replica still receives the COMMIT or ABORT.
 
-A leader that dies after some COMMITs left is the one gap two-phase commit cannot close; the
-coordinator closes it from outside by restarting every peer from the last complete checkpoint.
+A leader that dies after some COMMITs left is the gap two-phase commit leaves: a peer whose wait for the
+decision fails asks the others for the leader's signed decision before it gives the step up
+(``termination.py``), so the survivors apply the step together or drop it together.
 Messages are small JSON objects, size-capped and schema-checked before use.
 """
 
@@ -25,10 +26,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from potluck.net.mailbox import Mailbox
 from potluck.net.tags import Round, Stream, make_tag
 from potluck.peer.collectives.rounds import announce, collect
 from potluck.peer.errors import StepAborted
+from potluck.peer.train.termination import Decisions
 from potluck.protocol.errors import WireError
 from potluck.protocol.training import TrainPlan
 
@@ -150,11 +151,10 @@ def _decide(plan: TrainPlan, readies: dict[str, Ready]) -> Decision:
     return Decision(True, tuple(math.sqrt(s) for s in sq), loss)
 
 
-async def commit_step(
-    box: Mailbox, plan: TrainPlan, rnd: Round, ready: Ready | None, timeout_s: float
-) -> Decision:
+async def commit_step(decisions: Decisions, rnd: Round, ready: Ready | None, timeout_s: float) -> Decision:
     """Run the commit for one step; returns the COMMIT decision or raises ``StepAborted``. ``ready`` is
     None for a replica left out of its stage's all-reduce: it votes nothing and learns the decision."""
+    box, plan = decisions.box, decisions.plan
     me, leader = box.peer_id, plan.leader
     ready = finite(ready, me) if ready is not None else None
     peers = [p for st in plan.stages for p in st.peers]
@@ -174,7 +174,7 @@ async def commit_step(
             logger.warning("step commit: %s", why)
         readies |= got.got
         decision = _decide(plan, readies)
-        payload = _dumps(
+        body = _dumps(
             {
                 "committed": decision.committed,
                 "norms": list(decision.norms),
@@ -182,18 +182,42 @@ async def commit_step(
                 "reason": decision.reason,
             }
         )
-        await announce(box, others, tag_decision, payload, "step commit: decision", logging.WARNING)
+        sealed = decisions.seal(rnd, body)
+        await announce(box, others, tag_decision, sealed, "step commit: decision", logging.WARNING)
     else:
-        try:
-            if ready is not None:
-                await box.send(leader, tag_ready, _dumps(ready.__dict__))
-            obj = _loads(await box.recv(leader, tag_decision, timeout_s), leader)
-            norms = tuple(float(x) for x in obj["norms"])
-            decision = Decision(bool(obj["committed"]), norms, float(obj["loss"]), str(obj.get("reason", "")))
-        except (WireError, KeyError, TypeError, ValueError) as e:
-            raise StepAborted(f"no commit decision from the leader {leader}: {e}") from None
-        if decision.committed and len(decision.norms) != plan.n_replicas:
-            raise StepAborted(f"leader sent {len(decision.norms)} norms for {plan.n_replicas} replicas")
+        decision = await _learn(decisions, rnd, ready, timeout_s)
     if not decision.committed:
         raise StepAborted(f"step aborted by the leader: {decision.reason}")
+    return decision
+
+
+async def _learn(decisions: Decisions, rnd: Round, ready: Ready | None, timeout_s: float) -> Decision:
+    """A peer's side: READY to the leader, then its decision; when none comes, the one another peer got."""
+    box, plan, leader = decisions.box, decisions.plan, decisions.plan.leader
+    decisions.waiting(rnd)  # from here on, a question about ``rnd`` waits for this wait's end
+    sealed: bytes | None = None
+    try:
+        if ready is not None:
+            await box.send(leader, make_tag(rnd, Stream.COMMIT_READY), _dumps(ready.__dict__))
+        sealed = await box.recv(leader, make_tag(rnd, Stream.COMMIT_DECISION), timeout_s)
+        body = decisions.open(rnd, sealed, leader)
+    except WireError as e:
+        sealed = None  # what came, if anything, is not the leader's decision
+        decisions.settle(rnd, None)
+        relayed = await decisions.ask(rnd, timeout_s)
+        if relayed is None:
+            raise StepAborted(
+                f"no commit decision from the leader {leader}: {e}; no other peer got one"
+            ) from None
+        body = relayed
+    finally:
+        decisions.settle(rnd, sealed)
+    try:
+        obj = _loads(body, leader)
+        norms = tuple(float(x) for x in obj["norms"])
+        decision = Decision(bool(obj["committed"]), norms, float(obj["loss"]), str(obj.get("reason", "")))
+    except (WireError, KeyError, TypeError, ValueError) as e:
+        raise StepAborted(f"no commit decision from the leader {leader}: {e}") from None
+    if decision.committed and len(decision.norms) != plan.n_replicas:
+        raise StepAborted(f"leader sent {len(decision.norms)} norms for {plan.n_replicas} replicas")
     return decision

@@ -57,7 +57,7 @@ from potluck.peer.train.checks.audit import ShardAudits
 from potluck.peer.train.checks.duties import Duties, Place, make_ledger
 from potluck.peer.train.checks.recheck import GradientChecks
 from potluck.peer.train.checks.spot import SpotChecks
-from potluck.peer.train.commit import Decision, Ready, commit_step
+from potluck.peer.train.commit import Decision, Decisions, Ready, commit_step
 from potluck.peer.train.local import BACKGROUND_CHUNK_ELEMENTS, SETTLE_S, LocalSteps
 from potluck.peer.train.outer import make_diloco, outer_mean, stage_gather
 from potluck.peer.train.pipeline import MicroBatch, Neighbours, Timing, link_codecs, pipeline_step
@@ -143,6 +143,7 @@ class Trainer:
         # Trust duties (docs/security.md): sealed messages kept in a ledger, then the replica sync (which
         # seals into it for audits), then the checks that need both (checks/duties.py)
         ledger = make_ledger(job, plan, self.stage, identity, box.peer_id)
+        self.decisions = Decisions(box, plan, identity)  # the leader signs them; peers relay them
         self.replicas = ReplicaSync.build(
             self.runner, box, job, plan, self.stage, cfg, self._allreduce_cfg, self.audit, ledger
         )
@@ -368,7 +369,7 @@ class Trainer:
         ready, failed = await self._compute(rnd, timeout_s, timing)
         t0 = time.perf_counter()
         try:
-            decision = await commit_step(self.box, self.plan, rnd, ready, timeout_s)
+            decision = await commit_step(self.decisions, rnd, ready, timeout_s)
         except StepAborted:
             self.runner.zero_grad()
             raise

@@ -128,7 +128,7 @@ def test_a_message_after_a_long_silence_is_not_lost(monkeypatch, reopen, watch):
     arrived, and the pipeline deadlocked until the step timeout. Two guards, each enough alone: a sender
     opens a fresh stream after 4 x timeout_s of silence (``reopen``), and drops an outgoing stream as
     soon as its receiver closes it (``watch``); without either the message is lost (``neither``)."""
-    import potluck.net.mailbox as mailbox
+    import potluck.net.mailbox.box as mailbox
 
     if not reopen:
         monkeypatch.setattr(mailbox, "REOPEN_AFTER_IDLE", 10**6)
@@ -160,7 +160,7 @@ def test_a_stream_refused_while_not_admitted_is_not_reused(monkeypatch, watch):
     it; that peer closed the stream unread. When the next plan placed the spare, its start-barrier READY
     went into the same stream, was lost, and the plan hung for 40 s. The sender now drops a stream as
     soon as its receiver closes it (``watch=False`` shows the loss)."""
-    import potluck.net.mailbox as mailbox
+    import potluck.net.mailbox.box as mailbox
 
     if not watch:
         monkeypatch.setattr(mailbox.Mailbox, "_watch", _no_watch)

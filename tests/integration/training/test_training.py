@@ -58,7 +58,10 @@ def test_resume_continues_the_loss_curve_even_with_new_stage_boundaries(tmp_path
     assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
 
 
-def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
+async def _four_peers(tmp_path, job, victim, die_after=None, on_plan=lambda plan: None):
+    """A 2 x 2 swarm of real daemons on loopback, each peer keyed; trainer ``victim`` stops at once
+    (its daemon shut down) when it raises ``SystemExit``, or right after committing step ``die_after``.
+    Returns each trainer's end ("died", "finished" or its ``StepAborted``) and the trainers."""
     from potluck.net.config import TransportConfig
     from potluck.net.mailbox import Mailbox
     from potluck.peer.config import TrainerConfig
@@ -67,45 +70,78 @@ def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
     from potluck.testbed.harness.p2p import keyed_group
     from potluck.testbed.harness.training import PROTOCOL, make_plan
 
-    job = tiny_job()
     dataset = tiny_dataset(job)
+    async with keyed_group(4, tmp_path) as keyed:
+        keys = {n.peer_id.to_base58(): identity for n, identity in keyed}  # they seal their pipelines
+        boxes = [Mailbox(n, PROTOCOL, TransportConfig(timeout_s=5)) for n, _ in keyed]
+        for b in boxes:
+            await b.start()
+        ids = [b.peer_id for b in boxes]
+        plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
+        on_plan(plan)
+        cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0)
+        trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path, identity=keys[b.peer_id]) for b in boxes]
 
-    async def main():
-        async with keyed_group(4, tmp_path) as keyed:
-            keys = {n.peer_id.to_base58(): identity for n, identity in keyed}  # they seal their pipelines
-            boxes = [Mailbox(n, PROTOCOL, TransportConfig(timeout_s=5)) for n, _ in keyed]
-            for b in boxes:
-                await b.start()
-            ids = [b.peer_id for b in boxes]
-            plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
-            cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0)
-            trainers = [
-                Trainer(b, job, plan, dataset, cfg, tmp_path, identity=keys[b.peer_id]) for b in boxes
-            ]
-            victim = trainers[3]  # stage 1, replica 1
+        def maybe_die(report):
+            if report.step == die_after:
+                raise SystemExit  # this peer stops right after committing the step
 
-            def maybe_die(report):
-                if report.step == 4:
-                    raise SystemExit  # this peer stops right after committing step 4
+        async def run(i, tr):
+            try:
+                await tr.run(maybe_die if i == victim else None)
+            except SystemExit:
+                await keyed[i][0].shutdown()
+                return "died"
+            except StepAborted as e:
+                return e
+            return "finished"
 
-            async def run(tr):
-                try:
-                    await tr.run(maybe_die if tr is victim else None)
-                except SystemExit:
-                    await keyed[3][0].shutdown()
-                    return "died"
-                except StepAborted as e:
-                    return e
-                return "finished"
+        return await asyncio.gather(*(run(i, t) for i, t in enumerate(trainers))), trainers
 
-            return await asyncio.gather(*(run(t) for t in trainers)), trainers
 
-    results, trainers = asyncio.run(main())
-    assert results[3] == "died"
+def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
+    from potluck.peer.errors import StepAborted
+
+    results, trainers = asyncio.run(_four_peers(tmp_path, tiny_job(), victim=3, die_after=4))
+    assert results[3] == "died"  # stage 1, replica 1
     assert all(isinstance(r, StepAborted) for r in results[:3]), results
     # Step 5 was applied by nobody: every survivor stands at step 5 with identical stage weights.
     assert [t.step for t in trainers[:3]] == [5, 5, 5]
     for a, b in zip(trainers[0].runner.params, trainers[1].runner.params, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_leader_dying_inside_its_commit_still_has_the_step_applied_by_every_survivor(tmp_path, monkeypatch):
+    """Churn run C (issue 38): the leader died after its COMMIT reached stage 1 but not its own stage's
+    other replica, and the stages stood one step apart. The replica that missed the decision asks the
+    others for it (the leader's signature makes a relayed one trustworthy) and applies the step too."""
+    import potluck.peer.train.commit as commit
+    from potluck.net.tags import INDEX_BITS, Round, Stream
+    from potluck.peer.errors import StepAborted
+
+    job = tiny_job()
+    sent = commit.announce
+
+    async def leader_dies_halfway(box, peers, tag, payload, what, level=None):
+        decision = tag.stream >> INDEX_BITS == Stream.COMMIT_DECISION
+        if decision and Round.unpack(tag.round).step == 4:
+            await sent(box, [p for p in peers if p != missed[0]], tag, payload, what)
+            raise SystemExit  # dies before its own replica heard the decision
+        return await sent(box, peers, tag, payload, what)
+
+    missed = []  # stage 0, replica 1: the peer the leader never tells
+    monkeypatch.setattr(commit, "announce", leader_dies_halfway)
+    on_plan = lambda plan: missed.append(plan.stages[0].peers[1])  # noqa: E731
+    results, trainers = asyncio.run(_four_peers(tmp_path, job, victim=0, on_plan=on_plan))
+    assert results[0] == "died"
+    assert all(isinstance(r, StepAborted) for r in results[1:]), results
+    # Everyone alive applied step 4 (the one the leader died committing), nobody step 5.
+    assert [t.step for t in trainers[1:]] == [5, 5, 5]
+    _, ref = reference_run(job, tiny_dataset(job), n_replicas=2, steps=5)
+    want = parameters_by_global_name(ref)
+    for name, tensor in parameters_by_global_name(trainers[1].runner).items():
+        torch.testing.assert_close(tensor, want[name], rtol=1e-3, atol=2e-5, msg=name)
+    for a, b in zip(trainers[2].runner.params, trainers[3].runner.params, strict=True):
         assert torch.equal(a, b)
 
 

@@ -104,6 +104,9 @@ def test_live_state_is_the_newest_step_a_live_placed_peer_reported():
         pid(p): _report(p, s, state=st)
         for p, s, st in (("a", 17, "training"), ("b", 18, "failed"), ("c", 16, "training"))
     }
+    latest[pid("b")] = latest[pid("b")].model_copy(
+        update={"holds": Holding(step=18, first_layer=0, last_layer=1)}
+    )
     assert live_step(plan, latest, live("abc")) == 18  # d died; b failed at step 18, exactly
     assert live_step(plan, latest, live("ac")) == 17  # what the living reported
     assert live_step(plan, {}, live("ac")) is None  # nobody reported yet: nothing is known held
@@ -253,3 +256,20 @@ def test_a_newer_checkpoint_beats_an_older_live_state():
     assert resume_point(JOB, on_disk(40), 0, live=23).step == 40
     assert resume_point(JOB, None, 40, live=23).from_checkpoint
     assert resume_point(JOB, None, 40, live=40).from_checkpoint is False  # a tie: live, no disk read
+
+
+def test_a_placed_peer_whose_run_failed_holding_nothing_holds_nothing():
+    """Churn run C: the leader died inside a commit; stage 1 (layers 1-3) applied step 3228, the other
+    stage-0 replica held 3227. The plan from 3228 failed: its new stage-0 leader could take [0, 3) from
+    nobody. The coordinator counted that leader, failed and holding nothing, as running its stage at
+    3228 and re-planned from 3228 three times."""
+    plan = _plan(["nb", "cd"], start=3228, epoch=10)
+    latest = {
+        pid("n"): _report("n", 3228, epoch=10, state="failed"),  # took nothing: holds None
+        pid("b"): _holding("b", 3227, 0, 1).model_copy(update={"epoch": 10}),
+        pid("c"): _holding("c", 3228, 1, 2).model_copy(update={"epoch": 10}),
+        pid("d"): _holding("d", 3228, 1, 2).model_copy(update={"epoch": 10}),
+    }
+    assert live_step(plan, latest, live("nbcd")) is None  # no step has every layer: older state it is
+    latest[pid("b")] = _holding("b", 3228, 0, 1).model_copy(update={"epoch": 10})  # had b applied it
+    assert live_step(plan, latest, live("nbcd")) == 3228

@@ -46,28 +46,25 @@ from hivemind.p2p import P2P
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
 from potluck.net.config import Pacer, TransportConfig
-from potluck.net.dial import AddressBook, open_stream, reachable
+from potluck.net.dial import AddressBook, open_stream
+from potluck.net.mailbox.liveness import Liveness
 from potluck.net.pace import Background
-from potluck.net.tags import INDEX_BITS, TAG_BYTES, Round, RoundSpan, Stream, Tag, make_tag
+from potluck.net.tags import INDEX_BITS, TAG_BYTES, Round, RoundSpan, Stream, Tag
 from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, discard_exactly, read_exactly, read_header, write_frame
 
 logger = logging.getLogger(__name__)
+Service = Callable[[str, Tag, bytes], None]  # a handler of one stream's messages (``Mailbox.serve``)
 
 MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 16)
 IDLE_CLOSE = 10  # x timeout_s: an incoming stream silent this long is closed by its receiver
 REOPEN_AFTER_IDLE = 4  # x timeout_s: a sender opens a fresh stream rather than reuse one idle this long
 MAX_GONE_BYTES = 128  # a GONE message names one peer id
 LATE_ADMIT_POLL_S = 0.25  # how often a held message from a newer plan's peer asks again
-GONE_CHECK_S = 2.0  # bound on the liveness check of a peer whose stream to us just ended
-# For this long after a check found a peer refusing connections, waits on it and sends to it fail at
-# once, with no second check and no dial (seconds). Churn run Q: a leader that had found a peer dead
-# waited 4.7 s more for its vote (a second check) and then dialled it 5 s to deliver the decision.
-GONE_MEMORY_S = 10.0
 MESSAGE_COST = 1024  # bytes a buffered message is charged beyond its payload (key, tag, bookkeeping)
 
 
-class Mailbox:
+class Mailbox(Liveness):
     def __init__(
         self,
         p2p: P2P,
@@ -118,9 +115,16 @@ class Mailbox:
         # goes to them and no wait on them lasts, until a plan admits them again.
         self._declared: set[str] = set()
         self._dialing: dict[str, set[asyncio.Task[Any]]] = {}
+        # stream kind -> (most payload bytes, handler) for messages handled on arrival (``serve``)
+        self._services: dict[int, tuple[int, Service]] = {Stream.GONE: (MAX_GONE_BYTES, self._on_gone)}
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
+
+    def serve(self, stream: Stream, max_bytes: int, handler: Service) -> None:
+        """Hand each message of ``stream`` (at most ``max_bytes``, else its stream is closed) to ``handler``
+        as it arrives, unbuffered: questions asked at any time (``peer/train/termination.py``)."""
+        self._services[int(stream)] = (max_bytes, handler)
 
     async def close(self) -> None:
         for task in [*self._checks.values(), *self._background]:
@@ -469,13 +473,16 @@ class Mailbox:
                     logger.warning("refused message %s from %s: too far ahead of this peer", tag, sender)
                     await discard_exactly(reader, length - TAG_BYTES, self.cfg.timeout_s)
                     continue
-                if tag.stream >> INDEX_BITS == Stream.GONE:  # for the mailbox itself, never stored
-                    if length - TAG_BYTES > MAX_GONE_BYTES:
+                service = self._services.get(tag.stream >> INDEX_BITS)
+                if service is not None:  # for a handler, never stored
+                    if length - TAG_BYTES > service[0]:
                         logger.warning(
-                            "a %d-byte GONE from %s; closing its stream", length - TAG_BYTES, sender
+                            "a %d-byte %s from %s; closing its stream", length - TAG_BYTES, tag, sender
                         )
                         return
-                    self._on_gone(sender, await read_exactly(reader, length - TAG_BYTES, self.cfg.timeout_s))
+                    service[1](
+                        sender, tag, await read_exactly(reader, length - TAG_BYTES, self.cfg.timeout_s)
+                    )
                     continue
                 await self._reserve(sender, length - TAG_BYTES)  # before reading (allocating) the payload
                 try:
@@ -490,91 +497,6 @@ class Mailbox:
         finally:
             writer.close()
 
-    # ---- a peer whose stream ended: alive, or gone? -------------------------------------------------
-
-    def _check_alive(self, peer: str, tell: bool = True) -> None:
-        """A killed process's streams end at once (its connections are reset), long before anyone's wait
-        for it runs out: check whether ``peer`` still accepts a connection, and if not, fail the waits on
-        it now. A live peer that merely reopened its stream answers at once and nothing happens. With no
-        wait on it yet, the end is remembered and the first wait on ``peer`` runs the check."""
-        if self.addresses is None or peer in self._checks:
-            return
-        if not self._waiting_on(peer):
-            self._ended.add(peer)
-            return
-        task = asyncio.create_task(self._check(peer, self.addresses, tell), name=f"alive-{peer[-8:]}")
-        self._checks[peer] = task
-        task.add_done_callback(lambda _: self._checks.pop(peer, None))
-
-    def _gone_for(self, peer: str) -> float | None:
-        """Seconds since a check found ``peer`` refusing connections, within ``GONE_MEMORY_S``; else None."""
-        at = self._gone.get(peer)
-        if at is None:
-            return None
-        ago = time.monotonic() - at
-        if ago >= GONE_MEMORY_S:
-            del self._gone[peer]  # check again: it may have come back
-            return None
-        return ago
-
-    def _waiting_on(self, peer: str) -> bool:
-        return any(p == peer and not fut.done() for (p, _), fut in self._waiters.items())
-
-    async def _alive(self, peer: str, addresses: AddressBook) -> bool:
-        """Whether ``peer`` accepts a connection: first over the route our daemon already knows (a peer
-        whose stream just ended was connected a moment ago), then at the addresses its heartbeat
-        announced, each within ``GONE_CHECK_S``. The DHT read of those runs meanwhile: on a busy machine
-        it took over 2 s (churn run S: a leader told that a peer was gone gave up on the check and
-        waited out its 5 s step bound)."""
-        lookup = asyncio.create_task(asyncio.wait_for(addresses(peer), GONE_CHECK_S))
-        try:
-            if await reachable(self.p2p, peer, [], GONE_CHECK_S):
-                return True
-            try:
-                maddrs = await lookup
-            except (TimeoutError, WireError):
-                return False  # the known route refused and nothing else is known in time
-            return bool(maddrs) and await reachable(self.p2p, peer, maddrs, GONE_CHECK_S)
-        finally:
-            lookup.cancel()
-
-    async def _check(self, peer: str, addresses: AddressBook, tell: bool = True) -> None:
-        alive = await self._alive(peer, addresses)
-        if alive:
-            self._ended.discard(peer)
-            self._gone.pop(peer, None)
-            return
-        # Still gone: waits and sends fail at once for GONE_MEMORY_S, then the next wait checks again
-        # (it may have come back; a stream it opens to us clears the verdict at once).
-        self._ended.add(peer)
-        self._gone[peer] = time.monotonic()
-        self.suspect(peer)
-        gone = WireError(f"{peer} is gone: its stream ended and it refuses connections")
-        failed = 0
-        for (p, _), fut in list(self._waiters.items()):
-            if p == peer and not fut.done():
-                fut.set_exception(gone)
-                failed += 1
-        logger.info(
-            "%s is gone (its stream ended, it refuses connections): %d wait(s) failed now", peer, failed
-        )
-        if tell:
-            self._tell_gone(peer)
-
-    def _tell_gone(self, peer: str) -> None:
-        """Tell the plan's other peers that ``peer`` is gone: those whose streams from it did not end (it
-        never sent them anything this epoch, e.g. a step's leader) would otherwise wait out their bound
-        (run N: a leader noticed a death 5 s after the victim's neighbours). Each checks for itself
-        (``_on_gone``); only the peer that saw the stream end tells, so a death costs one message per peer."""
-        if self._admitted is None or peer in self._told:
-            return
-        self._told.add(peer)
-        tag = make_tag(Round(self._epoch or 0, self._step), Stream.GONE)
-        for other in sorted(self._admitted - {self.peer_id, peer}):
-            task = asyncio.create_task(self.send_quietly(other, tag, peer.encode()), name="gone")
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-
     async def send_quietly(self, peer: str, tag: Tag, payload: bytes) -> str | None:
         """``send``, for a peer that may be gone: the failure's reason instead of an error (None: sent)."""
         try:
@@ -582,15 +504,3 @@ class Mailbox:
         except WireError as e:
             return str(e) or type(e).__name__
         return None
-
-    def _on_gone(self, sender: str, payload: bytes) -> None:
-        """``sender`` says a peer of the plan is gone: check it ourselves (a connection attempt) if we wait
-        on it, else remember its stream as ended so the next wait checks it. A lie costs one check."""
-        try:
-            peer = payload.decode("ascii")
-        except UnicodeDecodeError:
-            return
-        if peer == self.peer_id or self._admitted is None or peer not in self._admitted:
-            return
-        self._ended.add(peer)
-        self._check_alive(peer, tell=False)
