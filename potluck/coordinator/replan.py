@@ -25,7 +25,7 @@ from potluck.coordinator.job.improve import ImproveConfig
 from potluck.coordinator.job.joins import JoinDesk
 from potluck.coordinator.job.plan import device_of, make_train_plan
 from potluck.coordinator.job.progress import JobProgress, RetryPolicy
-from potluck.coordinator.job.resume import choose_resume, start_holders
+from potluck.coordinator.job.resume import choose_resume, start_holders, unheard_survivors
 from potluck.coordinator.job.speeds import MeasuredSpeeds
 from potluck.coordinator.kinds import JobHost
 from potluck.coordinator.placement import PlacementPlan
@@ -35,6 +35,10 @@ from potluck.protocol.training import Progress, Spare, TrainPlan
 logger = logging.getLogger(__name__)
 
 RESUME_SETTLE_S = 10.0  # longest a re-plan waits for live peers to report state newer than it found
+# Longest a repair waits for the survivors' own reports of their failed step (s), and how often it reads
+# them meanwhile: they stop within a tenth of a second of a death (their streams from it end) and report
+# at once, while their last reports before that lag up to ``progress_interval_s`` of steps behind.
+SURVIVORS_S, SURVIVORS_POLL_S = 1.5, 0.25
 
 
 class Replanner:
@@ -125,6 +129,19 @@ class Replanner:
         self.resume_from = "checkpoint" if point.from_checkpoint else "live"
         return point.step
 
+    async def _await_survivors(self, plan: TrainPlan) -> None:
+        """A running plan lost a peer: give its live peers up to ``SURVIVORS_S`` to report their run's end
+        (``job.resume.unheard_survivors``) before the repair picks its start."""
+        job = self
+        deadline = time.monotonic() + SURVIVORS_S
+        while time.monotonic() < deadline:
+            _, excluded = job.progress.verdicts(self.host.state, get_dht_time(), job.retry)
+            live = set(self.host.state.peers) - set(excluded)  # the victim may heartbeat for seconds yet
+            if not unheard_survivors(plan, job.progress, live):
+                return
+            await asyncio.sleep(SURVIVORS_POLL_S)
+            await job.read_progress()
+
     def _links_pending(self) -> bool:
         """Before the first plan: give the peers' first link reports up to ``link_wait_s`` to arrive."""
         host = self.host
@@ -170,6 +187,8 @@ class Replanner:
             host.last_reason = "enough peers; waiting briefly for their link measurements"
             return
         epoch = host.first_epoch if job.plan is None else job.plan.epoch + 1
+        if failed and job.plan is not None:
+            await self._await_survivors(job.plan)
         speeds = job.measured_speeds()
         now = get_dht_time()
         # Suspects that did not heartbeat since a peer failed to reach them sit this plan out.

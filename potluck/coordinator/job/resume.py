@@ -109,6 +109,20 @@ def live_step(
     return None
 
 
+def unheard_survivors(plan: TrainPlan, progress: JobProgress, live: Collection[str]) -> list[str]:
+    """The live placed peers of ``plan`` whose run's end (a "failed" or "done" record, each with exactly
+    the step it holds) has not been read yet, once the plan committed steps; a repair waits a moment
+    for them (``replan.SURVIVORS_S``). Churn runs B and C: 3 of 9 repairs, made 0.03 s after the
+    coordinator's probe found the victim gone, started 5-8 steps behind the survivors, who had stopped
+    0.05 s after the kill (their last reports lag up to a second of steps); each refused the plan and a
+    second followed, 2.4 s later. A plan that never committed a step needs no wait: its peers hold its
+    start."""
+    if progress.step(plan) <= plan.start_step:
+        return []
+    ended = {p for p, r in progress.latest.items() if r.epoch == plan.epoch and r.state in ("failed", "done")}
+    return sorted(p for p in plan.peers if p in live and p not in ended)
+
+
 def start_holders(
     step: int,
     live: Collection[str],

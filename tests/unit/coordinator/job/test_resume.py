@@ -2,12 +2,14 @@
 
 import pytest
 
+from potluck.coordinator.job.progress import JobProgress
 from potluck.coordinator.job.resume import (
     ResumePoint,
     checkpoint_step,
     live_step,
     resume_point,
     start_holders,
+    unheard_survivors,
 )
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.training import Holding, Progress, StageAssignment, TrainPlan
@@ -273,3 +275,22 @@ def test_a_placed_peer_whose_run_failed_holding_nothing_holds_nothing():
     assert live_step(plan, latest, live("nbcd")) is None  # no step has every layer: older state it is
     latest[pid("b")] = _holding("b", 3228, 0, 1).model_copy(update={"epoch": 10})  # had b applied it
     assert live_step(plan, latest, live("nbcd")) == 3228
+
+
+def test_a_repair_waits_for_the_survivors_that_have_not_said_where_their_run_ended():
+    """Churn runs B and C: repairs read the survivors' last reports (a second of steps stale) and
+    started behind them; their "failed" records, sent 0.05 s after the kill, say exactly where."""
+    plan = _plan(["ab", "cd"], start=100, epoch=4)
+    progress = JobProgress()
+    running = [_report(p, 160, epoch=4) for p in "abcd"]
+    progress.update(plan, running)
+    assert unheard_survivors(plan, progress, live("abc")) == [pid("a"), pid("b"), pid("c")]  # d died
+    progress.update(
+        plan, [_report("a", 167, epoch=4, state="failed"), _report("b", 167, epoch=4, state="failed")]
+    )
+    assert unheard_survivors(plan, progress, live("abc")) == [pid("c")]
+    progress.update(plan, [_report("c", 167, epoch=4, state="failed")])
+    assert unheard_survivors(plan, progress, live("abc")) == []
+    fresh = JobProgress()  # a plan that never committed a step: its peers hold its start, no wait
+    fresh.update(plan, [_report(p, 100, epoch=4) for p in "abc"])
+    assert unheard_survivors(plan, fresh, live("abc")) == []
