@@ -117,6 +117,8 @@ class Mailbox(Liveness):
         self._dialing: dict[str, set[asyncio.Task[Any]]] = {}
         # stream kind -> (most payload bytes, handler) for messages handled on arrival (``serve``)
         self._services: dict[int, tuple[int, Service]] = {Stream.GONE: (MAX_GONE_BYTES, self._on_gone)}
+        # the step its leader aborted (``abort_step``): (epoch, step), why, the stream kinds still awaited
+        self._aborted: tuple[tuple[int, int], str, frozenset[int]] | None = None
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
@@ -241,6 +243,27 @@ class Mailbox(Liveness):
         self._suspects.clear()
         return out
 
+    def abort_step(self, epoch: int, step: int, why: str, keep: frozenset[int]) -> int:
+        """Step ``step`` of plan epoch ``epoch`` will not commit (its leader said so): fail every wait on
+        its messages now, and each one begun later, except those of the stream kinds in ``keep`` (the
+        commit's own, which still bring the verdict). A peer waiting on a live peer that gave the step up
+        (a pipeline neighbour that lost its own partner) would otherwise wait out its bound: churn run E
+        reported a kill 2 s late this way. Returns how many waits failed now."""
+        self._aborted = ((epoch, step), why, keep)
+        failed = 0
+        for (_, tag), fut in list(self._waiters.items()):
+            if self._given_up(tag) and not fut.done():
+                fut.set_exception(WireError(why))
+                failed += 1
+        return failed
+
+    def _given_up(self, tag: Tag) -> bool:
+        if self._aborted is None:
+            return False
+        (epoch, step), _, keep = self._aborted
+        r = Round.unpack(tag.round)
+        return (r.epoch, r.step) == (epoch, step) and tag.stream >> INDEX_BITS not in keep
+
     # ---- who may send what ---------------------------------------------------------------------------
 
     def declare_gone(self, peers: list[str] | frozenset[str]) -> None:
@@ -345,6 +368,9 @@ class Mailbox(Liveness):
         if peer in self._declared:
             self._waiters.pop(key, None)
             raise WireError(f"{peer} is gone: the coordinator declared it")
+        if self._aborted is not None and self._given_up(tag):
+            self._waiters.pop(key, None)
+            raise WireError(self._aborted[1])
         if (ago := self._gone_for(peer)) is not None:
             self._waiters.pop(key, None)
             self.suspect(peer)

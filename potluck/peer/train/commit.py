@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from potluck.net.tags import Round, Stream, make_tag
-from potluck.peer.collectives.rounds import announce, collect
+from potluck.peer.collectives.rounds import Replies, announce, collect
 from potluck.peer.errors import StepAborted
-from potluck.peer.train.termination import Decisions
+from potluck.peer.train.termination import MAX_ABORT_BYTES, Decisions
 from potluck.protocol.errors import WireError
 from potluck.protocol.training import TrainPlan
 
@@ -165,11 +165,15 @@ async def commit_step(decisions: Decisions, rnd: Round, ready: Ready | None, tim
         def parse(peer: str, data: bytes) -> Ready:
             return _parse_ready(data, peer, plan.position(peer) or (-1, -1), plan.n_replicas)
 
-        # until every READY the decision needs is in: left-out replicas send none
+        # until every READY the decision needs is in (left-out replicas send none), or one says the step
+        # failed: then it cannot commit, and the peers still at work on it are told at once below
         others = [p for p in peers if p != me]
-        got = await collect(
-            box, others, tag_ready, timeout_s, parse, lambda r: _complete(plan, {**readies, **r.got})
-        )
+
+        def enough(r: Replies[Ready]) -> bool:
+            both = {**readies, **r.got}
+            return _complete(plan, both) or any(not x.ok for x in both.values())
+
+        got = await collect(box, others, tag_ready, timeout_s, parse, enough)
         for why in got.failed.values():
             logger.warning("step commit: %s", why)
         readies |= got.got
@@ -182,6 +186,9 @@ async def commit_step(decisions: Decisions, rnd: Round, ready: Ready | None, tim
                 "reason": decision.reason,
             }
         )
+        if not decision.committed:  # peers still waiting on one another for this step stop now
+            told = decision.reason.encode()[:MAX_ABORT_BYTES]
+            await announce(box, others, make_tag(rnd, Stream.STEP_ABORT), told, "step abort")
         sealed = decisions.seal(rnd, body)
         await announce(box, others, tag_decision, sealed, "step commit: decision", logging.WARNING)
     else:

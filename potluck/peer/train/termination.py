@@ -37,6 +37,11 @@ from potluck.protocol.training import TrainPlan
 
 logger = logging.getLogger(__name__)
 
+# The commit's own stream kinds: a step its leader aborted still brings each peer its verdict on them.
+COMMIT_KINDS = frozenset(
+    int(k) for k in (Stream.COMMIT_READY, Stream.COMMIT_DECISION, Stream.COMMIT_ASK, Stream.COMMIT_ANSWER)
+)
+MAX_ABORT_BYTES = 512  # a STEP_ABORT's reason
 KEEP_ROUNDS = 8  # decisions remembered for questions (rounds); a question comes within one step
 MAX_ANSWERED = 4096  # (asker, round) pairs answered, remembered so that each is answered once
 UNSIGNED = bytes(SIGNATURE_BYTES)  # a leader without a key: its decisions cannot be relayed
@@ -55,6 +60,7 @@ class Decisions:
         self._answered: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         box.serve(Stream.COMMIT_ASK, 0, self._on_ask)
+        box.serve(Stream.STEP_ABORT, MAX_ABORT_BYTES, self._on_abort)
 
     # ---- the decision's wire form: signature, then the decision's bytes -----------------------------
 
@@ -95,6 +101,19 @@ class Decisions:
         fut = self._outcomes.get(rnd.pack())
         if fut is not None and not fut.done():
             fut.set_result(sealed or b"")
+
+    # ---- the leader's early abort --------------------------------------------------------------------
+
+    def _on_abort(self, sender: str, tag: Tag, payload: bytes) -> None:
+        """The leader says a step of this plan will not commit (it heard a failure, ``commit.py``): this
+        peer's waits on that step's other messages fail now (``Mailbox.abort_step``), so it reaches the
+        commit, and the ABORT already waiting there, at once. From anyone else it is ignored."""
+        rnd = Round.unpack(tag.round)
+        if sender != self.plan.leader or rnd.epoch != self.plan.epoch:
+            return
+        why = f"the leader aborted step {rnd.step}: {payload.decode('utf-8', 'replace')}"
+        failed = self.box.abort_step(rnd.epoch, rnd.step, why, COMMIT_KINDS)
+        logger.info("step %d aborted by the leader: %d wait(s) failed now", rnd.step, failed)
 
     # ---- answering ----------------------------------------------------------------------------------
 

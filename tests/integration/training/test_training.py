@@ -58,7 +58,9 @@ def test_resume_continues_the_loss_curve_even_with_new_stage_boundaries(tmp_path
     assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
 
 
-async def _four_peers(tmp_path, job, victim, die_after=None, on_plan=lambda plan: None):
+async def _four_peers(
+    tmp_path, job, victim, die_after=None, on_plan=lambda plan: None, step_s=4.0, watch=False
+):
     """A 2 x 2 swarm of real daemons on loopback, each peer keyed; trainer ``victim`` stops at once
     (its daemon shut down) when it raises ``SystemExit``, or right after committing step ``die_after``.
     Returns each trainer's end ("died", "finished" or its ``StepAborted``) and the trainers."""
@@ -73,13 +75,18 @@ async def _four_peers(tmp_path, job, victim, die_after=None, on_plan=lambda plan
     dataset = tiny_dataset(job)
     async with keyed_group(4, tmp_path) as keyed:
         keys = {n.peer_id.to_base58(): identity for n, identity in keyed}  # they seal their pipelines
-        boxes = [Mailbox(n, PROTOCOL, TransportConfig(timeout_s=5)) for n, _ in keyed]
+
+        async def nowhere(peer):  # no announced addresses: a liveness check tries the known route alone
+            return []
+
+        book = nowhere if watch else None  # ``watch``: a peer whose stream ends is checked at once
+        boxes = [Mailbox(n, PROTOCOL, TransportConfig(timeout_s=5), addresses=book) for n, _ in keyed]
         for b in boxes:
             await b.start()
         ids = [b.peer_id for b in boxes]
         plan = make_plan(job, [ids[:2], ids[2:]], SPLITS)
         on_plan(plan)
-        cfg = TrainerConfig(step_timeout_s=4.0, allreduce_timeout_s=3.0)
+        cfg = TrainerConfig(step_timeout_s=step_s, allreduce_timeout_s=step_s - 1.0, timeout_floor_s=step_s)
         trainers = [Trainer(b, job, plan, dataset, cfg, tmp_path, identity=keys[b.peer_id]) for b in boxes]
 
         def maybe_die(report):
@@ -109,6 +116,22 @@ def test_a_peer_dying_mid_step_aborts_the_step_on_every_survivor(tmp_path):
     assert [t.step for t in trainers[:3]] == [5, 5, 5]
     for a, b in zip(trainers[0].runner.params, trainers[1].runner.params, strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_leader_stops_the_survivors_waits_on_a_step_it_knows_will_not_commit(tmp_path):
+    """Churn run E: the leader's pipeline partner died; the leader saw it at once and gave the step up,
+    and its own stage's other replica, waiting for the leader's gradients in the stage's all-reduce,
+    waited out its bound before the swarm could re-plan. The leader now says at once that the step will
+    not commit (STEP_ABORT): every survivor stops long before the 60 s bound of its waits."""
+    from potluck.peer.errors import StepAborted
+
+    async def bounded():
+        return await asyncio.wait_for(_four_peers(tmp_path, tiny_job(), 2, 4, step_s=60.0, watch=True), 30.0)
+
+    results, trainers = asyncio.run(bounded())
+    assert results[2] == "died"  # stage 1, replica 0: the leader's pipeline partner
+    assert all(isinstance(r, StepAborted) for r in (results[0], results[1], results[3])), results
+    assert [t.step for t in (trainers[0], trainers[1], trainers[3])] == [5, 5, 5]
 
 
 def test_a_leader_dying_inside_its_commit_still_has_the_step_applied_by_every_survivor(tmp_path, monkeypatch):
