@@ -134,11 +134,19 @@ class Replanner:
         (``job.resume.unheard_survivors``) before the repair picks its start."""
         job = self
         deadline = time.monotonic() + SURVIVORS_S
+        told = False
         while time.monotonic() < deadline:
             _, excluded = job.progress.verdicts(self.host.state, get_dht_time(), job.retry)
             live = set(self.host.state.peers) - set(excluded)  # the victim may heartbeat for seconds yet
             if not unheard_survivors(plan, job.progress, live):
                 return
+            gone = sorted(p for p in plan.peers if p not in live)
+            if not told and gone and gone != plan.gone:
+                # Tell them who is gone (the same epoch re-published, pushed): their waits on it fail now.
+                # Churn run F: survivors waited 2 s on a victim their own checks had not found gone yet,
+                # while this coordinator's probe had, and the repair started from their stale reports.
+                await job.publish(plan.model_copy(update={"gone": gone, "issued_at": get_dht_time()}))
+            told = True
             await asyncio.sleep(SURVIVORS_POLL_S)
             await job.read_progress()
 
