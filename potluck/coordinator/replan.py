@@ -129,17 +129,22 @@ class Replanner:
         self.resume_from = "checkpoint" if point.from_checkpoint else "live"
         return point.step
 
-    async def _await_survivors(self, plan: TrainPlan) -> None:
+    async def _await_survivors(self, plan: TrainPlan) -> list[str]:
         """A running plan lost a peer: give its live peers up to ``SURVIVORS_S`` to report their run's end
-        (``job.resume.unheard_survivors``) before the repair picks its start."""
+        (``job.resume.unheard_survivors``) before the repair picks its start. Returns the peers excluded
+        when it began: the survivors' reports name the victim a suspect again, later than this
+        coordinator's probe found it gone, which would make the repair wait on it as merely suspected
+        (churn run G placed a dead peer once this way)."""
         job = self
         deadline = time.monotonic() + SURVIVORS_S
-        told = False
+        told, first = False, None
         while time.monotonic() < deadline:
             _, excluded = job.progress.verdicts(self.host.state, get_dht_time(), job.retry)
-            live = set(self.host.state.peers) - set(excluded)  # the victim may heartbeat for seconds yet
+            first = excluded if first is None else first
+            # the victim may heartbeat for seconds yet; the survivors' reports re-suspect it (not gone)
+            live = set(self.host.state.peers) - {*first, *excluded}
             if not unheard_survivors(plan, job.progress, live):
-                return
+                break
             gone = sorted(p for p in plan.peers if p not in live)
             if not told and gone and gone != plan.gone:
                 # Tell them who is gone (the same epoch re-published, pushed): their waits on it fail now.
@@ -149,6 +154,7 @@ class Replanner:
             told = True
             await asyncio.sleep(SURVIVORS_POLL_S)
             await job.read_progress()
+        return first or []
 
     def _links_pending(self) -> bool:
         """Before the first plan: give the peers' first link reports up to ``link_wait_s`` to arrive."""
@@ -195,13 +201,14 @@ class Replanner:
             host.last_reason = "enough peers; waiting briefly for their link measurements"
             return
         epoch = host.first_epoch if job.plan is None else job.plan.epoch + 1
+        gone_before: list[str] = []  # found gone by this coordinator before the survivors' reports came
         if failed and job.plan is not None:
-            await self._await_survivors(job.plan)
+            gone_before = await self._await_survivors(job.plan)
         speeds = job.measured_speeds()
         now = get_dht_time()
         # Suspects that did not heartbeat since a peer failed to reach them sit this plan out.
         _, excluded = job.progress.verdicts(host.state, now, job.retry)
-        excluded = [p for p in excluded if p in host.state.peers]
+        excluded = sorted({*excluded, *gone_before} & set(host.state.peers))
         state = host.state.without(excluded)
         live = set(state.peers) | (set(host.state.leaving) if handoff else set())  # leavers still hold it
         start = self.resume_step(live)
