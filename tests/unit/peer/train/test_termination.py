@@ -13,7 +13,8 @@ from potluck.net.tags import INDEX_BITS, Round, Stream, Tag, make_tag
 from potluck.peer.train.termination import Decisions
 from potluck.protocol.errors import WireError
 from potluck.protocol.identity import Identity
-from potluck.protocol.training import StageAssignment, TrainPlan
+from potluck.protocol.training import TrainPlan
+from potluck.testbed.harness.training import make_plan, tiny_job
 
 KEYS = [Identity.generate() for _ in range(4)]
 IDS = [k.peer_id for k in KEYS]  # the leader, its stage's other replica, stage 1's two replicas
@@ -22,17 +23,8 @@ BODY = json.dumps({"committed": True, "norms": [1.0, 1.0], "loss": 2.5, "reason"
 
 
 def _plan(job: str = "j") -> TrainPlan:
-    return TrainPlan(
-        job=job,
-        epoch=3,
-        micro_batches=1,
-        start_step=0,
-        stages=[
-            StageAssignment(first_layer=0, last_layer=1, peers=IDS[:2]),
-            StageAssignment(first_layer=1, last_layer=2, peers=IDS[2:]),
-        ],
-        issued_at=0.0,
-    )
+    """The leader and its stage's other replica, then stage 1's two replicas, in plan epoch 3."""
+    return make_plan(tiny_job(name=job), [IDS[:2], IDS[2:]], [(0, 2), (2, 4)], epoch=3)
 
 
 class Net:
