@@ -77,9 +77,7 @@ class Stream(IntEnum):
     SEAL = 20  # a checked step's seal, sender -> each receiver: the signed Merkle root and its proofs
     COMMIT_ASK = 21  # step commit, peer -> peer: what did the leader decide? (it missed the decision)
     COMMIT_ANSWER = 22  # the answer: the leader's signed decision as it came, or empty
-    STEP_ABORT = (
-        23  # step commit, leader -> peer, as soon as it knows: the step will not commit; stop waiting
-    )
+    STEP_ABORT = 23  # step commit, leader -> peer: the step will not commit; stop waiting on it
 
 
 class Direction(IntEnum):

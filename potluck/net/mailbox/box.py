@@ -54,6 +54,8 @@ from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, discard_exactly, read_exactly, read_header, write_frame
 
 logger = logging.getLogger(__name__)
+
+
 Service = Callable[[str, Tag, bytes], None]  # a handler of one stream's messages (``Mailbox.serve``)
 
 MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 16)
@@ -250,12 +252,7 @@ class Mailbox(Liveness):
         (a pipeline neighbour that lost its own partner) would otherwise wait out its bound: churn run E
         reported a kill 2 s late this way. Returns how many waits failed now."""
         self._aborted = ((epoch, step), why, keep)
-        failed = 0
-        for (_, tag), fut in list(self._waiters.items()):
-            if self._given_up(tag) and not fut.done():
-                fut.set_exception(WireError(why))
-                failed += 1
-        return failed
+        return self._fail_waits(lambda _, tag: self._given_up(tag), WireError(why))
 
     def _given_up(self, tag: Tag) -> bool:
         if self._aborted is None:
@@ -280,10 +277,7 @@ class Mailbox(Liveness):
             for dial in self._dialing.get(peer, ()):
                 dial.cancel()
             verdict = WireError(f"{peer} is gone: the coordinator declared it")
-            for (p, _), fut in list(self._waiters.items()):
-                if p == peer and not fut.done():
-                    fut.set_exception(verdict)
-                    failed += 1
+            failed += self._fail_waits_on(peer, verdict)
             if (out := self._out.pop(peer, None)) is not None:
                 out[0].close()
         logger.info("declared gone by the coordinator: %s (%d wait(s) failed now)", sorted(new), failed)
@@ -368,7 +362,8 @@ class Mailbox(Liveness):
         if peer in self._declared:
             self._waiters.pop(key, None)
             raise WireError(f"{peer} is gone: the coordinator declared it")
-        if self._aborted is not None and self._given_up(tag):
+        if self._given_up(tag):
+            assert self._aborted is not None
             self._waiters.pop(key, None)
             raise WireError(self._aborted[1])
         if (ago := self._gone_for(peer)) is not None:

@@ -1,7 +1,7 @@
 """The mailbox's side of a peer dying: is a peer whose stream ended still there?
 
 A killed process's streams end at once (its connections are reset), long before anyone's wait for it
-runs out. The mailbox (``mailbox.py``) then checks whether the peer still accepts a connection; a peer
+runs out. The mailbox (``box.py``) then checks whether the peer still accepts a connection; a peer
 that does not fails every wait on it at once, is remembered as gone for ``GONE_MEMORY_S``, and the
 plan's other peers are told (a GONE message), since those it never sent anything would otherwise wait
 out their bound. This is that check, as a part of ``Mailbox`` (a mixin: it reads the mailbox's waits).
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hivemind.p2p import P2P
@@ -50,6 +51,19 @@ class Liveness:
 
     async def send_quietly(self, peer: str, tag: Tag, payload: bytes) -> str | None:
         raise NotImplementedError
+
+    def _fail_waits(self, match: Callable[[str, Tag], bool], error: WireError) -> int:
+        """Fail every wait under way on a message ``match(sender, tag)`` selects; returns how many."""
+        failed = 0
+        for (p, tag), fut in list(self._waiters.items()):
+            if match(p, tag) and not fut.done():
+                fut.set_exception(error)
+                failed += 1
+        return failed
+
+    def _fail_waits_on(self, peer: str, error: WireError) -> int:
+        """Fail every wait under way on a message from ``peer``; returns how many."""
+        return self._fail_waits(lambda sender, _: sender == peer, error)
 
     def _check_alive(self, peer: str, tell: bool = True) -> None:
         """A killed process's streams end at once (its connections are reset), long before anyone's wait
@@ -109,11 +123,7 @@ class Liveness:
         self._gone[peer] = time.monotonic()
         self.suspect(peer)
         gone = WireError(f"{peer} is gone: its stream ended and it refuses connections")
-        failed = 0
-        for (p, _), fut in list(self._waiters.items()):
-            if p == peer and not fut.done():
-                fut.set_exception(gone)
-                failed += 1
+        failed = self._fail_waits_on(peer, gone)
         logger.info(
             "%s is gone (its stream ended, it refuses connections): %d wait(s) failed now", peer, failed
         )
