@@ -85,8 +85,12 @@ class Replanner:
         self.progress.update(self.plan, [r for r in records if isinstance(r, Progress)])
 
     def measured_speeds(self) -> dict[str, float]:
-        claims = {p: device_of(v.record).tflops for p, v in self.host.state.peers.items()}
-        return self.speeds.update(self.plan, self.host.job, self.progress.compute_s, claims)
+        peers = self.host.state.peers
+        claims = {p: device_of(v.record).tflops for p, v in peers.items()}
+        devices = {
+            p: f"{v.record.hardware.device_kind}:{v.record.hardware.device_name}" for p, v in peers.items()
+        }
+        return self.speeds.update(self.plan, self.host.job, self.progress.compute_s, claims, devices)
 
     async def recover(self, saved: TrainPlan | None, joined: bool) -> None:
         """Carry on with the plan the swarm follows and its progress (``job.recover`` decides), and wait

@@ -31,14 +31,17 @@ from potluck.transfer.snapshot import rename
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-SETTLE_FIRST_WAIT_S, SETTLE_MAX_WAIT_S = 0.5, 4.0  # backoff while holders settle, seconds
+# Backoff while holders settle, seconds. Short: a hand-off's holders settle all at once at its start
+# step, and every peer's start barrier waits for the last fetch, so a long wait here idles the swarm.
+SETTLE_FIRST_WAIT_S, SETTLE_MAX_WAIT_S = 0.2, 1.0
 
 
 async def settled(fetch: Callable[[], Awaitable[T]], settle_s: float, name: str) -> T:
     """``fetch()``, asked again while holders may still be settling: a new plan reaches every peer at
     once, and a holder offers its state only once it is written (a checkpoint) or its previous run has
     unwound (live state), so a fetch in the first seconds can find "no state yet" where a moment later
-    there is. A holder that refuses a stream is dead, not settling: that failure is raised at once."""
+    there is. A holder that refuses a stream is dead, not settling: a failure where every holder did is
+    raised at once; one where some live holder may still settle (``StateError.settling``) is not."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + settle_s
     wait = SETTLE_FIRST_WAIT_S
@@ -46,7 +49,7 @@ async def settled(fetch: Callable[[], Awaitable[T]], settle_s: float, name: str)
         try:
             return await fetch()
         except StateError as e:
-            if loop.time() + wait > give_up or e.unreachable:
+            if loop.time() + wait > give_up or (e.unreachable and not e.settling):
                 raise
             logger.info("%s: %s; asking again in %.1f s", name, e, wait)
             await asyncio.sleep(wait)

@@ -11,11 +11,14 @@ class StateError(PotluckError):
     """A stage's state could not be fetched: no source answered, or none answered with valid state.
 
     ``unreachable``: holders that no stream could be opened to (a dead peer whose heartbeat has not
-    expired yet); the fetching peer names them as suspects, so the coordinator stops counting on them."""
+    expired yet); the fetching peer names them as suspects, so the coordinator stops counting on them.
+    ``settling``: some holder was reachable and may still come to hold the state (it answered that it has
+    none yet, or its transfer failed), so asking again can succeed though others are unreachable."""
 
-    def __init__(self, message: str, unreachable: Iterable[str] = ()) -> None:
+    def __init__(self, message: str, unreachable: Iterable[str] = (), settling: bool = False) -> None:
         super().__init__(message)
         self.unreachable = frozenset(unreachable)
+        self.settling = settling
 
 
 class TransferError(StateError):

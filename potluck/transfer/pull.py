@@ -160,7 +160,9 @@ async def pull_state(
     unreachable = [h for h, r in zip(dict.fromkeys(holders), opened, strict=True) if isinstance(r, DialError)]
     if not sessions:
         raise StateError(
-            f"no holder served layers [{want.first}, {want.last}) at step {want.step}: {faults}", unreachable
+            f"no holder served layers [{want.first}, {want.last}) at step {want.step}: {faults}",
+            unreachable,
+            settling=len(unreachable) < len(opened),  # a live holder without it yet may have it soon
         )
     sessions = _agreeing(sessions)
     manifest = sessions[0].manifest
@@ -173,7 +175,9 @@ async def pull_state(
             if not alive:
                 faults += [f"{s.holder}: {s.error}" for s in sessions]
                 raise StateError(
-                    f"every holder failed with {len(p.queue)} chunks left: {faults}", unreachable
+                    f"every holder failed with {len(p.queue)} chunks left: {faults}",
+                    unreachable,
+                    settling=True,
                 )
             await asyncio.gather(*(_serve_session(s, p, cfg) for s in alive))
     finally:

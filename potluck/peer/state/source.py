@@ -127,6 +127,7 @@ class PeerSource(StateSource):
         local: Sequence[StageState] = (),
     ) -> None:
         self.streams, self.holders, self.cfg = streams, list(holders), cfg
+        self._unreachable: frozenset[str] = frozenset()  # holders that refused a stream: dead
         self.protocol = state_protocol(swarm_id)
         # This peer's own held layers count as holders: a re-cut stage may need some layers it holds and
         # some only others hold (nobody dials itself; those layers are copied from memory).
@@ -174,9 +175,21 @@ class PeerSource(StateSource):
         check_covers(merged, want.first, want.last, n, self.name)
         return rename(merged, -want.first)
 
+    async def _fetch_pruned(self, want: StateWant) -> dict[str, torch.Tensor]:
+        """``_fetch``; holders that refused a stream are dead, asked no more by this source's next tries
+        (the error still names every one of them, so the caller reports them as suspects)."""
+        try:
+            return await self._fetch(want)
+        except StateError as e:
+            self._unreachable |= e.unreachable
+            self.holders = [h for h in self.holders if h.peer_id not in self._unreachable]
+            raise StateError(str(e), self._unreachable, e.settling) from e
+
     async def _fetch_settled(self, want: StateWant) -> dict[str, torch.Tensor]:
-        """``_fetch``, asked again while holders may still be settling (``transfer.copy.settled``)."""
-        return await settled(lambda: self._fetch(want), self.cfg.settle_s, self.name)
+        """``_fetch``, asked again while holders may still be settling (``transfer.copy.settled``): a
+        hand-off's joiner asks before the old plan's peers reach its start step, and a dead holder among
+        the live ones (a recent plan's peer) must not end the wait."""
+        return await settled(lambda: self._fetch_pruned(want), self.cfg.settle_s, self.name)
 
     async def fetch(self, want: StateWant, timeout_s: float) -> FetchedState:
         try:

@@ -299,6 +299,34 @@ def test_a_dead_holder_is_named_unreachable_without_waiting_for_it_to_settle(tmp
     assert took < 20.0, f"asked a dead holder again for {took:.1f} s"
 
 
+def test_a_dead_holder_among_settling_ones_does_not_end_the_wait(tmp_path):
+    """Churn run H: a spare placed by a hand-off asked for the step the old plan had not reached yet;
+    its holders included a peer killed a few seconds before, whose refused stream ended the wait at
+    once (0.3 s of a 30 s settle), so the plan failed its start barrier and the swarm re-planned. Now
+    the live holder is asked again until it has the step, and the dead one is not dialled again."""
+    settling = dataclasses.replace(CFG, settle_s=30.0)
+    state = trained_stage(0, 2)
+
+    async def main() -> tuple[dict[str, torch.Tensor], float]:
+        async with keyed_group(3, tmp_path) as nodes:
+            (p2p_a, _), (p2p_b, _), (p2p_c, id_c) = nodes
+            dead = p2p_a.peer_id.to_base58()
+            await p2p_a.shutdown()
+            server = StateServer(Streams(p2p_c), SWARM, id_c, CFG)
+            await server.start()  # offers nothing yet: its run has not reached the step
+            asyncio.get_running_loop().call_later(1.0, server.offer, state)
+            holders = [Holder(dead, 0, 2), Holder(p2p_c.peer_id.to_base58(), 0, 2)]
+            source = PeerSource(Streams(p2p_b), SWARM, holders, settling)
+            started = time.monotonic()
+            fetched = await fetch_first([source], want(0, 2), 60.0)
+            assert [h.peer_id for h in source.holders] == [p2p_c.peer_id.to_base58()], "dead one dropped"
+            return fetched.tensors, time.monotonic() - started
+
+    tensors, took = asyncio.run(main())
+    assert_identical(tensors, state.tensors)
+    assert took < 10.0, f"the fetch took {took:.1f} s after its holder settled at 1 s"
+
+
 def test_a_peer_serves_the_wider_layers_it_held_and_its_running_state(tmp_path):
     """Measured in the churn benchmark: a peer moved from layers 0-1 to layer 0 offered only layer 0,
     and a holder still inside a step (waiting on a dead leader) offered nothing; the next plan found
