@@ -28,6 +28,8 @@ from potluck.protocol.membership import PeerView
 from potluck.protocol.training import Holding, Progress, TrainPlan
 
 HEARTBEATS_PER_TTL = 3.0  # peers refresh their heartbeat every third of its lifetime (peer.config)
+COMPUTE_EMA = 0.3  # weight of a newly reported step in a peer's smoothed compute time (reports come ~1/s)
+COMPUTE_WARMUP = 2  # a plan's first reported steps per peer that its speed is not measured on
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,13 @@ class JobProgress:
     checkpoints: dict[int, int] = field(default_factory=dict)  # stage index of the writer -> newest step
     checkpoint_stages: int = 0  # stage count of the plan those checkpoints were written under
     latest: dict[str, Progress] = field(default_factory=dict)  # peer -> newest record of the current epoch
-    compute_s: dict[str, float] = field(default_factory=dict)  # peer -> compute seconds of its last step
+    # peer -> compute seconds of a step of the current epoch's plan (its work there), smoothed over the
+    # steps it reported (COMPUTE_EMA per new step): one step's compute on a busy machine varies 2x, and
+    # a plan prices a peer well below its stage's other replicas as a straggler (``job.speeds``)
+    compute_s: dict[str, float] = field(default_factory=dict)
+    _compute_at: dict[str, int] = field(default_factory=dict)  # peer -> the step compute_s last took in
+    _compute_n: dict[str, int] = field(default_factory=dict)  # peer -> steps of this plan it reported
+    _compute_epoch: int = -1  # the plan epoch compute_s measures
     failures: int = 0  # re-plans in a row after which no step was completed
     best_step: int = 0  # most steps ever completed by the whole swarm
     suspects: dict[str, float] = field(default_factory=dict)  # peer -> DHT time of the newest suspicion
@@ -70,9 +78,22 @@ class JobProgress:
     also_holdings: dict[str, list[Holding]] = field(default_factory=dict)
     _failed_runs: set[tuple[str, int]] = field(default_factory=set)  # (reporter, epoch) failures counted
 
+    def _measure(self, peer: str, step: int, compute_s: float) -> None:
+        """Fold one reported step's compute time in; the first COMPUTE_WARMUP steps of a plan are skipped
+        (its first steps build the stage and warm the allocator: seen 5x slower than the rest)."""
+        self._compute_at[peer] = step
+        self._compute_n[peer] = n = self._compute_n.get(peer, 0) + 1
+        if n <= COMPUTE_WARMUP:
+            return
+        old = self.compute_s.get(peer)
+        self.compute_s[peer] = compute_s if old is None else old + COMPUTE_EMA * (compute_s - old)
+
     def update(self, plan: TrainPlan | None, records: Iterable[Progress]) -> None:
         if plan is None:
             return
+        if plan.epoch != self._compute_epoch:  # a new plan: new work for everyone, measured anew
+            self.compute_s, self._compute_at, self._compute_n = {}, {}, {}
+            self._compute_epoch = plan.epoch
         for rec in records:
             if rec.job != plan.job:
                 continue
@@ -93,8 +114,12 @@ class JobProgress:
                         self.suspects[s] = max(self.suspects.get(s, 0.0), rec.issued_at)
             if rec.epoch != plan.epoch:
                 continue
-            if rec.state == "training" and rec.timing.compute > 0:
-                self.compute_s[rec.peer_id] = rec.timing.compute
+            if (
+                rec.state == "training"
+                and rec.timing.compute > 0
+                and self._compute_at.get(rec.peer_id) != rec.step
+            ):
+                self._measure(rec.peer_id, rec.step, rec.timing.compute)
             old = self.latest.get(rec.peer_id)
             if old is None or (rec.step, rec.issued_at) >= (old.step, old.issued_at):
                 self.latest[rec.peer_id] = rec

@@ -37,7 +37,7 @@ def planning_speeds(
 ) -> dict[str, float]:
     """TFLOP/s per peer for planning. ``work``: peer -> (TFLOP, seconds) of its last measured step;
     ``devices``: peer -> its device (kind and name; a peer not in it is priced alone); ``same_work``:
-    groups of peers that ran the same stage (the latest plan's), whose slow members are stragglers."""
+    groups of peers measured on the same stage of the same plan, whose slow members are stragglers."""
     pooled: dict[str, list[float]] = {}
     for p, (tflop, seconds) in work.items():
         if p in devices and seconds > 0:
@@ -64,7 +64,7 @@ class MeasuredSpeeds:
     def __init__(self) -> None:
         self.measured: dict[str, float] = {}  # peer -> TFLOP/s measured on this job (its latest plan)
         self.work: dict[str, tuple[float, float]] = {}  # peer -> (TFLOP, seconds) of that measurement
-        self.same_work: list[list[str]] = []  # the latest plan's stages: peers that did the same work
+        self.origin: dict[str, tuple[int, int]] = {}  # peer -> (plan epoch, stage) of that measurement
         self.distrusted: set[str] = set()  # peers measured far below their claims
 
     def update(
@@ -82,8 +82,13 @@ class MeasuredSpeeds:
             rates = calibrated_tflops(plan, job, dict(compute_s))
             self.measured.update(rates)
             self.work.update({p: (rate * compute_s[p], compute_s[p]) for p, rate in rates.items()})
-            self.same_work = [list(st.peers) for st in plan.stages]
+            self.origin.update(
+                {p: (plan.epoch, j) for j, st in enumerate(plan.stages) for p in st.peers if p in rates}
+            )
         self.work = {p: w for p, w in self.work.items() if p in devices}  # peers gone since: not pooled
+        same_work: dict[tuple[int, int], list[str]] = {}  # measured on the same stage of the same plan
+        for p in self.work:
+            same_work.setdefault(self.origin[p], []).append(p)
         for peer in overclaimed(claims, self.measured):
             if peer not in self.distrusted:
                 self.distrusted.add(peer)
@@ -93,4 +98,4 @@ class MeasuredSpeeds:
                     claims[peer],
                     self.measured[peer],
                 )
-        return planning_speeds(self.work, devices, self.same_work)
+        return planning_speeds(self.work, devices, list(same_work.values()))

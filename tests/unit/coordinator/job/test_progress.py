@@ -1,9 +1,16 @@
 """The coordinator's job loop decisions (pure) and its resume point on disk."""
 
+import pytest
 import torch
 
 from potluck.coordinator.config import CoordinatorConfig
-from potluck.coordinator.job.progress import JobProgress, RetryPolicy, next_action
+from potluck.coordinator.job.progress import (
+    COMPUTE_EMA,
+    COMPUTE_WARMUP,
+    JobProgress,
+    RetryPolicy,
+    next_action,
+)
 from potluck.coordinator.pipeline import PipelineJob
 from potluck.coordinator.service import CoordinatorService
 from potluck.coordinator.state import SwarmState
@@ -11,7 +18,7 @@ from potluck.model.checkpoint import save_stage
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.identity import Identity
 from potluck.protocol.membership import PeerView
-from potluck.protocol.training import Holding, Progress, StageAssignment, TrainPlan
+from potluck.protocol.training import Holding, Progress, StageAssignment, StepTiming, TrainPlan
 from tests.unit.coordinator.job.test_plan import JOB, ids, peer
 
 P = ids(4)
@@ -263,3 +270,26 @@ def test_a_plan_start_nobody_reached_is_not_counted_as_done():
     again = PLAN.model_copy(update={"epoch": 4, "start_step": 90})
     prog.new_epoch(failed=True)
     assert prog.step(again) == 90
+
+
+def test_compute_times_are_smoothed_per_step_and_measured_anew_under_a_new_plan():
+    """One step's compute on a busy machine varies 2x, and a plan's first steps run slower still; the
+    plan prices a peer well below its stage's other replicas as a straggler (job.speeds), so one slow
+    step must not make it one. A re-read record of the same step counts once; a new plan's work is
+    measured afresh, after its warm-up."""
+
+    def timed(step: int, compute: float, epoch: int = 2) -> Progress:
+        return rec(P[0], step, epoch=epoch).model_copy(update={"timing": StepTiming(compute=compute)})
+
+    prog = JobProgress()
+    prog.update(PLAN, [timed(s, 9.0) for s in range(COMPUTE_WARMUP)])
+    assert prog.compute_s == {}  # the warm-up
+    prog.update(PLAN, [timed(10, 1.0)])
+    assert prog.compute_s == {P[0]: 1.0}
+    prog.update(PLAN, [timed(11, 3.0), timed(11, 3.0)])  # read twice: one step
+    assert prog.compute_s[P[0]] == pytest.approx(1.0 + COMPUTE_EMA * 2.0)
+    later = PLAN.model_copy(update={"epoch": 3})
+    prog.update(later, [timed(12, 5.0)])  # the old epoch's record: not this plan's work
+    assert prog.compute_s == {}
+    prog.update(later, [timed(s, 0.5, epoch=3) for s in range(13, 14 + COMPUTE_WARMUP)])
+    assert prog.compute_s == {P[0]: 0.5}

@@ -75,11 +75,25 @@ def test_a_skewed_split_on_equal_peers_does_not_feed_itself():
     alone = calibrated_tflops(skewed, JOB, compute_s)
     three, one = skewed.stages[1].peers[0], skewed.stages[0].peers[0]
     assert alone[three] > 1.8 * alone[one]  # what the plans priced before
-    speeds = MeasuredSpeeds().update(skewed, JOB, compute_s, {}, dict.fromkeys(pids, "cpu:x"))
+    measured = MeasuredSpeeds()
+    speeds = measured.update(skewed, JOB, compute_s, {}, dict.fromkeys(pids, "cpu:x"))
     assert len(set(speeds.values())) == 1
     again, _, why = make_train_plan(state, JOB, 101.0, 2, 10, cfg=QUICK, measured_tflops=speeds)
     assert again is not None, why
     assert [st.last_layer - st.first_layer for st in again.stages] == [2, 2]
+    # before the new plan's own steps are measured, its stages' replicas (which did different work
+    # under the old plan) are not compared with each other: nobody is taken for a straggler
+    mixed = again.model_copy(
+        update={
+            "stages": [
+                st.model_copy(
+                    update={"peers": [three, one] if j == 0 else [p for p in pids if p not in (three, one)]}
+                )
+                for j, st in enumerate(again.stages)
+            ]
+        }
+    )
+    assert len(set(measured.update(mixed, JOB, {}, {}, dict.fromkeys(pids, "cpu:x")).values())) == 1
     biased, _, why = make_train_plan(state, JOB, 101.0, 2, 10, cfg=QUICK, measured_tflops=alone)
     assert biased is not None, why
     assert [st.last_layer - st.first_layer for st in biased.stages] != [2, 2]  # the test can fail
