@@ -9,7 +9,9 @@ the codec, each layer's call overhead, the embedding), so a stage of one layer m
 than a stage of three on the same chip. Priced one by one, the three-layer peers looked up to 3x faster,
 the next plan gave them still more layers, and the split never came back (churn run H: 11 of 15 plans
 cut 4 equal layers 1:3 or 3:1; the swarm ran ~20% below the 2:2 baseline between kills). A peer well
-below the replicas of its own stage, which did the same work, is a straggler and keeps that ratio.
+below the replicas of its own stage, which did the same work, is a straggler and keeps that ratio; one
+without replicas to compare with is, below 0.4x its device's pooled speed (further than the stage's
+share of work moves a FLOP rate), priced at its own rate.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ logger = logging.getLogger(__name__)
 # A peer measured below this fraction of the median of its stage's replicas (the same work) is slower
 # than its device, not noise: two replicas on a busy shared machine differ by 10-30%.
 STRAGGLER_RATIO = 0.7
+# A peer without such replicas is a straggler below this fraction of its device's pooled speed: further
+# than a stage's share of work moves one peer's FLOP rate (one layer against three: ~2x on a tiny model).
+DEVICE_STRAGGLER_RATIO = 0.4
 
 
 def planning_speeds(
@@ -49,14 +54,20 @@ def planning_speeds(
         p: (pooled[devices[p]][0] / pooled[devices[p]][1] if p in devices else rate)
         for p, rate in own.items()
     }
+    compared = set()
     for group in same_work:
         rates = [own[p] for p in group if p in own]
         if len(rates) < 2:
             continue
         median = statistics.median(rates)
         for p in group:
-            if p in own and own[p] < STRAGGLER_RATIO * median:
-                out[p] *= own[p] / median
+            if p in own:
+                compared.add(p)
+                if own[p] < STRAGGLER_RATIO * median:
+                    out[p] *= own[p] / median
+    for p, rate in own.items():
+        if p not in compared and rate < DEVICE_STRAGGLER_RATIO * out[p]:
+            out[p] = rate
     return out
 
 

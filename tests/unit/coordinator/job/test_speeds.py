@@ -47,6 +47,14 @@ def test_a_straggler_among_its_stage_s_replicas_keeps_its_ratio():
     assert speeds["a"] == speeds["c"] == speeds["d"] == pytest.approx(pooled)  # 10% apart is noise
 
 
+def test_a_peer_alone_in_its_stage_far_below_its_device_is_priced_at_its_own_rate():
+    work = {"a": (1.2, 1.0), "b": (3.0, 1.0), "c": (0.5, 1.0), "d": (6.0, 1.0)}
+    speeds = planning_speeds(work, dict.fromkeys(work, "cpu:x"))
+    pooled = 10.7 / 4.0
+    assert speeds["a"] == speeds["b"] == speeds["d"] == pytest.approx(pooled)  # a at 0.45x: its work
+    assert speeds["c"] == 0.5  # under 0.4x the pool: slower than any share of work explains
+
+
 def _swarm() -> tuple[SwarmState, list[str]]:
     pids = sorted(Identity.generate().peer_id for _ in range(4))
     hw = make_hardware(memory_free_bytes=8 << 30, tflops_fp32=0.1, tflops_bf16=0.1)
