@@ -63,8 +63,10 @@ class CoordinatorConfig:
     join_restart_s: float = 5.0  # what a re-plan costs besides moving state: stop, rebuild, first step
     join_margin: float = 1.5
     # A re-plan nobody had to stop for (a graceful leave, placing a joiner) starts this many seconds of
-    # steps ahead of the newest reported step, plus two polls: the time the plan takes to reach the peers.
-    handoff_lead_s: float = 4.0
+    # steps ahead of the newest reported step, plus two polls: the time the plan takes to reach the peers
+    # (pushed, it reaches them in well under a second; the polls cover a missed push and the reports'
+    # age). Each second here is a second a newcomer waits for its first step (4.0 until 12-08).
+    handoff_lead_s: float = 1.0
     # The job owner's copy (coordinator/copies.py): pull each complete checkpoint into checkpoint_root.
     copy_checkpoints: bool = True
     copy_rate_mb_s: float = 20.0  # MB/s the copy may take from the peers, summed over them (0: no cap)
