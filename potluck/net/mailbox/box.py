@@ -64,6 +64,7 @@ REOPEN_AFTER_IDLE = 4  # x timeout_s: a sender opens a fresh stream rather than 
 MAX_GONE_BYTES = 128  # a GONE message names one peer id
 LATE_ADMIT_POLL_S = 0.25  # how often a held message from a newer plan's peer asks again
 MESSAGE_COST = 1024  # bytes a buffered message is charged beyond its payload (key, tag, bookkeeping)
+MAX_GIVEN_UP = 4096  # steps given up remembered (one per peer of the plan at most, and the leader's)
 
 
 class Mailbox(Liveness):
@@ -119,8 +120,9 @@ class Mailbox(Liveness):
         self._dialing: dict[str, set[asyncio.Task[Any]]] = {}
         # stream kind -> (most payload bytes, handler) for messages handled on arrival (``serve``)
         self._services: dict[int, tuple[int, Service]] = {Stream.GONE: (MAX_GONE_BYTES, self._on_gone)}
-        # the step its leader aborted (``abort_step``): (epoch, step), why, the stream kinds still awaited
-        self._aborted: tuple[tuple[int, int], str, frozenset[int]] | None = None
+        # steps given up (``abort_step``): by the leader for everyone (key None), or by one peer for its
+        # own messages (key: that peer) -> (epoch, step), why, the stream kinds still awaited
+        self._aborted: dict[str | None, tuple[tuple[int, int], str, frozenset[int]]] = {}
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.protocol, self._handle)
@@ -245,21 +247,34 @@ class Mailbox(Liveness):
         self._suspects.clear()
         return out
 
-    def abort_step(self, epoch: int, step: int, why: str, keep: frozenset[int]) -> int:
-        """Step ``step`` of plan epoch ``epoch`` will not commit (its leader said so): fail every wait on
-        its messages now, and each one begun later, except those of the stream kinds in ``keep`` (the
-        commit's own, which still bring the verdict). A peer waiting on a live peer that gave the step up
-        (a pipeline neighbour that lost its own partner) would otherwise wait out its bound: churn run E
-        reported a kill 2 s late this way. Returns how many waits failed now."""
-        self._aborted = ((epoch, step), why, keep)
-        return self._fail_waits(lambda _, tag: self._given_up(tag), WireError(why))
+    def abort_step(
+        self, epoch: int, step: int, why: str, keep: frozenset[int], sender: str | None = None
+    ) -> int:
+        """Step ``step`` of plan epoch ``epoch`` will not commit: fail every wait on its messages now, and
+        each one begun later, except those of the stream kinds in ``keep`` (the commit's own, which still
+        bring the verdict). ``sender`` None: its leader said so, for every sender's messages; a peer: that
+        peer's own step failed, and only waits on what it would have sent fail (it sends nothing more,
+        as a dead peer would not). A peer waiting on a live peer that gave the step up (a pipeline
+        neighbour that lost its own partner) would otherwise wait out its bound: churn run E reported a
+        kill 2 s late this way, and run L's leader waited for a neighbour's gradients that never came
+        while the neighbour's failure waited for the leader's commit. Returns how many waits failed now."""
+        if len(self._aborted) >= MAX_GIVEN_UP:
+            self._aborted.clear()
+        self._aborted[sender] = ((epoch, step), why, keep)
+        return self._fail_waits(lambda peer, tag: self._given_up(peer, tag) is not None, WireError(why))
 
-    def _given_up(self, tag: Tag) -> bool:
-        if self._aborted is None:
-            return False
-        (epoch, step), _, keep = self._aborted
+    def _given_up(self, peer: str, tag: Tag) -> str | None:
+        """Why a wait on ``peer``'s message ``tag`` fails at once (``abort_step``); None: it does not."""
         r = Round.unpack(tag.round)
-        return (r.epoch, r.step) == (epoch, step) and tag.stream >> INDEX_BITS not in keep
+        for who in (None, peer):
+            entry = self._aborted.get(who)
+            if (
+                entry is not None
+                and entry[0] == (r.epoch, r.step)
+                and tag.stream >> INDEX_BITS not in entry[2]
+            ):
+                return entry[1]
+        return None
 
     # ---- who may send what ---------------------------------------------------------------------------
 
@@ -362,10 +377,9 @@ class Mailbox(Liveness):
         if peer in self._declared:
             self._waiters.pop(key, None)
             raise WireError(f"{peer} is gone: the coordinator declared it")
-        if self._given_up(tag):
-            assert self._aborted is not None
+        if (why := self._given_up(peer, tag)) is not None:
             self._waiters.pop(key, None)
-            raise WireError(self._aborted[1])
+            raise WireError(why)
         if (ago := self._gone_for(peer)) is not None:
             self._waiters.pop(key, None)
             self.suspect(peer)

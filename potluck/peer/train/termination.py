@@ -58,7 +58,7 @@ class Decisions:
         self.box, self.plan, self.identity = box, plan, identity
         self._outcomes: OrderedDict[int, asyncio.Future[bytes]] = OrderedDict()  # round -> sealed or b""
         self._answered: set[tuple[str, int]] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         box.serve(Stream.COMMIT_ASK, 0, self._on_ask)
         box.serve(Stream.STEP_ABORT, MAX_ABORT_BYTES, self._on_abort)
 
@@ -107,13 +107,36 @@ class Decisions:
     def _on_abort(self, sender: str, tag: Tag, payload: bytes) -> None:
         """The leader says a step of this plan will not commit (it heard a failure, ``commit.py``): this
         peer's waits on that step's other messages fail now (``Mailbox.abort_step``), so it reaches the
-        commit, and the ABORT already waiting there, at once. From anyone else it is ignored."""
+        commit, and the ABORT already waiting there, at once. Another peer of the plan says its own step
+        failed (``give_up``): only the waits on its messages fail, which is all a peer that stops
+        sending could cause anyway. From anyone else it is ignored."""
         rnd = Round.unpack(tag.round)
-        if sender != self.plan.leader or rnd.epoch != self.plan.epoch:
+        if rnd.epoch != self.plan.epoch or sender not in self.plan.peers:
             return
-        why = f"the leader aborted step {rnd.step}: {payload.decode('utf-8', 'replace')}"
-        failed = self.box.abort_step(rnd.epoch, rnd.step, why, COMMIT_KINDS)
-        logger.info("step %d aborted by the leader: %d wait(s) failed now", rnd.step, failed)
+        said = payload.decode("utf-8", "replace")
+        if sender == self.plan.leader:
+            failed = self.box.abort_step(
+                rnd.epoch, rnd.step, f"the leader aborted step {rnd.step}: {said}", COMMIT_KINDS
+            )
+            logger.info("step %d aborted by the leader: %d wait(s) failed now", rnd.step, failed)
+        else:
+            why = f"{sender} gave step {rnd.step} up: {said}"
+            failed = self.box.abort_step(rnd.epoch, rnd.step, why, COMMIT_KINDS, sender=sender)
+            logger.info("step %d given up by %s: %d wait(s) on it failed now", rnd.step, sender, failed)
+
+    def give_up(self, rnd: Round, why: str, to: list[str | None]) -> None:
+        """This peer's step ``rnd`` failed: tell the peers that may be waiting on its messages (``to``:
+        its pipeline neighbours and its stage's replicas) so that they stop now. Run L: a stage-1 replica
+        whose all-reduce partner was killed stopped inside its backward, and the leader, its pipeline
+        neighbour, waited 2 s for the gradients it would never send, in its compute, out of reach of
+        the leader's early abort; the repair then started behind the survivors. Sent in the background:
+        a neighbour that died must not hold this peer's failed READY up."""
+        told = why.encode()[:MAX_ABORT_BYTES]
+        others = [p for p in dict.fromkeys(to) if p is not None and p != self.box.peer_id]
+        tag = make_tag(rnd, Stream.STEP_ABORT)
+        task = asyncio.create_task(announce(self.box, others, tag, told, "step given up"), name="give-up")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # ---- answering ----------------------------------------------------------------------------------
 

@@ -439,6 +439,7 @@ class Trainer:
         except (PipelineError, CollectiveError) as e:
             if isinstance(e, NeighbourError):
                 self.box.suspect(e.peer)  # the failure report names the peer that sent it
+            self.decisions.give_up(rnd, str(e), [self.where.prev, self.where.next, *self.assignment.peers])
             if self.sync is not None:
                 self.sync.disarm()
             await self.duties.seal(rnd, timeout_s, timing, check=False)
