@@ -87,9 +87,7 @@ class Replanner:
     def measured_speeds(self) -> dict[str, float]:
         peers = self.host.state.peers
         claims = {p: device_of(v.record).tflops for p, v in peers.items()}
-        devices = {
-            p: f"{v.record.hardware.device_kind}:{v.record.hardware.device_name}" for p, v in peers.items()
-        }
+        devices = {p: v.record.hardware.label for p, v in peers.items()}
         return self.speeds.update(self.plan, self.host.job, self.progress.compute_s, claims, devices)
 
     async def recover(self, saved: TrainPlan | None, joined: bool) -> None:

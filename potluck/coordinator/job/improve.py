@@ -113,12 +113,12 @@ def newcomer_speeds(
     matmul, a step is not, so unscaled it would look fastest). ``cap`` > 0: no newcomer counts for more
     than ``cap`` x the median measured speed until its own steps are measured (its claim may be a lie)."""
     ratios = []
-    by_device: dict[tuple[str, str], list[float]] = {}
+    by_device: dict[str, list[float]] = {}
     for p, speed in calibrated.items():
         if p not in state.peers or speed <= 0:
             continue
         hw = state.peers[p].record.hardware
-        by_device.setdefault((hw.device_kind, hw.device_name), []).append(speed)
+        by_device.setdefault(hw.label, []).append(speed)
         if (probe := device_of(state.peers[p].record).tflops) > 0:
             ratios.append(speed / probe)
     scale = statistics.median(ratios) if ratios else 1.0
@@ -126,7 +126,7 @@ def newcomer_speeds(
     for p in newcomers:
         if p in state.peers:
             hw = state.peers[p].record.hardware
-            same = by_device.get((hw.device_kind, hw.device_name))
+            same = by_device.get(hw.label)
             out[p] = statistics.median(same) if same else device_of(state.peers[p].record).tflops * scale
             if cap > 0 and calibrated:
                 out[p] = min(out[p], cap * statistics.median(calibrated.values()))

@@ -73,8 +73,7 @@ def planning_speeds(
 
 class MeasuredSpeeds:
     def __init__(self) -> None:
-        self.measured: dict[str, float] = {}  # peer -> TFLOP/s measured on this job (its latest plan)
-        self.work: dict[str, tuple[float, float]] = {}  # peer -> (TFLOP, seconds) of that measurement
+        self.work: dict[str, tuple[float, float]] = {}  # peer -> (TFLOP, seconds) of its latest measurement
         self.origin: dict[str, tuple[int, int]] = {}  # peer -> (plan epoch, stage) of that measurement
         self.distrusted: set[str] = set()  # peers measured far below their claims
 
@@ -88,25 +87,29 @@ class MeasuredSpeeds:
     ) -> dict[str, float]:
         """Fold ``plan``'s measured compute times (peer -> seconds of its last step) in, note the peers
         that claim (``claims``: peer -> TFLOP/s) far more than measured, and return the speeds a plan
-        prices (``planning_speeds``; ``devices``: peer -> its device)."""
+        prices (``planning_speeds``; ``devices``: peer -> its device, the live peers)."""
         if plan is not None:
             rates = calibrated_tflops(plan, job, dict(compute_s))
-            self.measured.update(rates)
-            self.work.update({p: (rate * compute_s[p], compute_s[p]) for p, rate in rates.items()})
-            self.origin.update(
-                {p: (plan.epoch, j) for j, st in enumerate(plan.stages) for p in st.peers if p in rates}
-            )
-        self.work = {p: w for p, w in self.work.items() if p in devices}  # peers gone since: not pooled
-        same_work: dict[tuple[int, int], list[str]] = {}  # measured on the same stage of the same plan
-        for p in self.work:
-            same_work.setdefault(self.origin[p], []).append(p)
-        for peer in overclaimed(claims, self.measured):
+            for j, st in enumerate(plan.stages):
+                for p in st.peers:
+                    if p in rates:
+                        self.work[p], self.origin[p] = (
+                            (rates[p] * compute_s[p], compute_s[p]),
+                            (plan.epoch, j),
+                        )
+        self.work = {p: w for p, w in self.work.items() if p in devices}  # peers gone since: forgotten
+        self.origin = {p: self.origin[p] for p in self.work}
+        measured = {p: tflop / seconds for p, (tflop, seconds) in self.work.items()}
+        for peer in overclaimed(claims, measured):
             if peer not in self.distrusted:
                 self.distrusted.add(peer)
                 logger.warning(
                     "peer %s claims %.3g TFLOP/s but measured %.3g on this job: its claims are not believed",
                     peer,
                     claims[peer],
-                    self.measured[peer],
+                    measured[peer],
                 )
+        same_work: dict[tuple[int, int], list[str]] = {}  # measured on the same stage of the same plan
+        for p, at in self.origin.items():
+            same_work.setdefault(at, []).append(p)
         return planning_speeds(self.work, devices, list(same_work.values()))

@@ -54,8 +54,6 @@ from potluck.protocol.errors import WireError
 from potluck.protocol.wire import Frame, MsgType, discard_exactly, read_exactly, read_header, write_frame
 
 logger = logging.getLogger(__name__)
-
-
 Service = Callable[[str, Tag, bytes], None]  # a handler of one stream's messages (``Mailbox.serve``)
 
 MAX_SUSPECTS = 16  # peers named in one report (Progress.suspects holds at most 16)

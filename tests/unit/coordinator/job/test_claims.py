@@ -16,7 +16,7 @@ from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.membership import PeerView
 from potluck.protocol.records import Hardware, PeerRecord
-from tests.unit.coordinator.job.test_plan import ids, peer
+from tests.unit.coordinator.job.test_plan import JOB, ids, peer
 from tests.unit.protocol.conftest import make_hardware
 
 
@@ -127,15 +127,6 @@ def test_links_are_believed_as_far_as_their_other_end_saw_them():
 
 
 QUICK = JobPlanConfig(planner=PlannerConfig(time_limit_s=0.3, bound_time_limit_s=0.1))
-JOB = JobSpec.model_validate(
-    {
-        "name": "t",
-        "min_peers": 2,
-        "model": {"n_layers": 4, "d_model": 64, "n_heads": 4, "vocab_size": 256, "seq_len": 16},
-        "batch": {"tokens_per_step": 128, "micro_batch_size": 2},
-        "limits": {"stages": 2, "replicas": 2},
-    }
-)
 
 
 def test_peers_of_one_device_share_its_pooled_speed():
