@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "potluck.cli.demo_cmd",
     "potluck.cli.plan_cmd",
     "potluck.cli.generate_cmd",
+    "potluck.cli.export_cmd",
     "potluck.cli.serve_cmd",
     "potluck.cli.testbed_cmd",
     "potluck.cli.sim_cmd",

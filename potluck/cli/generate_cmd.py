@@ -15,7 +15,7 @@ from potluck.protocol.checkpoints import CheckpointRef, check_step, latest_compl
 logger = logging.getLogger(__name__)
 
 
-def _resolve(checkpoint: Path) -> CheckpointRef:
+def resolve_checkpoint(checkpoint: Path) -> CheckpointRef:
     """A step directory is used as given; anything else is a root searched for its newest complete step."""
     if checkpoint.name.startswith("step-") and checkpoint.is_dir():
         return check_step(checkpoint)
@@ -43,7 +43,7 @@ def _generate(
     from potluck.model.sampling import generate, load_checkpoint_tokenizer, load_model  # torch: here only
 
     try:
-        ref = _resolve(checkpoint)
+        ref = resolve_checkpoint(checkpoint)
         stages, _spec, meta = load_model(ref)
         tokenizer = load_checkpoint_tokenizer(meta)
         prompt_ids = tokenizer.encode(prompt)

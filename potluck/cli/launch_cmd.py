@@ -36,10 +36,10 @@ from potluck.cli.telemetry_opts import (
 from potluck.cli.views.job import JobWatcher
 from potluck.coordinator.config import DEFAULT_HOME, AdmitConfig, AllocatorConfig, CoordinatorConfig
 from potluck.coordinator.memory import unfinished_swarm
-from potluck.errors import TaskFailed
+from potluck.errors import PotluckError, TaskFailed
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.invite import Invite
-from potluck.protocol.jobspec import JobSpec, load_job
+from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.keys import check_swarm_id
 
 if TYPE_CHECKING:
@@ -139,9 +139,10 @@ def launch(
     if alloc_classes not in ("fine", "device"):
         raise fail(f"unknown --alloc-classes {alloc_classes!r}: fine or device")
     from potluck.coordinator.job.codecs import chain_problems  # torch: only once the command runs
+    from potluck.model.hub.config import load_job_file
 
     try:
-        job = load_job(job_file)
+        job = load_job_file(job_file)
         if problems := chain_problems(job.compression):
             raise fail(f"job file {job_file}: " + "; ".join(problems))
         if invite is not None:
@@ -177,6 +178,8 @@ def launch(
     )
     if invite is not None:  # the swarm's broker carries the peers' telemetry; no dashboard of its own
         telemetry = False
+    if job.model.pretrained and cfg.train:
+        _write_step_zero(job, job_file, cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser())
     stack = TelemetryStack(TelemetryOptions(telemetry, mqtt_url, mqtt_bind, dashboard_bind, mqtt_ca))
     try:
         asyncio.run(_run(cfg, job, stack, invite_file, as_json, invite))
@@ -184,6 +187,20 @@ def launch(
         raise fail(str(e)) from None
     except TaskFailed as e:  # its traceback is in the log already
         raise fail(str(e), code=1) from None
+
+
+def _write_step_zero(job: JobSpec, job_file: Path, root: Path) -> None:
+    """A job ``from`` a Hugging Face directory starts from its weights: written once as step 0 of the
+    owner's checkpoint copy, which the coordinator serves to the peers (model/hub/convert.py)."""
+    from potluck.model.hub.convert import model_directory, pretrained_checkpoint
+
+    directory = model_directory(job, job_file.parent)
+    try:
+        written = pretrained_checkpoint(job, directory, root)
+    except (PotluckError, OSError) as e:
+        raise fail(f"job file {job_file}: model.from: {e}") from None
+    if written is not None:
+        err_console.print(f"step 0 from {escape(str(directory))}: {escape(str(written))}", markup=True)
 
 
 def _swarm_id(job: JobSpec, identity: Path, new_swarm: bool) -> str:

@@ -15,3 +15,8 @@ class DataError(ModelError, ValueError):
 
 class DeviceError(ModelError, ValueError):
     """A device or precision that cannot be used here (``--device cuda`` without a GPU, say)."""
+
+
+class HubError(ModelError, ValueError):
+    """A Hugging Face model directory potluck cannot use (its type, a missing or mismatched tensor, a
+    field the job contradicts); the message names the file and what to change."""

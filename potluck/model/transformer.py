@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from potluck.model.bottleneck import Boundary, check_cuts, maps_held
-from potluck.protocol.jobspec import ModelSpec
+from potluck.protocol.jobspec import ModelSpec, RopeScaling
 
 EMBED, HEAD = -1, -2  # generator slots for the embedding and the output head
 
@@ -30,7 +30,7 @@ def layer_generator(seed: int, slot: int) -> torch.Generator:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:  # eps: ModelSpec.norm_eps
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
@@ -39,15 +39,41 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rotary(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def inverse_frequencies(
+    head_dim: int, theta: float = 10000.0, scaling: RopeScaling | None = None
+) -> torch.Tensor:
+    """Rotary angle per position of each pair of a head's dims, (head_dim / 2,): ``theta ** (-2i /
+    head_dim)``, with Llama 3.1's long-context rescaling when ``scaling`` is given (wavelengths longer than
+    ``original / low_freq_factor`` positions slowed ``factor`` times, shorter than ``original /
+    high_freq_factor`` kept, the band between blended linearly in ``original / wavelength``)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    if scaling is None:
+        return inv
+    wavelength = 2 * math.pi / inv
+    slow = scaling.original_max_positions / scaling.low_freq_factor  # longer: divided by factor
+    fast = scaling.original_max_positions / scaling.high_freq_factor  # shorter: unchanged
+    scaled = torch.where(wavelength > slow, inv / scaling.factor, inv)
+    blend = (scaling.original_max_positions / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - blend) * scaled / scaling.factor + blend * scaled
+    between = (wavelength >= fast) & (wavelength <= slow)
+    return torch.where(between, blended, scaled)
+
+
+def rotary(
+    seq_len: int, head_dim: int, theta: float = 10000.0, scaling: RopeScaling | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables, (seq_len, head_dim / 2) each."""
-    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    angles = torch.outer(
+        torch.arange(seq_len, dtype=torch.float32), inverse_frequencies(head_dim, theta, scaling)
+    )
     return angles.cos(), angles.sin()
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (even, odd) of the last dim of x: (batch, heads, seq, head_dim)."""
+    """Rotate pairs (even, odd) of the last dim of x: (batch, heads, seq, head_dim). (Hugging Face
+    checkpoints pair dim i with i + head_dim / 2; model/hub/names.py reorders q and k rows to match.)"""
     x1, x2 = x[..., 0::2], x[..., 1::2]
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return rotated.flatten(-2).type_as(x)
@@ -57,20 +83,23 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         d, hidden = spec.d_model, spec.ffn_hidden  # the widths ModelSpec's parameter count assumes
-        self.n_heads = spec.n_heads
-        self.attn_norm = RMSNorm(d)
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.kv_heads, spec.head_dim
+        self.widths = [d, spec.kv_width, spec.kv_width]  # q, k, v rows of the fused projection
+        self.attn_norm = RMSNorm(d, spec.norm_eps)
+        self.qkv = nn.Linear(d, sum(self.widths), bias=spec.qkv_bias)
         self.proj = nn.Linear(d, d, bias=False)
-        self.ffn_norm = RMSNorm(d)
+        self.ffn_norm = RMSNorm(d, spec.norm_eps)
         self.gate_up = nn.Linear(d, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, d, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, heads, t, head_dim)
+        q, k, v = self.qkv(self.attn_norm(x)).split(self.widths, dim=-1)
+        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (b, heads, t, head_dim)
+        k, v = (z.view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2) for z in (k, v))
         q, k = apply_rotary(q, cos[:t], sin[:t]), apply_rotary(k, cos[:t], sin[:t])
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        grouped = self.n_kv_heads != self.n_heads  # query head h reads key/value head h // (heads / kv)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
         x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
         gate, up = self.gate_up(self.ffn_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
@@ -110,9 +139,9 @@ class StageModel(nn.Module):
                 self.boundaries[str(last)] = Boundary(d, r, down=True, up=False)
         self.embed = nn.Embedding(spec.vocab_size, d) if self.is_first else None
         self.layers = nn.ModuleList(Block(spec) for _ in range(first, last))
-        self.norm = RMSNorm(d) if self.is_last else None
+        self.norm = RMSNorm(d, spec.norm_eps) if self.is_last else None
         self.head = nn.Linear(d, spec.vocab_size, bias=False) if self.is_last else None
-        cos, sin = rotary(spec.seq_len, d // spec.n_heads)
+        cos, sin = rotary(spec.seq_len, spec.head_dim, spec.rope_theta, spec.rope_scaling)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self._init_weights(seed)
@@ -127,11 +156,15 @@ class StageModel(nn.Module):
             assert isinstance(block, Block)
             gen = layer_generator(seed, self.first + offset)
             block.qkv.weight.normal_(0.0, std, generator=gen)
+            if block.qkv.bias is not None:
+                block.qkv.bias.zero_()
             block.proj.weight.normal_(0.0, out_std, generator=gen)
             block.gate_up.weight.normal_(0.0, std, generator=gen)
             block.down.weight.normal_(0.0, out_std, generator=gen)
         if self.head is not None:
-            self.head.weight.normal_(0.0, std, generator=layer_generator(seed, HEAD))
+            # a tied model's head starts as the embedding (trained apart across stages: docs/models.md)
+            slot = EMBED if self.spec.tie_embeddings else HEAD
+            self.head.weight.normal_(0.0, std, generator=layer_generator(seed, slot))
         receiving = [b for b in self.boundaries.values() if isinstance(b, Boundary) and b.tokens is not None]
         if receiving:
             # the token side path's tables (model/bottleneck.py) start from the very embedding the

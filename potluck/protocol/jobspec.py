@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -35,6 +36,42 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+# ModelSpec fields left out of the signed record at these values (the releases before them signed none)
+_MODEL_DEFAULTS: dict[str, object] = {
+    "n_kv_heads": None,
+    "ffn_width": None,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "norm_eps": 1e-6,
+    "qkv_bias": False,
+    "tie_embeddings": False,
+    "max_positions": None,
+    "family": None,
+    "from_dir": None,
+    "init": None,
+}
+
+ModelFamily = Literal["llama", "qwen2", "mistral"]  # the Hugging Face model types potluck runs
+
+
+class RopeScaling(_Section):
+    """Llama 3.1's rotary frequencies for long contexts (HF ``rope_type = "llama3"``): wavelengths past
+    ``original_max_positions / low_freq_factor`` are stretched by ``factor``, those under
+    ``original_max_positions / high_freq_factor`` kept, the band between blended."""
+
+    type: Literal["llama3"] = "llama3"
+    factor: float = Field(gt=0.0, le=1e6)
+    low_freq_factor: float = Field(gt=0.0, le=1e6)
+    high_freq_factor: float = Field(gt=0.0, le=1e6)
+    original_max_positions: int = Field(ge=1, le=1 << 24)
+
+    @model_validator(mode="after")
+    def _band(self) -> RopeScaling:
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError("rope_scaling: high_freq_factor must exceed low_freq_factor")
+        return self
+
+
 class ModelSpec(_Section):
     """A decoder-only transformer, Llama-style (RMSNorm, rotary positions, SwiGLU)."""
 
@@ -52,14 +89,46 @@ class ModelSpec(_Section):
     # instead of losing most of its identity. False (the default) is left out of the signed record, as
     # the rank is.
     bottleneck_tokens: bool = False
+    # The Llama family's variations (a job ``from`` a Hugging Face directory takes them from its
+    # config.json, potluck/model/hub/config.py). Each is left out of the signed record at its default,
+    # so a native job signs byte for byte what releases without them signed.
+    n_kv_heads: int | None = Field(default=None, ge=1, le=1024)  # grouped-query attention; None: n_heads
+    ffn_width: int | None = Field(default=None, ge=1, le=1 << 20)  # SwiGLU hidden; None: the 8/3 d rule
+    rope_theta: float = Field(default=10000.0, gt=1.0, le=1e12)  # rotary base (HF rope_theta)
+    rope_scaling: RopeScaling | None = None  # Llama 3.1's long-context frequencies
+    norm_eps: float = Field(default=1e-6, gt=0.0, le=1e-2)  # RMSNorm epsilon (HF rms_norm_eps)
+    qkv_bias: bool = False  # biases on q, k and v (Qwen2), none on the output projection
+    tie_embeddings: bool = False  # the head starts as the embedding (HF tie_word_embeddings; see docs)
+    max_positions: int | None = Field(default=None, ge=2, le=1 << 24)  # HF max_position_embeddings
+    family: ModelFamily | None = None  # the HF model_type it came from, and exports to; None: native
+    # A local Hugging Face model directory (the job owner's; relative to the job file) and whether its
+    # weights or only its architecture are used. Serialised as ``from``, the name the job file uses.
+    from_dir: str | None = Field(
+        default=None, max_length=1024, validation_alias=AliasChoices("from", "from_dir")
+    )
+    init: Literal["pretrained", "random"] | None = None  # None: "pretrained" with ``from``, else random
 
     @field_validator("n_heads")
     @classmethod
     def _heads_divide_width(cls, v: int, info: object) -> int:
         d_model = getattr(info, "data", {}).get("d_model")
         if d_model is not None and (d_model % v or (d_model // v) % 2):
-            raise ValueError(f"d_model ({d_model}) must be n_heads ({v}) times an even head width")
+            raise ValueError(
+                f"d_model ({d_model}) must be n_heads ({v}) times an even head width (rotary pairs)"
+            )
         return v
+
+    @model_validator(mode="after")
+    def _kv_heads_group_queries(self) -> ModelSpec:
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if self.max_positions is not None and self.max_positions < self.seq_len:
+            raise ValueError(
+                f"seq_len ({self.seq_len}) exceeds the model's max_position_embeddings ({self.max_positions})"
+            )
+        if self.init == "pretrained" and self.from_dir is None:
+            raise ValueError("init = 'pretrained' needs `from` (a Hugging Face model directory)")
+        return self
 
     @model_validator(mode="after")
     def _rank_fits_width(self) -> ModelSpec:
@@ -78,7 +147,26 @@ class ModelSpec(_Section):
             del out["bottleneck_rank"]
         if out.get("bottleneck_tokens") is False:
             del out["bottleneck_tokens"]
+        for name, default in _MODEL_DEFAULTS.items():
+            if name in out and out[name] == default:
+                del out[name]
+        if "from_dir" in out:
+            out["from"] = out.pop("from_dir")
         return out
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or one per query head."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def pretrained(self) -> bool:
+        """Whether the weights at step 0 are the ``from`` directory's (else the seeded init)."""
+        return self.from_dir is not None and self.init != "random"
 
     @property
     def boundary_width(self) -> int:
@@ -90,20 +178,28 @@ class ModelSpec(_Section):
 
     @property
     def ffn_hidden(self) -> int:
-        """SwiGLU hidden width: about 8/3 d (same parameter count as a 4d GELU MLP), a multiple of 64."""
-        return 64 * math.ceil(8 * self.d_model / 3 / 64)
+        """SwiGLU hidden width: ``ffn_width``, else about 8/3 d (the parameter count of a 4d GELU MLP)
+        rounded up to a multiple of 64."""
+        return self.ffn_width or 64 * math.ceil(8 * self.d_model / 3 / 64)
+
+    @property
+    def kv_width(self) -> int:
+        """Width of k (and of v): one head_dim per key/value head; d_model without grouped queries."""
+        return self.kv_heads * self.head_dim
 
     @property
     def matmul_params_per_layer(self) -> int:
-        """Weights of one layer's matrix products: attention q, k, v, out (4 d^2) + SwiGLU gate, up, down
-        (3 d ffn_hidden). FLOPs and gradient bytes scale with these; no biases."""
+        """Weights of one layer's matrix products: attention q and out (2 d^2), k and v (2 d kv_width),
+        SwiGLU gate, up, down (3 d ffn_hidden). FLOPs and gradient bytes scale with these."""
         d = self.d_model
-        return 4 * d * d + 3 * d * self.ffn_hidden
+        return 2 * d * d + 2 * d * self.kv_width + 3 * d * self.ffn_hidden
 
     @property
     def params_per_layer(self) -> int:
-        """Every parameter of one layer: the matrices plus the two RMSNorm gains (d each)."""
-        return self.matmul_params_per_layer + 2 * self.d_model
+        """Every parameter of one layer: the matrices, the two RMSNorm gains (d each) and the q, k, v
+        biases where the model has them."""
+        bias = self.d_model + 2 * self.kv_width if self.qkv_bias else 0
+        return self.matmul_params_per_layer + 2 * self.d_model + bias
 
     @property
     def embed_params(self) -> int:
@@ -424,7 +520,14 @@ MAX_JOB_FILE_BYTES = 1 << 20
 
 
 def load_job(path: Path) -> JobSpec:
-    """Parse and validate ``path``; raise ``JobSpecError`` naming the file and field on any problem."""
+    """Parse and validate ``path``; raise ``JobSpecError`` naming the file and field on any problem.
+    (A job ``from`` a Hugging Face directory is read with ``potluck.model.hub.config.load_job_file``,
+    which fills its shape in from that directory first.)"""
+    return parse_job(read_job_file(path), source=str(path))
+
+
+def read_job_file(path: Path) -> dict[str, object]:
+    """A job file's TOML as a dict, bounded in size; ``JobSpecError`` when unreadable or not TOML."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -435,7 +538,7 @@ def load_job(path: Path) -> JobSpec:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise JobSpecError(f"job file {path} is not valid TOML: {e}") from None
-    return parse_job(data, source=str(path))
+    return data
 
 
 def parse_job(data: dict[str, object], source: str = "job") -> JobSpec:

@@ -9,6 +9,7 @@ so a check that stopped seeing anything would fail too.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -272,3 +273,14 @@ def test_a_planted_long_file_is_caught_in_scripts_too(tmp_path):
     assert long_files([tmp_path / "scripts"], MAX_LINES, tmp_path) == [
         f"scripts/bench.py: {MAX_LINES + 1} lines (at most {MAX_LINES})"
     ]
+
+
+def test_no_module_of_the_package_imports_transformers():
+    """transformers makes Hugging Face files in tests only: potluck reads and writes them itself."""
+    bad = []
+    for path in sorted((REPO / "potluck").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] == "transformers"]
+    assert not bad, bad

@@ -200,14 +200,16 @@ class PeerSource(StateSource):
 
 
 async def fetch_first(sources: Sequence[StateSource], want: StateWant, timeout_s: float) -> FetchedState:
-    """The first source that delivers; ``StateError`` listing every source's failure if none does."""
+    """The first source that delivers; ``StateError`` listing every source's failure if none does. A
+    source that cannot answer is routine (a newcomer's own memory and disk hold nothing; a holder that
+    left), so each failure is logged at INFO; the error, when no source answers, names them all."""
     faults: list[str] = []
     unreachable: set[str] = set()
     for source in sources:
         try:
             return await source.fetch(want, timeout_s)
         except StateError as e:
-            logger.warning("state source %s failed: %s", source.name, e)
+            logger.info("state source %s failed: %s; trying the next", source.name, e)
             faults.append(str(e))
             unreachable |= e.unreachable
     where = f"layers [{want.first}, {want.last}) at step {want.step}"

@@ -206,8 +206,8 @@ class Trainer:
         return self.duties.rechecks
 
     def restore(self) -> None:
-        """Load the plan's starting checkpoint (if it starts after step 0): weights and AdamW state."""
-        if self.plan.start_step == 0:
+        """Load the plan's starting checkpoint (past step 0, or a pretrained model's step 0)."""
+        if self.plan.start_step == 0 and not self.job.model.pretrained:
             return
         root, step = self.checkpoint_root, self.plan.start_step
         first, last = self.assignment.first_layer, self.assignment.last_layer
@@ -230,7 +230,8 @@ class Trainer:
         return StateWant(job.name, job.model, job.seed, self.plan.start_step, a.first_layer, a.last_layer)
 
     async def _restore(self) -> None:
-        if self.sources and self.plan.start_step > 0:
+        # held state: past step 0, or a pretrained model's step 0 (its owner serves it); else the seeded init
+        if self.sources and (self.plan.start_step > 0 or self.job.model.pretrained):
             t0 = time.perf_counter()
             fetched = await fetch_first(self.sources, self.want(), STATE_FETCH_TIMEOUT_S)
             nbytes = sum(t.numel() * t.element_size() for t in fetched.tensors.values())

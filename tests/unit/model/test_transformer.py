@@ -52,10 +52,14 @@ def test_causal_and_trainable():
     "shape",
     [(4, 64, 4, 256, 32), (3, 48, 2, 100, 16), (2, 96, 3, 1000, 8), (1, 200, 5, 7, 4), (5, 1000, 10, 50, 4)],
 )
-def test_parameter_count_equals_the_spec_arithmetic(shape):
+@pytest.mark.parametrize(
+    "family",  # the Llama family's variations: grouped queries with q/k/v biases (Qwen2), a given width
+    [{}, {"n_kv_heads": 1, "qkv_bias": True}, {"ffn_width": 72, "tie_embeddings": True}],
+)
+def test_parameter_count_equals_the_spec_arithmetic(shape, family):
     n_layers, d_model, n_heads, vocab_size, seq_len = shape
     spec = ModelSpec(
-        n_layers=n_layers, d_model=d_model, n_heads=n_heads, vocab_size=vocab_size, seq_len=seq_len
+        n_layers=n_layers, d_model=d_model, n_heads=n_heads, vocab_size=vocab_size, seq_len=seq_len, **family
     )
     whole = StageModel(spec, 0, n_layers, seed=0)
     assert sum(p.numel() for p in whole.parameters()) == spec.n_params

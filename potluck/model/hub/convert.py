@@ -1,0 +1,165 @@
+"""From a Hugging Face directory to the swarm's step 0, and from a checkpoint back to a directory.
+
+``pretrained_checkpoint``: a job ``from`` a model directory starts from its weights. ``potluck launch``
+writes them once, as step 0 of the job owner's checkpoint copy (one stage holding every layer, weights
+only: AdamW starts empty); the coordinator serves that copy like any other, so each peer pulls exactly
+its stage's layers over the swarm, hash-checked, and a volunteer never copies the model.
+
+``export_checkpoint``: a complete checkpoint as a directory ``transformers.AutoModelForCausalLM`` loads:
+``config.json`` (the family the job came from; ``llama`` for a native job), the weights in safetensors
+(one file, or shards with their index past ``max_shard_bytes``), ``generation_config.json`` and the
+job's tokenizer file. Weights only; the optimizer state stays in potluck's checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from potluck.model.checkpoint import save_stage
+from potluck.model.errors import HubError
+from potluck.model.hub.config import hf_config
+from potluck.model.hub.names import ENDS, LAYER_PARTS, layer_to_hf
+from potluck.model.hub.read import stage_weights
+from potluck.model.sampling import load_model
+from potluck.protocol.checkpoints import CheckpointRef, StageMeta, check_step, step_dir
+from potluck.protocol.errors import CheckpointError
+from potluck.protocol.jobspec import JobSpec, ModelSpec
+
+logger = logging.getLogger(__name__)
+
+MAX_SHARD_BYTES = 2 << 30  # weights per safetensors file of an export; more: shards with an index
+
+
+def model_directory(job: JobSpec, job_dir: Path) -> Path:
+    """Where the job's ``model.from`` points on this machine (relative paths: from ``job_dir``)."""
+    assert job.model.from_dir is not None
+    path = Path(job.model.from_dir).expanduser()
+    return path if path.is_absolute() else job_dir / path
+
+
+def pretrained_checkpoint(job: JobSpec, directory: Path, root: Path) -> Path | None:
+    """Write step 0 of ``job`` under ``root`` from ``directory``'s weights, unless a complete step 0 is
+    there already (a relaunch). Returns the step directory written, or None."""
+    spec = job.model
+    existing = step_dir(root, 0)
+    try:
+        check_step(existing)
+        logger.info("step 0 of %s is already at %s", job.name, existing)
+        return None
+    except CheckpointError:
+        pass
+    tensors = stage_weights(directory, spec, 0, spec.n_layers)
+    meta = StageMeta(
+        job=job.name,
+        step=0,
+        stage=0,
+        n_stages=1,
+        first_layer=0,
+        last_layer=spec.n_layers,
+        model=spec,
+        seed=job.seed,
+        tokenizer=job.data.tokenizer,
+        epoch=0,
+    )
+    written = save_stage(root, {f"model.{k}": v for k, v in tensors.items()}, meta)
+    n = sum(t.numel() for t in tensors.values())
+    logger.info("step 0 of %s from %s: %d parameters at %s", job.name, directory, n, written)
+    return written
+
+
+@dataclass(frozen=True)
+class Export:
+    directory: Path
+    step: int
+    files: tuple[str, ...]
+    n_params: int
+    tied: bool  # the head written as the embedding (still equal, bit for bit)
+
+
+def hf_tensors(spec: ModelSpec, weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
+    """A whole model's potluck weights (global layer names, no ``model.`` prefix) as HF tensors; and
+    whether the head is left out as tied (a tied model whose head still equals its embedding)."""
+    if any(name.startswith("boundaries.") for name in weights):
+        raise HubError(
+            "this model has bottleneck maps at its stage cuts (model.bottleneck_rank): they are part of "
+            "what it computes and no Hugging Face architecture has them, so it cannot be exported"
+        )
+    out: dict[str, torch.Tensor] = {}
+    for layer in range(spec.n_layers):
+        prefix = f"layers.{layer}."
+        own = {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+        if set(own) - set(LAYER_PARTS):
+            raise HubError(f"layer {layer}: unexpected tensors {sorted(set(own) - set(LAYER_PARTS))}")
+        out |= layer_to_hf(spec, layer, own)
+    for ours, theirs in ENDS.items():
+        out[theirs] = weights[ours].contiguous()
+    tied = spec.tie_embeddings and torch.equal(out[ENDS["head.weight"]], out[ENDS["embed.weight"]])
+    if tied:
+        del out[ENDS["head.weight"]]
+    return out, tied
+
+
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].numel() * tensors[name].element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += nbytes
+    return shards
+
+
+def export_checkpoint(
+    ref: CheckpointRef, out: Path, dtype: torch.dtype = torch.float32, max_shard_bytes: int = MAX_SHARD_BYTES
+) -> Export:
+    """Write ``ref`` (a complete checkpoint) to ``out`` as a Hugging Face model directory."""
+    stages, spec, meta = load_model(ref)
+    weights: dict[str, torch.Tensor] = {}
+    for stage in stages:
+        for name, tensor in stage.state_dict().items():
+            parts = name.split(".")
+            if parts[0] == "layers":
+                parts[1] = str(int(parts[1]) + stage.first)
+            weights[".".join(parts)] = tensor
+    tensors, tied = hf_tensors(spec, weights)
+    tensors = {k: v.to(dtype).contiguous() for k, v in tensors.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    config = hf_config(spec, tied) | {
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    shards = _shards(tensors, max_shard_bytes)
+    files: list[str] = []
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        files.append("model.safetensors")
+    else:
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / name), metadata={"format": "pt"})
+            weight_map |= dict.fromkeys(shard, name)
+            files.append(name)
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True))
+        files.append("model.safetensors.index.json")
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    (out / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))
+    files += ["config.json", "generation_config.json"]
+    if meta.tokenizer is not None and Path(meta.tokenizer).is_file():
+        shutil.copyfile(meta.tokenizer, out / "tokenizer.json")
+        files.append("tokenizer.json")
+    n_params = sum(t.numel() for t in tensors.values())
+    logger.info("exported step %d of %s to %s (%d parameters)", ref.step, meta.job, out, n_params)
+    return Export(out, ref.step, tuple(files), n_params, tied)

@@ -1,0 +1,108 @@
+"""A stage's weights from a Hugging Face model directory, reading only its own tensors.
+
+``model.safetensors`` alone or sharded (``model.safetensors.index.json`` names each tensor's file);
+each tensor is read through safetensors' memory map as it is asked for, so a stage of a large model
+costs its own share of memory, not the model's. Weights in bf16 or fp16 are widened to fp32 (potluck
+trains fp32 master weights).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from potluck.model.errors import HubError
+from potluck.model.hub.names import ENDS, layer_from_hf, stage_shapes
+from potluck.protocol.jobspec import ModelSpec
+
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64 << 20  # an index lists names and file names; a real one is well under 1 MB
+
+
+class HubWeights(contextlib.AbstractContextManager["HubWeights"]):
+    """The tensors of a model directory by name, opened lazily (one handle per shard file)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._files: dict[str, Any] = {}
+        self._stack = contextlib.ExitStack()
+        self.where = self._index()  # tensor name -> shard file name
+
+    def _index(self) -> dict[str, str]:
+        index = self.directory / INDEX
+        if index.is_file():
+            if index.stat().st_size > MAX_INDEX_BYTES:
+                raise HubError(f"{index}: larger than {MAX_INDEX_BYTES} bytes")
+            try:
+                weight_map = json.loads(index.read_bytes())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise HubError(f"{index}: not a safetensors index ({e})") from None
+            if not isinstance(weight_map, dict) or not all(
+                isinstance(v, str) and "/" not in v and v.endswith(".safetensors")
+                for v in weight_map.values()
+            ):
+                raise HubError(f"{index}: weight_map must name .safetensors files in the directory")
+            return {str(k): v for k, v in weight_map.items()}
+        if not (self.directory / SINGLE).is_file():
+            raise HubError(f"{self.directory}: neither {SINGLE} nor {INDEX} (safetensors weights) found")
+        return {name: SINGLE for name in self._open(SINGLE).keys()}  # noqa: SIM118 (a handle, not a dict)
+
+    def _open(self, file: str) -> Any:
+        if file not in self._files:
+            try:
+                self._files[file] = self._stack.enter_context(
+                    safe_open(str(self.directory / file), framework="pt", device="cpu")
+                )
+            except (OSError, SafetensorError) as e:
+                raise HubError(f"{self.directory / file}: cannot open ({e})") from None
+        return self._files[file]
+
+    def get(self, name: str) -> torch.Tensor | None:
+        """Tensor ``name`` as fp32 (a copy), or None when the directory has none of that name."""
+        file = self.where.get(name)
+        if file is None:
+            return None
+        try:
+            return self._open(file).get_tensor(name).to(torch.float32)
+        except SafetensorError as e:
+            raise HubError(f"{self.directory / file}: cannot read {name} ({e})") from None
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+
+def stage_weights(directory: Path, spec: ModelSpec, first: int, last: int) -> dict[str, torch.Tensor]:
+    """The model weights of layers [first, last) (with the embedding, final norm and head where the
+    stage holds them), named as a ``StageModel``'s ``state_dict`` names them: layers local to
+    ``first``; every shape checked against the spec. A tied model without ``lm_head.weight`` takes its
+    head from the embedding."""
+    shapes = stage_shapes(spec, first, last)
+    out: dict[str, torch.Tensor] = {}
+    with HubWeights(directory) as hub:
+        for layer in range(first, last):
+            try:
+                tensors = layer_from_hf(spec, layer, hub.get)
+            except KeyError as e:
+                raise HubError(f"{directory}: no tensor {e.args[0]} (layer {layer})") from None
+            out |= {f"layers.{layer - first}.{k}": v for k, v in tensors.items()}
+        for ours, theirs in ENDS.items():
+            if ours not in shapes:
+                continue
+            tensor = hub.get(theirs)
+            if tensor is None and ours == "head.weight" and spec.tie_embeddings:
+                tensor = hub.get(ENDS["embed.weight"])
+            if tensor is None:
+                raise HubError(f"{directory}: no tensor {theirs}")
+            out[ours] = tensor
+    for name, tensor in out.items():
+        if tuple(tensor.shape) != shapes[name]:
+            raise HubError(
+                f"{directory}: {name} has shape {tuple(tensor.shape)}, the model needs {tuple(shapes[name])}"
+            )
+    return out
