@@ -178,8 +178,8 @@ def launch(
     )
     if invite is not None:  # the swarm's broker carries the peers' telemetry; no dashboard of its own
         telemetry = False
-    if job.model.pretrained and cfg.train:
-        _write_step_zero(job, job_file, cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser())
+    if cfg.train:
+        job, cfg = _owner_files(job, job_file, cfg)
     stack = TelemetryStack(TelemetryOptions(telemetry, mqtt_url, mqtt_bind, dashboard_bind, mqtt_ca))
     try:
         asyncio.run(_run(cfg, job, stack, invite_file, as_json, invite))
@@ -189,18 +189,33 @@ def launch(
         raise fail(str(e), code=1) from None
 
 
-def _write_step_zero(job: JobSpec, job_file: Path, root: Path) -> None:
-    """A job ``from`` a Hugging Face directory starts from its weights: written once as step 0 of the
-    owner's checkpoint copy, which the coordinator serves to the peers (model/hub/convert.py)."""
+def _owner_files(job: JobSpec, job_file: Path, cfg: CoordinatorConfig) -> tuple[JobSpec, CoordinatorConfig]:
+    """What the job owner's machine prepares before the job is signed, under its checkpoint directory:
+    a model ``from`` a Hugging Face directory as step 0 (model/hub/convert.py), and a data directory
+    as a shipped corpus, its fingerprint in the job (model/corpus/ship.py); the coordinator serves both."""
+    from potluck.model.corpus.ship import job_tokenizer, ship_data
     from potluck.model.hub.convert import model_directory, pretrained_checkpoint
 
-    directory = model_directory(job, job_file.parent)
+    root = cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
     try:
-        written = pretrained_checkpoint(job, directory, root)
+        job = job_tokenizer(job, job_file.parent)
+        job, corpus = ship_data(job, job_file.parent, root / "corpus")
+        if job.model.pretrained:
+            directory = model_directory(job, job_file.parent)
+            if (written := pretrained_checkpoint(job, directory, root)) is not None:
+                err_console.print(
+                    f"step 0 from {escape(str(directory))}: {escape(str(written))}", markup=True
+                )
     except (PotluckError, OSError) as e:
-        raise fail(f"job file {job_file}: model.from: {e}") from None
-    if written is not None:
-        err_console.print(f"step 0 from {escape(str(directory))}: {escape(str(written))}", markup=True)
+        raise fail(f"job file {job_file}: {e}") from None
+    if corpus is not None:
+        m = corpus.manifest
+        err_console.print(
+            f"data: {m.documents:,} documents, {m.tokens:,} tokens in {len(m.shards)} shards, shipped to "
+            f"the peers (fingerprint {m.fingerprint[:12]})"
+        )
+        cfg = dataclasses.replace(cfg, corpus=corpus.blobs)
+    return job, cfg
 
 
 def _swarm_id(job: JobSpec, identity: Path, new_swarm: bool) -> str:

@@ -46,6 +46,7 @@ class CoordinatorConfig:
     read_timeout_s: float = 10.0  # bound on one DHT read of the swarm state
     plan_ttl_s: float = 300.0  # the signed TrainPlan's lifetime; refreshed every third of it
     checkpoint_root: Path | None = None  # where the coordinator looks for checkpoints (job's dir if None)
+    corpus: Path | None = None  # the job's shipped corpus (model/corpus): blobs named by SHA-256, served
     train: bool = True  # plan and run the job (False: membership only, as before issue 6)
     link_wait_s: float = 15.0  # the first plan waits this long for link reports once enough peers are live
     max_backoff_s: float = 30.0  # cap on the doubling wait before re-planning after failed plans

@@ -26,6 +26,7 @@ from potluck.net.streams import Streams
 from potluck.protocol.identity import Identity
 from potluck.protocol.jobspec import JobSpec
 from potluck.protocol.training import TrainPlan
+from potluck.transfer.blobs import BlobServer, blob_files
 from potluck.transfer.copy import Background, copy_stage, prune_copies
 from potluck.transfer.errors import StateError
 from potluck.transfer.server import Gate, StateServer, TransferConfig, state_protocol
@@ -129,11 +130,14 @@ class OwnerCopy:
         root: Path,
         copy_mb_s: float | None,
         gate: Gate | None = None,
+        corpus: Path | None = None,
     ) -> None:
         """``copy_mb_s``: the copy's cap in MB/s (0: none); None: serve ``root`` but copy nothing.
-        ``gate``: who may fetch the copy (admitted peers)."""
+        ``gate``: who may fetch the copy (admitted peers). ``corpus``: the job's shipped corpus (its
+        manifest and shards, each file named by its SHA-256), served to the same peers."""
         self.server = StateServer(streams, swarm_id, identity, TransferConfig(), gate)
         self.server.serve_disk(job.name, root)
+        self.blobs = BlobServer(streams, swarm_id, blob_files(corpus), gate) if corpus is not None else None
         self.copier: CheckpointCopier | None = None
         if copy_mb_s is not None:
             rate = TransferConfig(rate_bytes_s=copy_mb_s * 1e6)
@@ -141,6 +145,8 @@ class OwnerCopy:
 
     async def start(self) -> None:
         await self.server.start()
+        if self.blobs is not None:
+            await self.blobs.start()
 
     def tick(self, plan: TrainPlan | None, complete_step: int) -> bool:
         """Start copying ``complete_step`` (the newest checkpoint every stage of ``plan`` reported) if it
@@ -164,3 +170,5 @@ class OwnerCopy:
         if self.copier is not None:
             await self.copier.close()
         await self.server.close()
+        if self.blobs is not None:
+            await self.blobs.close()

@@ -180,7 +180,14 @@ class CoordinatorService:
         copy_mb_s = self.cfg.copy_rate_mb_s if self.cfg.copy_checkpoints and self.cfg.train else None
         root = self.checkpoint_root
         self.owner = OwnerCopy(
-            streams, self.cfg.swarm_id, self.identity, self.job, root, copy_mb_s, self._may_fetch
+            streams,
+            self.cfg.swarm_id,
+            self.identity,
+            self.job,
+            root,
+            copy_mb_s,
+            self._may_fetch,
+            self.cfg.corpus,
         )
         await self.owner.start()
 

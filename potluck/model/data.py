@@ -78,15 +78,15 @@ class HFTokenizer:
     def encode_corpus(self, text: str) -> torch.Tensor:
         """int32 ids of a large text, encoded in newline-cut pieces (identical on every peer)."""
         parts: list[np.ndarray] = []
-        pieces = _pieces(text, _PIECE_CHARS)  # lazily: a second copy of a large corpus would not fit
-        while batch := list(itertools.islice(pieces, _PIECES_PER_BATCH)):
+        cut = pieces(text, _PIECE_CHARS)  # lazily: a second copy of a large corpus would not fit
+        while batch := list(itertools.islice(cut, _PIECES_PER_BATCH)):
             encodings = self.inner.encode_batch(batch, add_special_tokens=False)
             parts.extend(np.asarray(enc.ids, dtype=np.int32) for enc in encodings)
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
         return torch.from_numpy(ids)
 
 
-def _pieces(text: str, size: int) -> Iterator[str]:
+def pieces(text: str, size: int) -> Iterator[str]:
     """``text`` cut into pieces of about ``size`` characters, each ending just after a newline when one
     is in reach, so tokens rarely straddle a cut; the pieces concatenate back to ``text``."""
     start = 0

@@ -100,7 +100,7 @@ class WorkerConfig:
     # with anyone): checkpoints of job J under <state_dir>/checkpoints/J.
     state_dir: Path = DEFAULT_HOME / "peer"
     checkpoint_root: Path | None = None  # overrides <state_dir>/checkpoints/<job>
-    # Where the job's data and tokenizer are on this machine (peer/datapaths.py): the volunteer's choice;
+    # Where the job's data and tokenizer are on this machine (peer/data/paths.py): the volunteer's choice;
     # None: the names the job gives, under <state_dir>/data/
     data_dir: Path | None = None
     tokenizer: Path | None = None

@@ -25,7 +25,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,8 @@ from potluck.net.tags import before
 from potluck.peer import priority
 from potluck.peer.activity import Activity
 from potluck.peer.config import WorkerConfig
-from potluck.peer.datapaths import local_data
+from potluck.peer.data.feed import Feeds
+from potluck.peer.data.paths import local_data
 from potluck.peer.errors import PeerError
 from potluck.peer.follow import LeaseFollower
 from potluck.peer.lease import describe
@@ -144,6 +145,10 @@ class PlanWorker(Replans):
             )
         self.copies = CopyDuty(self.streams, swarm_id, peer_id, self.transfer, on_copied=self._copy_landed)
         self.holdings = Holdings(self.state)  # what it holds, as its progress records say (state/holdings.py)
+        rate = lambda: (u * cfg.serve_share) if (u := self._training_uplink()) else None  # noqa: E731
+        self.feeds = Feeds(
+            self.streams, swarm_id, cfg.state_dir / "corpora", self._data_holders, self._may_fetch, rate
+        )
         self._pushed: TrainPlan | None = None  # the newest plan the coordinator pushed (net/push.py)
         self._woken = asyncio.Event()  # set by a push: read the plan now, not at the next poll
 
@@ -160,6 +165,7 @@ class PlanWorker(Replans):
         await self.box.start()
         if self.state is not None:
             await self.state.start()
+        await self.feeds.start()
         await self.node.take_pushes(self._pushed_names, self._take_pushed)
         try:
             async with Supervisor(CANCEL_GRACE_S) as tasks:
@@ -177,6 +183,7 @@ class PlanWorker(Replans):
             await self.node.stop_pushes()
             await self.copies.close()
             await self.box.close()
+            await self.feeds.close()
             if self.state is not None:
                 await self.state.close()
 
@@ -345,15 +352,7 @@ class PlanWorker(Replans):
         trainer: Trainer | None = None
         try:
             job = await self._job(plan)
-            if job.name not in self._datasets:
-                self._datasets[job.name], _ = await asyncio.to_thread(
-                    load_dataset,
-                    local_data(job.data, self.cfg.state_dir, self.cfg.data_dir, self.cfg.tokenizer),
-                    job.model.seq_len,
-                    job.model.vocab_size,
-                    job.seed,
-                )
-            dataset = self._datasets[job.name]
+            dataset, data_ready = await self._dataset(job)
             # this peer's own disk; the job's dir is the owner's
             root = self.cfg.checkpoints(job.name, self.lease.keys_of(job.name).home)
             if self.state is not None:
@@ -370,6 +369,7 @@ class PlanWorker(Replans):
                 budget=self._budget(job.name),
                 identity=self.identity,
             )
+            trainer.data_ready = data_ready
             trainer.audit.excluded = self.node.policy.banned  # live: the ban list as the daemon reads it
             if self.plan is not None and self.plan.epoch == plan.epoch:  # a pause may have come meanwhile
                 trainer.stop_step = self.plan.stop_at
@@ -408,6 +408,28 @@ class PlanWorker(Replans):
             self.holdings.keep(trainer)
             if self._running is trainer:
                 self._running = None
+
+    async def _dataset(self, job: JobSpec) -> tuple[TokenDataset, Callable[[int], Awaitable[None]] | None]:
+        """The job's token stream, and what to await before each step: a shipped corpus's shards for that
+        step (peer/data/feed.py); else the data read from this machine's files, once, and nothing."""
+        if job.data.fingerprint is not None:
+            feed = await self.feeds.open(job, job.sequences_per_step)
+            return feed.dataset, feed.ready
+        if job.name not in self._datasets:
+            self._datasets[job.name], _ = await asyncio.to_thread(
+                load_dataset,
+                local_data(job.data, self.cfg.state_dir, self.cfg.data_dir, self.cfg.tokenizer),
+                job.model.seq_len,
+                job.model.vocab_size,
+                job.seed,
+            )
+        return self._datasets[job.name], None
+
+    def _data_holders(self) -> list[str]:
+        """Who may have a shard: the other peers of the newest plan (they read the same), then the owner."""
+        plan = self.newest_plan()
+        peers = sorted(p for p in (plan.peers if plan is not None else ()) if p != self.peer_id)
+        return peers + ([self.owner] if self.owner is not None else [])
 
     def _budget(self, job: str) -> WaitBudget:
         """This peer's measured step times for ``job``, kept across plans: a new plan's waits start from

@@ -235,12 +235,34 @@ class DataSpec(_Section):
     path: str | None = Field(default=None, max_length=1024)  # directory of .txt/.jsonl/.parquet files
     generated_chars: int = Field(default=1_000_000, ge=1024, le=1 << 31)  # size of the built-in corpus
     tokenizer: str | None = Field(default=None, max_length=1024)  # HF tokenizers JSON; default bytes
+    text_field: str = Field(default="text", min_length=1, max_length=256)  # .jsonl key, parquet/arrow column
+    # SHA-256 of the shipped corpus's manifest (model/corpus): set by ``potluck launch`` for a directory
+    # source of a pipeline job, which the peers then fetch over the swarm instead of reading a copy.
+    fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    shard_tokens: int = Field(default=1 << 22, ge=1024, le=1 << 26)  # tokens per shipped shard
 
     @model_validator(mode="after")
     def _directory_has_path(self) -> DataSpec:
         if self.source == "directory" and not self.path:
             raise ValueError("source = 'directory' needs `path` (a directory of .txt/.jsonl/.parquet files)")
+        if self.path is not None and self.source == "generated":
+            raise ValueError(
+                "data.path is read only with source = 'directory' (the generated corpus has none)"
+            )
+        if self.fingerprint is not None and self.source != "directory":
+            raise ValueError("data.fingerprint names a shipped directory: it needs source = 'directory'")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_new_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        out: dict[str, object] = handler(self)  # left out at their defaults: older releases sign without
+        if out.get("text_field") == "text":
+            del out["text_field"]
+        if out.get("fingerprint", 0) is None:
+            del out["fingerprint"]
+        if out.get("shard_tokens") == 1 << 22:
+            del out["shard_tokens"]
+        return out
 
 
 class OptimizerSpec(_Section):

@@ -21,6 +21,8 @@ HEADER = struct.Struct("<4sBBHI")
 HEADER_BYTES = HEADER.size  # 12
 MAX_STATE_CHUNK_BYTES = 4 << 20  # largest raw chunk of a state transfer a manifest may declare, bytes
 STATE_ZSTD = 1  # frame flag of STATE_CHUNK: the chunk bytes are one zstd frame
+BLOB_LAST = 2  # frame flag of BLOB_CHUNK: the blob's last chunk
+MAX_BLOB_CHUNK_BYTES = 4 << 20  # a blob travels in chunks of at most this many bytes
 
 
 class MsgType(enum.IntEnum):
@@ -35,6 +37,9 @@ class MsgType(enum.IntEnum):
     STATE_MANIFEST = 33  # payload: 64-byte Ed25519 signature || canonical JSON manifest
     STATE_CHUNKS = 34  # payload: JSON list of chunk indices to send, in order
     STATE_CHUNK = 35  # payload: u32 chunk index || chunk bytes (zstd frame when flags & STATE_ZSTD)
+    # Content-addressed files (transfer/blobs.py): a corpus's manifest and token shards, by SHA-256.
+    BLOB_REQUEST = 40  # payload: JSON {"sha256", "admission"?}
+    BLOB_CHUNK = 41  # payload: the next bytes of the blob (flags & BLOB_LAST on the last)
     RECORD = 48  # payload: msgpack [name, expiration, envelope bytes]: a signed record pushed (net/push.py)
     ERROR = 255  # payload: UTF-8 reason
 
@@ -51,6 +56,8 @@ MAX_PAYLOAD: dict[MsgType, int] = {
     MsgType.STATE_MANIFEST: 16 << 20,  # ~200 B per tensor + 65 B per 1 MiB chunk: a 500 GB stage fits
     MsgType.STATE_CHUNKS: 1 << 16,
     MsgType.STATE_CHUNK: MAX_STATE_CHUNK_BYTES + 4 + 4096,  # index + zstd's worst-case framing growth
+    MsgType.BLOB_REQUEST: 4096,
+    MsgType.BLOB_CHUNK: MAX_BLOB_CHUNK_BYTES,
     MsgType.RECORD: (1 << 20) + 1024,  # a swarm's record limit (64 KiB by default) may be raised to 1 MiB
     MsgType.ERROR: 4096,
 }

@@ -23,6 +23,7 @@ from hivemind.utils import get_dht_time
 from potluck.protocol.invite import Invite
 from potluck.protocol.keys import dht_key
 from potluck.testbed.localswarm import LOOPBACK, LocalSwarm
+from tests.helpers.logs import launch_finished
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_JOB = ROOT / "examples" / "tiny.toml"
@@ -228,3 +229,32 @@ def assert_goes_on_to_the_end(
     assert coordinator.popen.returncode == 0, text[-3000:]
     assert_no_step_lost(text, steps, before, event)
     return text
+
+
+def write_job(path: Path, top: dict[str, Any], **sections: dict[str, Any]) -> Path:
+    """A job file: ``top``-level keys, then a ``[section]`` table per keyword (scalars only)."""
+
+    def line(key: str, value: Any) -> str:
+        return f"{key} = {json.dumps(value)}"  # JSON strings, numbers and booleans are TOML too
+
+    lines = [line(k, v) for k, v in top.items()]
+    for name, table in sections.items():
+        lines += [f"[{name}]", *(line(k, v) for k, v in table.items())]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@contextmanager
+def run_to_the_end(
+    tmp_path: Path, job: Path, swarm_id: str, steps: int, peers: tuple[str, ...] = ("a", "b")
+) -> Iterator[tuple[LocalSwarm, str]]:
+    """``potluck launch`` of ``job`` (from its owner's directory) and CPU peers, each on a disk of its
+    own, run to the job's last step: yields the swarm (its logs at INFO) and the coordinator's log."""
+    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
+    with LocalSwarm(
+        tmp_path / "run", job, swarm_id=swarm_id, peer_args=peer_args, coordinator_args=("--json",), verbose=1
+    ) as swarm:
+        start_on_own_disks(swarm, peers)
+        coordinator = swarm.procs["coordinator"]
+        yield swarm, launch_finished(coordinator.popen, coordinator.log, steps, timeout_s=240)

@@ -33,7 +33,7 @@ from potluck.net.admit import admitted
 from potluck.net.dial import dht_addresses
 from potluck.net.node import SwarmNode
 from potluck.net.streams import Streams
-from potluck.peer.datapaths import local_data
+from potluck.peer.data.paths import local_data
 from potluck.peer.kinds import Seat
 from potluck.protocol.classpar import ClassParPlan, ClassParSubnet, ClassParTeacher, HeldUnit, HeldWorker
 from potluck.protocol.envelope import TrustPolicy
@@ -60,7 +60,7 @@ class ClassParWorker:
         data: tuple[Path, Path | None] | None = None,
     ) -> None:
         """``data``: (state directory, --data-dir or None): where this machine keeps a job's image folder
-        (``datapaths.local_data``); None: procedural jobs only."""
+        (``peer.data.paths.local_data``); None: procedural jobs only."""
         self.node, self.swarm_id, self.policy, self.data = node, swarm_id, policy, data
         self.peer_id = node.identity.peer_id
         self.keys = keys or JobKeys("", home=True)

@@ -183,6 +183,7 @@ class Trainer:
         self.sources = list(sources)
         self.took: tuple[str, float, int] | None = None  # (source, seconds, bytes) of the state it fetched
         self.n_params = sum(p.numel() for p in self.runner.params)
+        self.data_ready: Callable[[int], Awaitable[object]] | None = None  # awaited before each step
         # True iff the runner holds exactly the state after self.step steps (loaded, and no step half-applied)
         self._consistent = False
         self._loaded = False  # the plan's start state is in the runner (a DiLoCo snapshot is of it)
@@ -217,8 +218,7 @@ class Trainer:
         logger.info("stage %d resumed from %s", self.stage, step_dir(root, step))
 
     def _new_diloco(self) -> None:
-        """With local steps, a DiLoCo on the state just loaded: its snapshot is the loaded weights (the
-        state after ``self.step`` steps, which every replica loads alike), its residual starts empty."""
+        """With local steps, a DiLoCo on the loaded state (every replica's alike); its residual empty."""
         if self.local is not None:
             d = make_diloco(self.runner.params, self.job.compression, self.job.trust, self.step)
             self.local = LocalSteps(d, self.step, self.box.background)
@@ -361,6 +361,8 @@ class Trainer:
         """One committed step; ``timeout_s`` bounds each of its waits (default: the config's)."""
         timeout_s = self.cfg.step_timeout_s if timeout_s is None else timeout_s
         step, timing = self.step, Timing()
+        if self.data_ready is not None:  # a shipped corpus: this step's shards on this disk (data/feed.py)
+            await self.data_ready(step)
         sent_before = self.box.bytes_sent
         rnd = Round(self.plan.epoch, step)
         # under the deadline policy a left-out replica may lag its stage by up to max_misses steps

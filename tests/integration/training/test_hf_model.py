@@ -15,10 +15,8 @@ import pytest
 import torch
 
 from potluck.model.data import ByteTokenizer
-from potluck.testbed.localswarm import LocalSwarm
 from tests.helpers.hfmodels import make_model
-from tests.helpers.logs import launch_finished
-from tests.helpers.swarm import potluck_cli, start_on_own_disks
+from tests.helpers.swarm import potluck_cli, run_to_the_end, write_job
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,46 +32,17 @@ def test_a_swarm_continues_a_hugging_face_model_and_exports_it(tmp_path: Path) -
     original = make_model(
         "llama", owner / "tiny-llama", seed=7, shape={"vocab_size": 256, "rope_scaling": None}
     )
-    job = owner / "job.toml"
-    job.write_text(
-        "\n".join(
-            [
-                'name = "hf-continue"',
-                f"steps = {STEPS}",
-                "min_peers = 2",
-                "[model]",
-                'from = "tiny-llama"',
-                "seq_len = 16",
-                "[batch]",
-                "tokens_per_step = 64",
-                "micro_batch_size = 2",
-                "[optimizer]",
-                f"lr = {LR}",
-                "warmup_steps = 0",
-                "[data]",
-                "generated_chars = 20000",
-                "[checkpoint]",
-                f'dir = "{owner / "ckpt"}"',
-                "interval = 3",
-                "[limits]",
-                "stages = 2",
-                "replicas = 1",
-            ]
-        )
-        + "\n"
+    job = write_job(
+        owner / "job.toml",
+        {"name": "hf-continue", "steps": STEPS, "min_peers": 2},
+        model={"from": "tiny-llama", "seq_len": 16},
+        batch={"tokens_per_step": 64, "micro_batch_size": 2},
+        optimizer={"lr": LR, "warmup_steps": 0},
+        data={"generated_chars": 20000},
+        checkpoint={"dir": str(owner / "ckpt"), "interval": 3},
+        limits={"stages": 2, "replicas": 1},
     )
-    peer_args = ("--probe-seconds", "0.1", "--threads", "1", "--device", "cpu")
-    with LocalSwarm(
-        tmp_path / "run",
-        job,
-        swarm_id="hf-test",
-        peer_args=peer_args,
-        coordinator_args=("--json",),
-        verbose=1,
-    ) as swarm:
-        start_on_own_disks(swarm, ("a", "b"))
-        coordinator = swarm.procs["coordinator"]
-        launch_finished(coordinator.popen, coordinator.log, STEPS, timeout_s=240)
+    with run_to_the_end(tmp_path, job, "hf-test", STEPS) as (swarm, _):
         for name in ("a", "b"):  # each pulled its layers of step 0 over the swarm
             log = swarm.procs[name].log.read_text(errors="replace")
             assert "resumed at step 0 from peers" in log, log[-3000:]

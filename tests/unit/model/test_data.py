@@ -219,7 +219,7 @@ def test_any_tokenizer_protocol_works_through_the_generic_path():
 
 def test_pieces_cut_after_newlines_and_rejoin():
     text = "abc\ndefgh\n" + "x" * 25 + "\nend"
-    pieces = list(data._pieces(text, 8))
+    pieces = list(data.pieces(text, 8))
     assert "".join(pieces) == text
     assert pieces[:2] == ["abc\n", "defgh\n"] and all(len(p) <= 8 for p in pieces)
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from potluck.peer.datapaths import DataPathError, local_data
+from potluck.peer.data.paths import DataPathError, local_data
 from potluck.protocol.jobspec import DataSpec
 
 STATE = Path("/home/v/.potluck/peer")

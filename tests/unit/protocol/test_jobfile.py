@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from potluck.protocol.errors import JobSpecError
-from potluck.protocol.jobspec import ModelSpec, load_job
+from potluck.protocol.jobspec import DataSpec, ModelSpec, load_job
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -102,3 +102,20 @@ def test_model_spec_owns_the_shape_arithmetic(d_model):
     assert spec.params_per_layer == 4 * d_model**2 + 3 * d_model * hidden + 2 * d_model
     assert spec.n_params == 3 * spec.params_per_layer + 2 * 500 * d_model + d_model
     assert spec.flops_per_token == 3 * spec.layer_flops_per_token + 2 * spec.embed_params
+
+
+def test_the_data_section_signs_as_before_and_refuses_what_cannot_be_read(tmp_path):
+    assert DataSpec().model_dump(mode="json") == {
+        "source": "generated",
+        "path": None,
+        "generated_chars": 1_000_000,
+        "tokenizer": None,
+    }  # the shipping fields are left out at their defaults: older releases signed without them
+    shipped = DataSpec(source="directory", path="corpus", fingerprint="ab" * 32, shard_tokens=2048)
+    assert DataSpec.model_validate(shipped.model_dump(mode="json")) == shipped
+    with pytest.raises(ValueError, match="only with source = 'directory'"):
+        DataSpec(path="corpus")
+    with pytest.raises(ValueError, match="needs source = 'directory'"):
+        DataSpec(fingerprint="ab" * 32)
+    with pytest.raises(ValueError, match="pattern"):
+        DataSpec(source="directory", path="corpus", fingerprint="not a hash")

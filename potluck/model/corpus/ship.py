@@ -1,0 +1,56 @@
+"""What ``potluck launch`` does with a job's data before signing it: a directory source of a pipeline job
+is built into a shipped corpus (``build.py``) and the job carries its fingerprint, so peers fetch it
+over the swarm instead of each keeping a copy. Paths are the job owner's: relative to the job file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from potluck.model.corpus.build import Corpus, prepare_corpus
+from potluck.model.data import load_tokenizer
+from potluck.model.errors import DataError
+from potluck.protocol.jobspec import JobSpec
+
+MODEL_TOKENIZER = "tokenizer.json"  # a Hugging Face model directory's tokenizer
+
+
+def owner_path(job_dir: Path, name: str) -> Path:
+    path = Path(name).expanduser()
+    return path if path.is_absolute() else job_dir / path
+
+
+def job_tokenizer(job: JobSpec, job_dir: Path) -> JobSpec:
+    """``job`` naming its model's tokenizer when it names none: a job ``from`` a Hugging Face directory
+    holding ``tokenizer.json`` encodes its data with it (as the model was trained)."""
+    if job.data.tokenizer is not None or job.model.from_dir is None:
+        return job
+    candidate = Path(job.model.from_dir) / MODEL_TOKENIZER
+    if not owner_path(job_dir, str(candidate)).is_file():
+        return job
+    return job.model_copy(update={"data": job.data.model_copy(update={"tokenizer": str(candidate)})})
+
+
+def ship_data(job: JobSpec, job_dir: Path, cache: Path) -> tuple[JobSpec, Corpus | None]:
+    """``job`` with ``data.fingerprint`` set and its corpus, for a directory source of a pipeline job
+    (else ``job`` as it is and None). DataError naming what is missing or does not fit the model."""
+    spec = job.data
+    tokenizer_file = owner_path(job_dir, spec.tokenizer) if spec.tokenizer is not None else None
+    tokenizer = load_tokenizer(str(tokenizer_file) if tokenizer_file is not None else None)
+    if tokenizer.vocab_size > job.model.vocab_size:
+        raise DataError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is {job.model.vocab_size}"
+        )
+    if job.kind != "pipeline" or spec.source != "directory":
+        return job, None
+    assert spec.path is not None  # DataSpec requires it for a directory source
+    if Path(spec.path).is_absolute():
+        raise DataError(
+            f"data.path {spec.path!r} is absolute: name it relative to the job file, so the job means the "
+            "same on any machine it is launched from"
+        )
+    directory = owner_path(job_dir, spec.path)
+    corpus = prepare_corpus(
+        directory, spec.text_field, tokenizer, tokenizer_file, job.seed, cache, spec.shard_tokens
+    )
+    data = spec.model_copy(update={"fingerprint": corpus.manifest.fingerprint})
+    return job.model_copy(update={"data": data}), corpus

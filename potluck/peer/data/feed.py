@@ -1,0 +1,163 @@
+"""A shipped corpus on this peer: its manifest fetched by the job's fingerprint, its shards fetched as
+the steps that read them come, and served to the other peers once here.
+
+Before each step the trainer awaits ``DataFeed.ready(step)``: the shards that step's sequences read
+(every replica's: replicas of a step read the same shards) are fetched if missing, and a background
+read-ahead then fetches those of the next ``READ_AHEAD_SHARDS`` shards' worth of steps, so a step waits
+on the network only when the link is slower than training consumes tokens. A shard is asked of the
+plan's other peers first (they read the same shards) and of the job owner last; each is checked
+against its hash in the manifest before it is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from potluck.model.corpus.manifest import MAX_MANIFEST_BYTES, DataManifest, decode_manifest
+from potluck.model.corpus.tokens import ShardedTokens
+from potluck.model.data import TokenDataset
+from potluck.model.errors import DataError
+from potluck.net.streams import Streams
+from potluck.protocol.jobspec import JobSpec
+from potluck.transfer.blobs import BlobConfig, BlobServer, fetch_blob
+from potluck.transfer.errors import TransferError
+from potluck.transfer.server import Gate
+
+logger = logging.getLogger(__name__)
+
+READ_AHEAD_SHARDS = 2  # shards fetched ahead of the step that reads them
+MANIFEST = "manifest.json"
+FETCH_TRIES = 3  # rounds over the holders before a shard counts as unavailable
+
+
+class DataFeed:
+    def __init__(
+        self, tokens: ShardedTokens, fetch: Callable[[str, int], asyncio.Future[bytes]], per_step: int
+    ):
+        self.tokens, self._fetch, self.per_step = tokens, fetch, per_step
+        m = tokens.manifest
+        self.ahead = max(1, math.ceil(READ_AHEAD_SHARDS * m.shard_tokens / (per_step * tokens.seq_len)))
+        self._reading: asyncio.Task[None] | None = None
+        self.by_hash = {s.sha256: i for i, s in enumerate(m.shards)}
+
+    @property
+    def dataset(self) -> TokenDataset:
+        return self.tokens.dataset
+
+    async def _get(self, index: int) -> None:
+        if index in self.tokens.have:
+            return
+        shard = self.tokens.manifest.shards[index]
+        data = await self._fetch(shard.sha256, self.tokens.manifest.shard_bytes(index))
+        await asyncio.to_thread(self.tokens.put, index, data)
+
+    async def ready(self, step: int) -> None:
+        """The shards of ``step`` here (fetched now if needed); the next ones on their way."""
+        for index in self.tokens.needed(step, step, self.per_step):
+            logger.info("data: fetching shard %d for step %d", index, step)
+            await self._get(index)
+        if self._reading is None or self._reading.done():
+            ahead = self.tokens.needed(step + 1, step + self.ahead, self.per_step)
+            if ahead:
+                self._reading = asyncio.create_task(self._read_ahead(ahead), name="data-read-ahead")
+
+    async def _read_ahead(self, indices: list[int]) -> None:
+        for index in indices:
+            try:
+                await self._get(index)
+            except (TransferError, DataError) as e:  # the step that needs it fetches it again, and says why
+                logger.info("data: read-ahead of shard %d failed: %s", index, e)
+                return
+
+    def lookup(self, sha: str) -> bytes | None:
+        """A blob this peer serves: the manifest, or a shard it has."""
+        if sha == self.tokens.manifest.fingerprint:
+            return self.tokens.manifest.encode()
+        index = self.by_hash.get(sha)
+        return None if index is None else self.tokens.shard(index)
+
+    def close(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+
+
+class Feeds:
+    """This peer's shipped corpora (one per job it trains) and the server that shares them."""
+
+    def __init__(
+        self,
+        streams: Streams,
+        swarm_id: str,
+        root: Path,
+        holders: Callable[[], list[str]],
+        gate: Gate | None,
+        rate: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        self.streams, self.swarm_id, self.root, self.holders = streams, swarm_id, root, holders
+        self.feeds: dict[str, DataFeed] = {}  # by fingerprint
+        self.server = BlobServer(streams, swarm_id, self._lookup, gate, rate)
+        self.cfg = BlobConfig()
+
+    def _lookup(self, sha: str) -> bytes | None:
+        for feed in self.feeds.values():
+            if (data := feed.lookup(sha)) is not None:
+                return data
+        return None
+
+    async def _fetch(self, sha: str, max_bytes: int) -> bytes:
+        faults = ""
+        for attempt in range(FETCH_TRIES):
+            try:
+                return await fetch_blob(self.streams, self.swarm_id, self.holders(), sha, max_bytes, self.cfg)
+            except TransferError as e:
+                faults = str(e)
+                await asyncio.sleep(0.5 * (attempt + 1))
+        raise TransferError(f"data: {faults}")
+
+    async def open(self, job: JobSpec, per_step: int) -> DataFeed:
+        """The feed of ``job``'s shipped corpus (its manifest fetched and checked the first time)."""
+        fingerprint = job.data.fingerprint
+        assert fingerprint is not None
+        if fingerprint in self.feeds:
+            return self.feeds[fingerprint]
+        directory = self.root / fingerprint
+        manifest = await self._manifest(directory, fingerprint)
+        tokens = await asyncio.to_thread(ShardedTokens, manifest, directory, job.model.seq_len)
+        max_id = max(manifest.eot or 0, 0)
+        if max_id >= job.model.vocab_size:
+            raise DataError(f"the corpus's end-of-text id {max_id} is outside model.vocab_size")
+        feed = DataFeed(tokens, lambda sha, n: asyncio.ensure_future(self._fetch(sha, n)), per_step)
+        self.feeds[fingerprint] = feed
+        logger.info(
+            "data: shipped corpus %s: %d tokens in %d shards, %d here",
+            fingerprint[:12],
+            manifest.tokens,
+            len(manifest.shards),
+            len(tokens.have),
+        )
+        return feed
+
+    async def _manifest(self, directory: Path, fingerprint: str) -> DataManifest:
+        path = directory / MANIFEST
+        if path.is_file():
+            try:
+                return decode_manifest(path.read_bytes(), fingerprint)
+            except DataError as e:
+                logger.info("data: cached manifest unusable (%s); fetching it again", e)
+        raw = await self._fetch(fingerprint, MAX_MANIFEST_BYTES)
+        manifest = decode_manifest(raw, fingerprint)
+        directory.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(raw)
+        return manifest
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def close(self) -> None:
+        for feed in self.feeds.values():
+            feed.close()
+        await self.server.close()
