@@ -1,7 +1,8 @@
 """The documents of a data directory, one string at a time (never the corpus at once).
 
 A ``.txt`` file is one document; a ``.jsonl`` line, a ``.parquet`` row and a row of a directory written by
-``datasets.save_to_disk`` (its ``*.arrow`` files) are one each, their ``text_field`` column or key.
+``datasets.save_to_disk`` (its ``*.arrow`` files; a ``DatasetDict``'s train split) are one each, their
+``text_field`` column or key.
 Files are taken in path order; empty documents are skipped.
 """
 
@@ -19,10 +20,17 @@ PIP_HINT = "pip install 'potluck[data]'"
 
 
 def source_files(path: Path) -> list[Path]:
-    """Every readable document file under ``path``, sorted; DataError when there is none."""
+    """Every readable document file under ``path``, sorted; DataError when there is none. Of a
+    ``DatasetDict`` saved with ``save_to_disk`` (a ``dataset_dict.json`` beside its splits), only the
+    ``train`` split is read: the others are held out."""
     if not path.is_dir():
         raise DataError(f"dataset directory {path} does not exist")
-    files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    splits = [d.parent for d in path.rglob("dataset_dict.json")]
+
+    def held_out(f: Path) -> bool:
+        return any(root in f.parents and root / "train" not in f.parents for root in splits)
+
+    files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file() and not held_out(p))
     if not files:
         raise DataError(f"dataset directory {path} holds no {', '.join(SUFFIXES)} files")
     return files

@@ -19,21 +19,22 @@ DOCS = [f"document number {i}: " + "x" * (i % 7) for i in range(40)]
 
 
 def write_sources(root: Path) -> list[str]:
-    """DOCS spread over a .txt, a .jsonl, a .parquet and an arrow stream; returns them in file order."""
+    """DOCS spread over a .txt, a .jsonl, a .parquet and a DatasetDict written by ``datasets``
+    (its train split; its test split is held out); returns them in file order."""
     pa = pytest.importorskip("pyarrow")
-    import pyarrow.ipc as ipc
+    datasets = pytest.importorskip("datasets")
     import pyarrow.parquet as pq
 
     root.mkdir(parents=True)
     (root / "a.txt").write_text(DOCS[0])
-    (root / "b.jsonl").write_text(
-        "\n".join(json.dumps({"text": d, "id": i}) for i, d in enumerate(DOCS[1:15])) + "\n\n"
-    )
+    lines = [json.dumps({"text": d, "id": i}) for i, d in enumerate(DOCS[1:15])]
+    (root / "b.jsonl").write_text("\n".join(lines) + "\n\n")
     pq.write_table(pa.table({"text": DOCS[15:30]}), root / "c.parquet")
-    (root / "d").mkdir()
-    table = pa.table({"text": DOCS[30:]})
-    with ipc.new_stream(str(root / "d" / "data-00000-of-00001.arrow"), table.schema) as out:
-        out.write_table(table)
+    splits = {
+        "train": datasets.Dataset.from_dict({"text": DOCS[30:], "n": list(range(10))}),
+        "test": datasets.Dataset.from_dict({"text": ["held out"], "n": [0]}),
+    }
+    datasets.DatasetDict(splits).save_to_disk(str(root / "d"))
     return DOCS
 
 
