@@ -21,6 +21,9 @@ def _export(
     dtype: str = typer.Option(
         "float32", "--dtype", help="Weights as float32 (as trained), bfloat16 or float16."
     ),
+    tokenizer_file: Path | None = typer.Option(
+        None, "--tokenizer", help="The job's tokenizer.json (default: the one kept with the checkpoints)."
+    ),
 ) -> None:
     """Write config.json, the weights (safetensors) and the tokenizer: AutoModelForCausalLM loads it."""
     if dtype not in DTYPES:
@@ -30,7 +33,8 @@ def _export(
     from potluck.model.hub.convert import export_checkpoint
 
     try:
-        done = export_checkpoint(resolve_checkpoint(checkpoint), out, getattr(torch, dtype))
+        ref = resolve_checkpoint(checkpoint)
+        done = export_checkpoint(ref, out, getattr(torch, dtype), tokenizer_file=tokenizer_file)
     except (PotluckError, ValueError, OSError) as e:
         raise fail(str(e)) from None
     tied = " (head tied to the embedding)" if done.tied else ""

@@ -38,6 +38,9 @@ def _generate(
     temperature: float = typer.Option(0.8, "--temperature", min=0.0, help="0 = greedy (always the argmax)."),
     top_k: int = typer.Option(40, "--top-k", min=0, help="Sample among the k likeliest tokens; 0 = all."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed; same seed, same text."),
+    tokenizer_file: Path | None = typer.Option(
+        None, "--tokenizer", help="The job's tokenizer.json (default: the one kept with the checkpoints)."
+    ),
 ) -> None:
     """Print the prompt and the model's continuation, from the newest complete checkpoint."""
     from potluck.model.sampling import generate, load_checkpoint_tokenizer, load_model  # torch: here only
@@ -45,7 +48,7 @@ def _generate(
     try:
         ref = resolve_checkpoint(checkpoint)
         stages, _spec, meta = load_model(ref)
-        tokenizer = load_checkpoint_tokenizer(meta)
+        tokenizer = load_checkpoint_tokenizer(meta, ref.root, tokenizer_file)
         prompt_ids = tokenizer.encode(prompt)
         start = time.monotonic()
         new_ids = generate(stages, prompt_ids, max_tokens, temperature, top_k or None, seed)

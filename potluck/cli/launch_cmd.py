@@ -193,15 +193,19 @@ def _owner_files(job: JobSpec, job_file: Path, cfg: CoordinatorConfig) -> tuple[
     """What the job owner's machine prepares before the job is signed, under its checkpoint directory:
     a model ``from`` a Hugging Face directory as step 0 (model/hub/convert.py), and a data directory
     as a shipped corpus, its fingerprint in the job (model/corpus/ship.py); the coordinator serves both."""
-    from potluck.model.corpus.ship import job_tokenizer, ship_data
+    from potluck.model.corpus.ship import job_tokenizer, keep_tokenizer, ship_data
     from potluck.model.hub.convert import model_directory, pretrained_checkpoint
+    from potluck.model.hub.read import weights_digest
 
     root = cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
     try:
         job = job_tokenizer(job, job_file.parent)
         job, corpus = ship_data(job, job_file.parent, root / "corpus")
+        keep_tokenizer(job, job_file.parent, root)  # beside the checkpoints: generate and export find it
         if job.model.pretrained:
             directory = model_directory(job, job_file.parent)
+            model = job.model.model_copy(update={"weights_sha256": weights_digest(directory)})
+            job = job.model_copy(update={"model": model})
             if (written := pretrained_checkpoint(job, directory, root)) is not None:
                 err_console.print(
                     f"step 0 from {escape(str(directory))}: {escape(str(written))}", markup=True

@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import math
 from itertools import pairwise
+from pathlib import Path
 
 import torch
 
 from potluck.model.bottleneck import boundary_of
 from potluck.model.checkpoint import CheckpointRef, load_stage
 from potluck.model.data import ByteTokenizer, Tokenizer, load_tokenizer
+from potluck.model.errors import DataError
 from potluck.model.transformer import StageModel
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import CheckpointError
@@ -67,11 +69,30 @@ def load_model(ref: CheckpointRef) -> tuple[list[StageModel], ModelSpec, StageMe
     return stages, metas[0].model, metas[0]
 
 
-def load_checkpoint_tokenizer(meta: StageMeta) -> Tokenizer:
-    """The tokenizer the job trained with: bytes when ``meta.tokenizer`` is None, else that file."""
+CHECKPOINT_TOKENIZER = "tokenizer.json"  # the job's tokenizer, kept beside its owner's checkpoints
+
+
+def checkpoint_tokenizer_file(meta: StageMeta, root: Path, override: Path | None = None) -> Path | None:
+    """Where the tokenizer the job trained with is: ``override`` (``--tokenizer``), else the copy
+    ``potluck launch`` keeps in the checkpoint directory ``root``, else ``meta.tokenizer`` as a path from
+    here; None for the byte tokenizer. DataError when the job had one and none of these is a file."""
+    if override is not None:
+        return override
     if meta.tokenizer is None:
-        return ByteTokenizer()
-    return load_tokenizer(meta.tokenizer)
+        return None
+    for candidate in (root / CHECKPOINT_TOKENIZER, Path(meta.tokenizer).expanduser()):
+        if candidate.is_file():
+            return candidate
+    raise DataError(
+        f"the job trained with tokenizer {meta.tokenizer!r}, which is neither in {root} nor at that path "
+        "from here: pass --tokenizer FILE"
+    )
+
+
+def load_checkpoint_tokenizer(meta: StageMeta, root: Path, override: Path | None = None) -> Tokenizer:
+    """The tokenizer the job trained with (``checkpoint_tokenizer_file``)."""
+    file = checkpoint_tokenizer_file(meta, root, override)
+    return ByteTokenizer() if file is None else load_tokenizer(str(file))
 
 
 def _check_chain(stages: list[StageModel]) -> ModelSpec:

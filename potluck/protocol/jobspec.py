@@ -49,6 +49,7 @@ _MODEL_DEFAULTS: dict[str, object] = {
     "family": None,
     "from_dir": None,
     "init": None,
+    "weights_sha256": None,
 }
 
 ModelFamily = Literal["llama", "qwen2", "mistral"]  # the Hugging Face model types potluck runs
@@ -107,6 +108,9 @@ class ModelSpec(_Section):
         default=None, max_length=1024, validation_alias=AliasChoices("from", "from_dir")
     )
     init: Literal["pretrained", "random"] | None = None  # None: "pretrained" with ``from``, else random
+    # SHA-256 over the ``from`` directory's weight files (names and contents, model/hub/read.py): which
+    # weights a pretrained job starts from. Set by ``potluck launch``.
+    weights_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @field_validator("n_heads")
     @classmethod

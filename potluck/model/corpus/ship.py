@@ -4,11 +4,13 @@ over the swarm instead of each keeping a copy. Paths are the job owner's: relati
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from potluck.model.corpus.build import Corpus, prepare_corpus
 from potluck.model.data import load_tokenizer
 from potluck.model.errors import DataError
+from potluck.model.sampling import CHECKPOINT_TOKENIZER
 from potluck.protocol.jobspec import JobSpec
 
 MODEL_TOKENIZER = "tokenizer.json"  # a Hugging Face model directory's tokenizer
@@ -54,3 +56,15 @@ def ship_data(job: JobSpec, job_dir: Path, cache: Path) -> tuple[JobSpec, Corpus
     )
     data = spec.model_copy(update={"fingerprint": corpus.manifest.fingerprint})
     return job.model_copy(update={"data": data}), corpus
+
+
+def keep_tokenizer(job: JobSpec, job_dir: Path, root: Path) -> None:
+    """A copy of the job's tokenizer in its checkpoint directory ``root`` (the owner's copy), where
+    ``potluck generate`` and ``potluck export`` look for it (model/sampling.py)."""
+    if job.data.tokenizer is None:
+        return
+    source = owner_path(job_dir, job.data.tokenizer)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / CHECKPOINT_TOKENIZER
+    if not target.is_file() or target.read_bytes() != source.read_bytes():
+        shutil.copyfile(source, target)

@@ -27,8 +27,15 @@ from potluck.model.errors import HubError
 from potluck.model.hub.config import hf_config
 from potluck.model.hub.names import ENDS, LAYER_PARTS, layer_to_hf
 from potluck.model.hub.read import stage_weights
-from potluck.model.sampling import load_model
-from potluck.protocol.checkpoints import CheckpointRef, StageMeta, check_step, step_dir
+from potluck.model.sampling import checkpoint_tokenizer_file, load_model
+from potluck.protocol.checkpoints import (
+    CheckpointRef,
+    StageMeta,
+    check_step,
+    manifest_path,
+    read_manifest,
+    step_dir,
+)
 from potluck.protocol.errors import CheckpointError
 from potluck.protocol.jobspec import JobSpec, ModelSpec
 
@@ -45,33 +52,41 @@ def model_directory(job: JobSpec, job_dir: Path) -> Path:
 
 
 def pretrained_checkpoint(job: JobSpec, directory: Path, root: Path) -> Path | None:
-    """Write step 0 of ``job`` under ``root`` from ``directory``'s weights, unless a complete step 0 is
-    there already (a relaunch). Returns the step directory written, or None."""
+    """Write step 0 of ``job`` under ``root`` from ``directory``'s weights, unless that very step 0 is
+    there already (a relaunch; another model's step 0 is replaced). One stage per layer, the embedding
+    with the first and the final norm and head with the last, so that serving a stage reads only its
+    own layers. Returns the step directory written, or None."""
     spec = job.model
     existing = step_dir(root, 0)
     try:
-        check_step(existing)
-        logger.info("step 0 of %s is already at %s", job.name, existing)
-        return None
+        ref = check_step(existing)
+        if (
+            read_manifest(manifest_path(existing, 0), 0, 0).meta.model == spec
+            and ref.n_stages == spec.n_layers
+        ):
+            logger.info("step 0 of %s is already at %s", job.name, existing)
+            return None
     except CheckpointError:
         pass
-    tensors = stage_weights(directory, spec, 0, spec.n_layers)
-    meta = StageMeta(
-        job=job.name,
-        step=0,
-        stage=0,
-        n_stages=1,
-        first_layer=0,
-        last_layer=spec.n_layers,
-        model=spec,
-        seed=job.seed,
-        tokenizer=job.data.tokenizer,
-        epoch=0,
-    )
-    written = save_stage(root, {f"model.{k}": v for k, v in tensors.items()}, meta)
-    n = sum(t.numel() for t in tensors.values())
-    logger.info("step 0 of %s from %s: %d parameters at %s", job.name, directory, n, written)
-    return written
+    n = 0
+    for layer in range(spec.n_layers):
+        tensors = stage_weights(directory, spec, layer, layer + 1)
+        meta = StageMeta(
+            job=job.name,
+            step=0,
+            stage=layer,
+            n_stages=spec.n_layers,
+            first_layer=layer,
+            last_layer=layer + 1,
+            model=spec,
+            seed=job.seed,
+            tokenizer=job.data.tokenizer,
+            epoch=0,
+        )
+        save_stage(root, {f"model.{k}": v for k, v in tensors.items()}, meta)
+        n += sum(t.numel() for t in tensors.values())
+    logger.info("step 0 of %s from %s: %d parameters at %s", job.name, directory, n, existing)
+    return existing
 
 
 @dataclass(frozen=True)
@@ -120,9 +135,14 @@ def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, 
 
 
 def export_checkpoint(
-    ref: CheckpointRef, out: Path, dtype: torch.dtype = torch.float32, max_shard_bytes: int = MAX_SHARD_BYTES
+    ref: CheckpointRef,
+    out: Path,
+    dtype: torch.dtype = torch.float32,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+    tokenizer_file: Path | None = None,
 ) -> Export:
-    """Write ``ref`` (a complete checkpoint) to ``out`` as a Hugging Face model directory."""
+    """Write ``ref`` (a complete checkpoint) to ``out`` as a Hugging Face model directory, with the job's
+    tokenizer (``tokenizer_file``, else the one kept with the checkpoints: sampling.py)."""
     stages, spec, meta = load_model(ref)
     weights: dict[str, torch.Tensor] = {}
     for stage in stages:
@@ -157,8 +177,8 @@ def export_checkpoint(
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     (out / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2))
     files += ["config.json", "generation_config.json"]
-    if meta.tokenizer is not None and Path(meta.tokenizer).is_file():
-        shutil.copyfile(meta.tokenizer, out / "tokenizer.json")
+    if (tokenizer := checkpoint_tokenizer_file(meta, ref.root, tokenizer_file)) is not None:
+        shutil.copyfile(tokenizer, out / "tokenizer.json")
         files.append("tokenizer.json")
     n_params = sum(t.numel() for t in tensors.values())
     logger.info("exported step %d of %s to %s (%d parameters)", ref.step, meta.job, out, n_params)

@@ -9,6 +9,7 @@ trains fp32 master weights).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,18 @@ def stage_weights(directory: Path, spec: ModelSpec, first: int, last: int) -> di
                 f"{directory}: {name} has shape {tuple(tensor.shape)}, the model needs {tuple(shapes[name])}"
             )
     return out
+
+
+def weights_digest(directory: Path) -> str:
+    """SHA-256 over the directory's weight files: each file's name and SHA-256, in name order (what
+    the signed job names as ``model.weights_sha256``)."""
+    with HubWeights(directory) as hub:
+        files = sorted(set(hub.where.values()))
+    outer = hashlib.sha256()
+    for name in files:
+        inner = hashlib.sha256()
+        with (directory / name).open("rb") as f:
+            while chunk := f.read(1 << 24):
+                inner.update(chunk)
+        outer.update(f"{name}\0{inner.hexdigest()}\n".encode())
+    return outer.hexdigest()

@@ -1,7 +1,6 @@
 import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from potluck.model.data import (
     read_text_dir,
 )
 from potluck.protocol.jobspec import DataSpec
+from tests.helpers.bpe import train_bpe
 
 
 def test_byte_tokenizer_roundtrip():
@@ -168,27 +168,9 @@ def test_empty_directory_lists_every_suffix(tmp_path):
 # --- tokenizers -------------------------------------------------------------------------------------
 
 
-def _train_bpe(path: Path) -> Path:
-    """A tiny byte-level BPE tokenizer (256 bytes + merges + one special token) saved as JSON."""
-    tk = pytest.importorskip("tokenizers")
-    tok = tk.Tokenizer(tk.models.BPE())
-    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = tk.decoders.ByteLevel()
-    trainer = tk.trainers.BpeTrainer(
-        vocab_size=300,
-        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<eos>"],
-        show_progress=False,
-    )
-    tok.train_from_iterator([generated_corpus(2_000, seed=s) for s in range(5)], trainer=trainer)
-    file = path / "tokenizer.json"
-    tok.save(str(file))
-    return file
-
-
 def test_load_tokenizer_bytes_and_hugging_face_file(tmp_path, monkeypatch):
     assert isinstance(load_tokenizer(None), ByteTokenizer)
-    tok = load_tokenizer(str(_train_bpe(tmp_path)))
+    tok = load_tokenizer(str(train_bpe(tmp_path)))
     assert isinstance(tok, HFTokenizer) and 256 < tok.vocab_size <= 300
     text = "ada adds 3 and 4 to get 7.\nünïcode ✓<eos>"
     ids = tok.encode(text)
@@ -253,7 +235,7 @@ def test_load_dataset_generated_is_the_seeded_corpus_in_bytes():
 
 
 def test_load_dataset_directory_with_hugging_face_tokenizer(tmp_path, monkeypatch):
-    file = _train_bpe(tmp_path)
+    file = train_bpe(tmp_path)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text(generated_corpus(2_000, seed=1))

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from potluck.cli import app
 from potluck.model.checkpoint import CheckpointRef, latest_complete, save_stage
 from potluck.model.data import ByteTokenizer
-from potluck.model.sampling import generate, load_model
+from potluck.model.errors import DataError
+from potluck.model.sampling import checkpoint_tokenizer_file, generate, load_model
 from potluck.model.transformer import StageModel
 from potluck.protocol.checkpoints import StageMeta
 from potluck.protocol.errors import CheckpointError
@@ -183,3 +184,19 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path):
 def test_help_lists_generate():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0 and "generate" in result.output
+
+
+def test_the_jobs_tokenizer_is_found_beside_the_checkpoints_or_named(tmp_path, monkeypatch):
+    spec = ModelSpec(n_layers=1, d_model=16, n_heads=2, vocab_size=300, seq_len=8)
+    meta = StageMeta(
+        job="t", step=1, stage=0, n_stages=1, first_layer=0, last_layer=1, model=spec, seed=0,
+        tokenizer="data/tok.json", epoch=1,
+    )  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # "data/tok.json" from here: nothing
+    with pytest.raises(DataError, match="pass --tokenizer FILE"):
+        checkpoint_tokenizer_file(meta, tmp_path / "ckpt")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "tokenizer.json").write_text("{}")
+    assert checkpoint_tokenizer_file(meta, tmp_path / "ckpt") == tmp_path / "ckpt" / "tokenizer.json"
+    assert checkpoint_tokenizer_file(meta, tmp_path / "ckpt", tmp_path / "x.json") == tmp_path / "x.json"
+    assert checkpoint_tokenizer_file(meta.model_copy(update={"tokenizer": None}), tmp_path) is None

@@ -16,7 +16,7 @@ from potluck.model.errors import HubError
 from potluck.model.hub.config import hf_config, load_job_file
 from potluck.model.hub.convert import export_checkpoint, hf_tensors, pretrained_checkpoint
 from potluck.model.hub.names import stage_shapes
-from potluck.model.hub.read import stage_weights
+from potluck.model.hub.read import stage_weights, weights_digest
 from potluck.model.transformer import StageModel
 from potluck.protocol.checkpoints import check_step, step_dir
 from potluck.protocol.jobspec import JobSpec, ModelSpec
@@ -148,3 +148,17 @@ def test_a_model_with_bottleneck_maps_is_not_exported() -> None:
     model = StageModel(spec, 0, 2, seed=0, cuts=[1])
     with pytest.raises(HubError, match="bottleneck"):
         hf_tensors(spec, model.state_dict())
+
+
+def test_step_zero_is_one_stage_a_layer_and_follows_the_weights(tmp_path: Path) -> None:
+    make_model("llama", tmp_path / "m")
+    job = load_job_file(job_file(tmp_path, "m"))
+    digest = weights_digest(tmp_path / "m")
+    job = job.model_copy(update={"model": job.model.model_copy(update={"weights_sha256": digest})})
+    written = pretrained_checkpoint(job, tmp_path / "m", tmp_path / "ckpt")
+    assert written is not None and check_step(written).n_stages == job.model.n_layers
+    assert pretrained_checkpoint(job, tmp_path / "m", tmp_path / "ckpt") is None
+    make_model("llama", tmp_path / "m", seed=1)  # the owner replaced the weights
+    assert weights_digest(tmp_path / "m") != digest
+    changed = job.model.model_copy(update={"weights_sha256": weights_digest(tmp_path / "m")})
+    assert pretrained_checkpoint(job.model_copy(update={"model": changed}), tmp_path / "m", tmp_path / "ckpt")
