@@ -34,6 +34,7 @@ from potluck.cli.telemetry_opts import (
     TelemetryStack,
 )
 from potluck.cli.views.job import JobWatcher
+from potluck.cli.views.model import job_lines
 from potluck.coordinator.config import DEFAULT_HOME, AdmitConfig, AllocatorConfig, CoordinatorConfig
 from potluck.coordinator.memory import unfinished_swarm
 from potluck.errors import PotluckError, TaskFailed
@@ -325,6 +326,8 @@ async def _serve(
             err_console.print(
                 "peers join with:  potluck peer --join <invite>    (Ctrl-C stops the coordinator)"
             )
+            for line in job_lines(job):  # what a volunteer joins (the same lines as `potluck status`)
+                err_console.print(f"  {escape(line)}", markup=True, highlight=False)
         root = cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
         with JobWatcher(job, root, service.throughput) as watcher:
             service.events.subscribe(watcher.handle)

@@ -12,6 +12,7 @@ from rich.console import Console
 from potluck.cli.common import fail, network_config, parse_invite, peers_table
 from potluck.cli.views.job import plan_table
 from potluck.cli.views.jobs import job_row, jobs_table
+from potluck.cli.views.model import job_lines
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.membership import links_summary
 
@@ -38,6 +39,7 @@ def status(
     for offer in reading.offers:
         other_plan, other_progress = reading.others.get(offer.job, (None, []))
         jobs.append(job_row(offer.job, other_plan, other_progress, alloc, offer))
+    n_stages = len(plan.stages) if plan is not None and plan.stages else None
     if as_json:
         doc = {
             "swarm_id": invite.swarm_id,
@@ -48,6 +50,8 @@ def status(
             "jobs": jobs,
             "allocation": alloc.model_dump(mode="json") if alloc is not None else None,
             "classpar": reading.classpar.model_dump(mode="json") if reading.classpar is not None else None,
+            "job": reading.spec.model_dump(mode="json") if reading.spec is not None else None,
+            "job_summary": job_lines(reading.spec, n_stages) if reading.spec is not None else [],
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
@@ -55,6 +59,9 @@ def status(
         console.print(peers_table(peers, now, f"swarm {invite.swarm_id}: {len(peers)} live peers"))
         n_links = sum(len(r.links) for r in links.values())
         console.print(f"{n_links} measured links from {len(links)} peers (details: --json)")
+        if reading.spec is not None:
+            for line in job_lines(reading.spec, n_stages):
+                console.print(line, highlight=False)
         if plan is not None:
             paused = f", paused after step {plan.stop_at}" if plan.stop_at is not None else ""
             waits = f", {plan.waiting} (gone: {', '.join(p[:12] for p in plan.gone)})" if plan.waiting else ""

@@ -49,9 +49,15 @@ class StageRunner:
     # the job's bottleneck positions (TrainPlan.bottleneck_cuts, model/bottleneck.py); None: this
     # stage's own ends, as under a plan that names none
     cuts: tuple[int, ...] | None = None
+    # its state is loaded before it trains (``load_state_tensors``): built ``StageModel.unset``, so the
+    # weights take memory once, as the state that arrives, not also as a seeded draw
+    unset: bool = False
 
     def __post_init__(self) -> None:
-        self.model = StageModel(self.spec, self.first, self.last, self.seed, self.cuts).to(self.device)
+        if self.unset:
+            self.model = StageModel.unset(self.spec, self.first, self.last, self.seed, self.cuts, self.device)
+        else:
+            self.model = StageModel(self.spec, self.first, self.last, self.seed, self.cuts).to(self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, self.optimizer_spec)
@@ -66,6 +72,8 @@ class StageRunner:
             p.register_post_accumulate_grad_hook(lambda _p, i=i: self._grad_done(i))
         # bf16 autocast of forward and backward (model/device.py); master weights and AdamW stay fp32
         self.autocast = autocast_dtype(self.device, self.precision)
+        precision = "bf16 autocast" if self.autocast is not None else "fp32"
+        logger.info("layers [%d, %d) on %s in %s", self.first, self.last, self.device, precision)
         # pinned host buffers and a side stream for tensors crossing to and from the wire (CUDA only)
         self.staging = Staging(self.device)
 
@@ -273,6 +281,31 @@ class StageRunner:
                     out[f"optim.{name}.{key}"] = torch.as_tensor(st[key]).detach().cpu().reshape(-1)
         return out
 
+    def _take(self, weights: dict[str, torch.Tensor]) -> None:
+        """``load_state_dict(weights, strict=True)``, except that each tensor already of the parameter's
+        dtype and device becomes its storage instead of being copied into it: the state arrives once
+        in memory (the optimizer and the hooks hold the same ``Parameter`` objects)."""
+        own = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        expected = set(self.model.state_dict())
+        missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+        if missing or unexpected:
+            raise RuntimeError(
+                f"state does not fit the stage: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                target = own[name]
+                if tensor.shape != target.shape:
+                    raise RuntimeError(
+                        f"{name}: saved {tuple(tensor.shape)}, the stage has {tuple(target.shape)}"
+                    )
+                if tensor is target:
+                    continue
+                if tensor.dtype == target.dtype and tensor.device == target.device and tensor.is_contiguous():
+                    target.data = tensor
+                else:
+                    target.copy_(tensor)
+
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         """Restore what ``state_tensors`` saved; strict about missing and unexpected weights, except
         bottleneck maps at positions the saved stages and this one disagree on (state saved under
@@ -283,13 +316,16 @@ class StageRunner:
         fresh = [k for k in own if k not in weights and boundary_of(f"model.{k}")]
         if fresh:
             logger.warning("no saved bottleneck maps %s: they start from the identity init", fresh)
+            if self.unset:  # built without its draw: draw it now, the loaded weights then replace it
+                self.model.init()
             weights |= {k: own[k] for k in fresh}
         foreign = [k for k in weights if k not in own and boundary_of(f"model.{k}")]
         foreign = foreign if self.spec.bottleneck_rank is not None else []  # strict without a bottleneck
         if foreign:
             logger.warning("saved bottleneck maps %s are at no position of this stage: dropped", foreign)
             weights = {k: v for k, v in weights.items() if k not in foreign}
-        self.model.load_state_dict(weights, strict=True)
+        self._take(weights)
+        self.unset = False
         for name, p in zip(self.names, self.params, strict=True):
             keys = {key: tensors.get(f"optim.{name}.{key}") for key in ("exp_avg", "exp_avg_sq", "step")}
             if any(v is None for v in keys.values()):

@@ -144,7 +144,39 @@ class StageModel(nn.Module):
         cos, sin = rotary(spec.seq_len, spec.head_dim, spec.rope_theta, spec.rope_scaling)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self.seed = seed
         self._init_weights(seed)
+
+    @classmethod
+    def unset(
+        cls,
+        spec: ModelSpec,
+        first: int,
+        last: int,
+        seed: int,
+        cuts: Iterable[int] | None,
+        device: torch.device,
+    ) -> StageModel:
+        """The stage with its weights' memory reserved but not written (not resident until used), for a
+        stage whose state is loaded next: no seeded draw, no second copy of the weights while the state
+        arrives. ``init()`` draws what a load does not cover."""
+        with torch.device("meta"):
+            model = cls(spec, first, last, seed, cuts)
+        model = model.to_empty(device=device)
+        cos, sin = rotary(spec.seq_len, spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        model.cos, model.sin = cos.to(device), sin.to(device)
+        return model
+
+    @torch.no_grad()
+    def init(self) -> None:
+        """Every weight as the constructor draws it (for a stage built ``unset``)."""
+        for module in reversed(list(self.modules())):  # children first: a Boundary sets its maps last
+            reset = getattr(module, "reset_parameters", None)
+            if module is not self and callable(reset):
+                reset()
+            if isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+        self._init_weights(self.seed)
 
     @torch.no_grad()
     def _init_weights(self, seed: int) -> None:

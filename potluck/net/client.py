@@ -17,7 +17,8 @@ from potluck.protocol.classpar import ClassParPlan
 from potluck.protocol.envelope import TrustPolicy
 from potluck.protocol.identity import Identity
 from potluck.protocol.invite import Invite
-from potluck.protocol.keys import CLASSPAR, JOBS, LINKS, PEERS, PLAN, PROGRESS, JobKeys
+from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.keys import CLASSPAR, JOB, JOBS, LINKS, PEERS, PLAN, PROGRESS, JobKeys
 from potluck.protocol.membership import PeerView, link_reports, live_peers
 from potluck.protocol.records import LinkReport
 from potluck.protocol.training import Progress, TrainPlan
@@ -72,6 +73,11 @@ class SwarmClient:
             recs = [r for r in recs if r.epoch in (plan.epoch, plan.epoch - 1) and r.job == plan.job]
         return plan, sorted(recs, key=lambda r: (r.stage, r.replica, r.peer_id))
 
+    async def job_spec(self, timeout_s: float) -> JobSpec | None:
+        """The swarm's own job as its coordinator signed it (None: not readable)."""
+        found = await bounded(self.node.fetch(JOB.name), timeout_s, "reading the job")
+        return next((v.record for v in found if isinstance(v.record, JobSpec)), None)
+
     async def classpar(self, timeout_s: float) -> ClassParPlan | None:
         """The swarm's class-parallel plan (None: its job is a pipeline job, or none is readable)."""
         found = await bounded(self.node.fetch(CLASSPAR.name), timeout_s, "reading the class-parallel plan")
@@ -114,6 +120,7 @@ class SwarmReading:
     # each added job's newest plan and progress (job -> (plan, progress))
     others: dict[str, tuple[TrainPlan | None, list[Progress]]] = field(default_factory=dict)
     classpar: ClassParPlan | None = None  # the swarm's own job's plan when it is a class-parallel job
+    spec: JobSpec | None = None  # the swarm's own job, as signed
 
 
 async def read_swarm(invite: Invite, net: NetworkConfig, timeout_s: float) -> SwarmReading:
@@ -129,6 +136,7 @@ async def read_swarm(invite: Invite, net: NetworkConfig, timeout_s: float) -> Sw
             o.job: await client.job(timeout_s, JobKeys(o.job, home=False)) for o in offers[:MAX_JOBS_SHOWN]
         }
         classpar = await client.classpar(timeout_s)
-        return SwarmReading(peers, links, plan, progress, allocation, offers, others, classpar)
+        spec = await client.job_spec(timeout_s)
+        return SwarmReading(peers, links, plan, progress, allocation, offers, others, classpar, spec)
     finally:
         await client.close()

@@ -369,7 +369,8 @@ class PlanWorker(Replans):
                 budget=self._budget(job.name),
                 identity=self.identity,
             )
-            trainer.data_ready = data_ready
+            reads = trainer.runner.is_first or trainer.runner.is_last or trainer.runner.needs_tokens
+            trainer.data_ready = data_ready if reads else None  # a middle stage reads no tokens
             trainer.audit.excluded = self.node.policy.banned  # live: the ban list as the daemon reads it
             if self.plan is not None and self.plan.epoch == plan.epoch:  # a pause may have come meanwhile
                 trainer.stop_step = self.plan.stop_at

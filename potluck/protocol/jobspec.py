@@ -244,6 +244,7 @@ class DataSpec(_Section):
     # source of a pipeline job, which the peers then fetch over the swarm instead of reading a copy.
     fingerprint: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     shard_tokens: int = Field(default=1 << 22, ge=1024, le=1 << 26)  # tokens per shipped shard
+    tokens: int | None = Field(default=None, ge=1, le=1 << 44)  # a shipped corpus's size, set by launch
 
     @model_validator(mode="after")
     def _directory_has_path(self) -> DataSpec:
@@ -266,6 +267,8 @@ class DataSpec(_Section):
             del out["fingerprint"]
         if out.get("shard_tokens") == 1 << 22:
             del out["shard_tokens"]
+        if out.get("tokens", 0) is None:
+            del out["tokens"]
         return out
 
 

@@ -107,13 +107,16 @@ def pack(tensors: dict[str, torch.Tensor]) -> tuple[tuple[TensorEntry, ...], byt
 
 
 def unpack(entries: tuple[TensorEntry, ...], data: bytearray) -> dict[str, torch.Tensor]:
-    """Tensors from the byte stream ``pack`` made (each copied out into its own aligned storage)."""
+    """Tensors from the byte stream ``pack`` made: views of ``data`` where a tensor starts at a multiple
+    of its element size (no second copy of the state: a stage takes them as its weights), copies into
+    aligned storage elsewhere."""
     out, offset = {}, 0
     view = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     for e in entries:
-        n = e.nbytes
-        raw = view[offset : offset + n].clone()
-        out[e.name] = raw.view(getattr(torch, e.dtype)).reshape(e.shape)
+        n, dtype = e.nbytes, getattr(torch, e.dtype)
+        raw = view[offset : offset + n]
+        raw = raw if offset % dtype.itemsize == 0 else raw.clone()
+        out[e.name] = raw.view(dtype).reshape(e.shape)
         offset += n
     if offset != len(data):
         raise TransferError(f"state stream has {len(data)} bytes, its tensors {offset}")

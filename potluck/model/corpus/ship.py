@@ -36,13 +36,15 @@ def ship_data(job: JobSpec, job_dir: Path, cache: Path) -> tuple[JobSpec, Corpus
     """``job`` with ``data.fingerprint`` set and its corpus, for a directory source of a pipeline job
     (else ``job`` as it is and None). DataError naming what is missing or does not fit the model."""
     spec = job.data
+    if job.kind != "pipeline":  # a class-parallel job's images: each volunteer's checked copy
+        return job, None
     tokenizer_file = owner_path(job_dir, spec.tokenizer) if spec.tokenizer is not None else None
     tokenizer = load_tokenizer(str(tokenizer_file) if tokenizer_file is not None else None)
     if tokenizer.vocab_size > job.model.vocab_size:
         raise DataError(
             f"the tokenizer has {tokenizer.vocab_size} tokens but model.vocab_size is {job.model.vocab_size}"
         )
-    if job.kind != "pipeline" or spec.source != "directory":
+    if spec.source != "directory":
         return job, None
     assert spec.path is not None  # DataSpec requires it for a directory source
     if Path(spec.path).is_absolute():
@@ -54,14 +56,16 @@ def ship_data(job: JobSpec, job_dir: Path, cache: Path) -> tuple[JobSpec, Corpus
     corpus = prepare_corpus(
         directory, spec.text_field, tokenizer, tokenizer_file, job.seed, cache, spec.shard_tokens
     )
-    data = spec.model_copy(update={"fingerprint": corpus.manifest.fingerprint})
+    data = spec.model_copy(
+        update={"fingerprint": corpus.manifest.fingerprint, "tokens": corpus.manifest.tokens}
+    )
     return job.model_copy(update={"data": data}), corpus
 
 
 def keep_tokenizer(job: JobSpec, job_dir: Path, root: Path) -> None:
     """A copy of the job's tokenizer in its checkpoint directory ``root`` (the owner's copy), where
     ``potluck generate`` and ``potluck export`` look for it (model/sampling.py)."""
-    if job.data.tokenizer is None:
+    if job.data.tokenizer is None or job.kind != "pipeline":
         return
     source = owner_path(job_dir, job.data.tokenizer)
     root.mkdir(parents=True, exist_ok=True)

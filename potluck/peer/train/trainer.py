@@ -127,9 +127,9 @@ class Trainer:
             torch.device(cfg.device),
             cfg.precision,
             plan.bottleneck_cuts,  # the job's bottleneck positions, wherever this plan cuts
+            unset=plan.start_step > 0 or job.model.pretrained,  # its state is loaded (_restore)
         )
-        precision = "bf16 autocast" if self.runner.autocast is not None else "fp32"
-        logger.info("stage %d runs on %s in %s", self.stage, self.runner.device, precision)
+        logger.info("stage %d runs on %s", self.stage, self.runner.device)
         self.checkpoint_root = checkpoint_root  # this peer's own disk, never the job's checkpoint.dir
         comp = job.compression
         self.act_codec = get_codec(comp.activations)

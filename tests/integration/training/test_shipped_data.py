@@ -43,6 +43,7 @@ def test_a_folder_only_the_owner_holds_is_shipped_and_trained_on(tmp_path: Path)
     )
     with run_to_the_end(tmp_path, job, "ship-test", STEPS) as (swarm, text):
         assert "shipped to the peers" in text, text[-3000:]
+        assert "data: corpus shipped over the swarm" in text  # what a volunteer joins, under the invite
         blobs = next((owner / "ckpt" / "corpus").glob("*/blobs"))
         manifest = decode_manifest((blobs.parent / "manifest.json").read_bytes())
         owner_stream = np.concatenate(

@@ -74,3 +74,18 @@ def test_parameter_count_equals_the_spec_arithmetic(shape, family):
         assert sum(p.numel() for p in last.parameters()) == (
             (n_layers - 1) * spec.params_per_layer + spec.embed_params + d_model
         )
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"bottleneck_rank": 8, "bottleneck_tokens": True}, {"n_kv_heads": 1, "qkv_bias": True}]
+)
+def test_a_stage_built_unset_then_drawn_is_the_stage_built_drawn(extra):
+    spec = ModelSpec(n_layers=4, d_model=32, n_heads=2, vocab_size=64, seq_len=16, **extra)
+    drawn = StageModel(spec, 1, 4, seed=5, cuts=[2] if extra.get("bottleneck_rank") else None)
+    unset = StageModel.unset(
+        spec, 1, 4, 5, [2] if extra.get("bottleneck_rank") else None, torch.device("cpu")
+    )
+    unset.init()
+    a, b = drawn.state_dict(), unset.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(drawn.cos, unset.cos) and torch.equal(drawn.sin, unset.sin)
