@@ -17,8 +17,10 @@ Reported (the last line with --json is one JSON object):
   Target <= 1.3.
 - ``first_step_s``: from the plan's publication to the first committed step (model and data fetch,
   start barrier, the step itself).
-- ``data_tokens_per_s_ratio``: the slower of the owner's corpus build (tokens/s, read from its log) and a
-  peer's reads of sequences from its token file, over the tokens/s training consumed. Target >= 20.
+- ``data_tokens_per_s_ratio``: the slower of the owner's corpus build (tokens/s, read from its log; the
+  corpus encoded with a byte-level BPE tokenizer of 8,192 tokens learned on it and saved as the model's
+  ``tokenizer.json``) and a peer's reads of sequences from its token file, over the tokens/s training
+  consumed. Target >= 20.
 - ``export_s``: ``potluck export`` plus ``AutoModelForCausalLM.from_pretrained`` of the result.
 Sampling: each peer's RSS every 0.1 s (psutil); times from this process's clock as log lines appear.
 """
@@ -75,6 +77,24 @@ def make_model(directory: Path, small: bool) -> int:
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(directory)
     return sum(p.numel() for p in model.parameters())
+
+
+def make_tokenizer(model: Path, corpus: Path, vocab: int = 8192) -> None:
+    """A byte-level BPE tokenizer learned on the corpus, saved as the model's ``tokenizer.json`` (the
+    job then encodes its data with it, as with a real model's tokenizer)."""
+    import tokenizers as tk
+
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=vocab,
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
+    tok.train([str(f) for f in sorted(corpus.glob("*.txt"))[:2]], trainer=trainer)
+    tok.save(str(model / "tokenizer.json"))
 
 
 def make_corpus(directory: Path, mb: float) -> None:
@@ -139,12 +159,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--corpus-mb", type=float, default=8.0)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--keep", type=Path, default=None, help="work in this directory and keep it (logs)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-models-") as tmp:
-        root = Path(tmp)
+        root = args.keep or Path(tmp)
         owner = root / "owner"
         n_params = make_model(owner / "model", args.small)
         make_corpus(owner / "corpus", args.corpus_mb)
+        make_tokenizer(owner / "model", owner / "corpus")
         seq = 128
         job = write_job(
             owner / "job.toml",

@@ -199,7 +199,7 @@ def prepare_corpus(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     logger.info(
-        "data: %d documents, %d tokens in %d shards in %.1f s (%s)",
+        "data: %d documents, %d tokens in %d shards in %.2f s (%s)",
         manifest.documents,
         manifest.tokens,
         len(manifest.shards),
