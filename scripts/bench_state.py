@@ -4,7 +4,9 @@ Real p2pd daemons in one process (127.0.0.1), each under its own Ed25519 identit
 stage's tensors (fp32 with random mantissas, as trained weights are: zstd barely shrinks them) through
 ``peer.state.transfer.StateServer``; a third daemon pulls them with ``PeerSource`` (signed manifest,
 hash-checked chunks, chunks spread over the holders) and checks every byte. The first fetch of a range
-also has the holders build the manifest (pack + SHA-256 per chunk); repeats reuse it.
+also has the holders build the manifest (pack + SHA-256 per chunk); repeats reuse it. Each fetch's
+growth of this process's resident memory over the state's size is ``rss_ratio`` (repeats: the
+fetcher's alone; ``fetch_rss_ratio``, their median: 1.0 is the state in memory once).
 
     python scripts/bench_state.py [--mb 50] [--repeats 2] [--json]
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import sys
@@ -20,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's potluck
@@ -34,6 +38,7 @@ from potluck.transfer.server import StateServer, TransferConfig
 from potluck.transfer.snapshot import StageState
 
 SWARM = "bench-state"
+RSS = psutil.Process()
 MODEL = ModelSpec(n_layers=4, d_model=128, n_heads=2, vocab_size=256, seq_len=16)
 
 
@@ -79,9 +84,20 @@ async def run(mb: float, repeats: int) -> list[dict[str, float]]:
                 ids = [Holder(p2p.peer_id.to_base58(), 0, 2) for p2p, _ in nodes[:holders]]
                 source = PeerSource(Streams(nodes[2][0]), SWARM, ids, cfg)
                 for attempt in range(repeats):
+                    gc.collect()
+                    before, peak = RSS.memory_info().rss, [0]
+
+                    async def watch(peak: list[int] = peak) -> None:
+                        while True:
+                            peak[0] = max(peak[0], RSS.memory_info().rss)
+                            await asyncio.sleep(0.01)
+
+                    watching = asyncio.create_task(watch())
                     t0 = time.perf_counter()
                     got = await source.fetch(want, 300.0)
                     seconds = time.perf_counter() - t0
+                    watching.cancel()
+                    grown = max(peak[0], RSS.memory_info().rss) - before
                     for name, tensor in state.tensors.items():
                         if not torch.equal(got.tensors[name], tensor):
                             raise SystemExit(f"{name} arrived different from what was served")
@@ -92,8 +108,11 @@ async def run(mb: float, repeats: int) -> list[dict[str, float]]:
                             "mb": total / 1e6,
                             "seconds": seconds,
                             "mb_s": total / 1e6 / seconds,
+                            # the first fetch of a range also has the holders (this process) pack it
+                            "rss_ratio": grown / total,
                         }
                     )
+                    del got
             for server in servers:
                 await server.close()
     return rows
@@ -112,10 +131,13 @@ def main() -> None:
             f"{r['seconds']:.2f} s = {r['mb_s']:.0f} MB/s"
         )
     if args.json:
-        summary = {
+        summary: dict[str, float] = {
             f"mb_s_{h}_holders": statistics.median(r["mb_s"] for r in rows if r["holders"] == h)
             for h in (1, 2)
         }
+        repeat = [r["rss_ratio"] for r in rows if r["attempt"] > 0]
+        if repeat:  # the fetcher's memory alone: the state in memory once is 1.0
+            summary["fetch_rss_ratio"] = statistics.median(repeat)
         print(json.dumps({"rows": rows, **summary}))
 
 
