@@ -281,10 +281,11 @@ class StageRunner:
                     out[f"optim.{name}.{key}"] = torch.as_tensor(st[key]).detach().cpu().reshape(-1)
         return out
 
-    def _take(self, weights: dict[str, torch.Tensor]) -> None:
-        """``load_state_dict(weights, strict=True)``, except that each tensor already of the parameter's
-        dtype and device becomes its storage instead of being copied into it: the state arrives once
-        in memory (the optimizer and the hooks hold the same ``Parameter`` objects)."""
+    def _take(self, weights: dict[str, torch.Tensor], take: bool) -> None:
+        """``load_state_dict(weights, strict=True)``; with ``take``, each tensor already of the
+        parameter's dtype and device becomes its storage instead of being copied into it, so the state
+        is in memory once (the optimizer and the hooks hold the same ``Parameter`` objects). Only for
+        tensors nothing else holds: the stage trains them in place."""
         own = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         expected = set(self.model.state_dict())
         missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
@@ -301,13 +302,15 @@ class StageRunner:
                     )
                 if tensor is target:
                     continue
-                if tensor.dtype == target.dtype and tensor.device == target.device and tensor.is_contiguous():
+                same = tensor.dtype == target.dtype and tensor.device == target.device
+                if take and same and tensor.is_contiguous():
                     target.data = tensor
                 else:
                     target.copy_(tensor)
 
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Restore what ``state_tensors`` saved; strict about missing and unexpected weights, except
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], take: bool = False) -> None:
+        """Restore what ``state_tensors`` saved (``take``: as this stage's own storage where it can, for
+        tensors the caller made for it alone: ``_take``); strict about missing and unexpected weights, except
         bottleneck maps at positions the saved stages and this one disagree on (state saved under
         positions chosen afresh, say by a coordinator that lost its memory): a map this stage lacks is
         dropped, one it has that was not saved keeps its identity init, each with a warning."""
@@ -324,15 +327,20 @@ class StageRunner:
         if foreign:
             logger.warning("saved bottleneck maps %s are at no position of this stage: dropped", foreign)
             weights = {k: v for k, v in weights.items() if k not in foreign}
-        self._take(weights)
+        self._take(weights, take)
         self.unset = False
         for name, p in zip(self.names, self.params, strict=True):
             keys = {key: tensors.get(f"optim.{name}.{key}") for key in ("exp_avg", "exp_avg_sq", "step")}
             if any(v is None for v in keys.values()):
                 continue  # saved before the first step: no moments yet
             assert keys["exp_avg"] is not None and keys["exp_avg_sq"] is not None and keys["step"] is not None
+            moments = (keys["exp_avg"], keys["exp_avg_sq"])
+            adopt = take and all(
+                t.dtype == p.dtype and t.device == p.device and t.is_contiguous() for t in moments
+            )
+            avg, sq = (t.view_as(p) if adopt else t.view_as(p).to(p.device).clone() for t in moments)
             self.optimizer.state[p] = {
                 "step": keys["step"].reshape(()).clone().float(),
-                "exp_avg": keys["exp_avg"].view_as(p).to(p.device).clone(),
-                "exp_avg_sq": keys["exp_avg_sq"].view_as(p).to(p.device).clone(),
+                "exp_avg": avg,
+                "exp_avg_sq": sq,
             }

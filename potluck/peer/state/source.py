@@ -37,6 +37,9 @@ class FetchedState:
     tensors: dict[str, torch.Tensor]  # local names for a stage starting at the wanted ``first``
     step: int  # steps the state has taken; global step s reads sequences [s B, (s + 1) B), so it is
     source: str  # also the data position. Which source answered, for logs and reports
+    # the fetch made every tensor itself (pulled, read from disk): the stage may take them as its own
+    # storage; False where some are this peer's held state (served to others: copied, never taken)
+    owned: bool = False
 
 
 class StateSource(ABC):
@@ -73,7 +76,7 @@ class DiskSource(StateSource):
             raise StateError(f"{self.name}: no state within {timeout_s:.0f} s") from None
         except (CheckpointError, OSError) as e:
             raise StateError(f"{self.name}: {e}") from None
-        return FetchedState(tensors, want.step, self.name)
+        return FetchedState(tensors, want.step, self.name, owned=True)
 
 
 class LocalSource(StateSource):
@@ -162,20 +165,23 @@ class PeerSource(StateSource):
             if (s.meta.job, s.meta.model, s.meta.seed, s.meta.step) == wanted
         ]
 
-    async def _fetch(self, want: StateWant) -> dict[str, torch.Tensor]:
+    async def _fetch(self, want: StateWant) -> tuple[dict[str, torch.Tensor], bool]:
+        """The wanted tensors, and whether all were pulled (none is a piece of this peer's held state)."""
         merged: dict[str, torch.Tensor] = {}
+        owned = True
         n = want.model.n_layers
         for a, b, holders in self.segments(want.first, want.last, self.holders + self._local_holders(want)):
             part = StateWant(want.job, want.model, want.seed, want.step, a, b)
             mine = next((self.local[h] for h in holders if h in self.local), None)
             if mine is not None:  # in memory already: no transfer
                 merged.update(select(rename(mine.tensors, mine.meta.first_layer), a, b, n))
+                owned = False
             else:
                 merged.update(await pull_state(self.streams, self.protocol, holders, part, self.cfg))
         check_covers(merged, want.first, want.last, n, self.name)
-        return rename(merged, -want.first)
+        return rename(merged, -want.first), owned
 
-    async def _fetch_pruned(self, want: StateWant) -> dict[str, torch.Tensor]:
+    async def _fetch_pruned(self, want: StateWant) -> tuple[dict[str, torch.Tensor], bool]:
         """``_fetch``; holders that refused a stream are dead, asked no more by this source's next tries
         (the error still names every one of them, so the caller reports them as suspects)."""
         try:
@@ -185,7 +191,7 @@ class PeerSource(StateSource):
             self.holders = [h for h in self.holders if h.peer_id not in self._unreachable]
             raise StateError(str(e), self._unreachable, e.settling) from e
 
-    async def _fetch_settled(self, want: StateWant) -> dict[str, torch.Tensor]:
+    async def _fetch_settled(self, want: StateWant) -> tuple[dict[str, torch.Tensor], bool]:
         """``_fetch``, asked again while holders may still be settling (``transfer.copy.settled``): a
         hand-off's joiner asks before the old plan's peers reach its start step, and a dead holder among
         the live ones (a recent plan's peer) must not end the wait."""
@@ -193,10 +199,12 @@ class PeerSource(StateSource):
 
     async def fetch(self, want: StateWant, timeout_s: float) -> FetchedState:
         try:
-            tensors = await asyncio.wait_for(self._fetch_settled(want), min(timeout_s, self.cfg.deadline_s))
+            tensors, owned = await asyncio.wait_for(
+                self._fetch_settled(want), min(timeout_s, self.cfg.deadline_s)
+            )
         except TimeoutError:
             raise StateError(f"{self.name}: no complete state within {timeout_s:.0f} s") from None
-        return FetchedState(tensors, want.step, self.name)
+        return FetchedState(tensors, want.step, self.name, owned)
 
 
 async def fetch_first(sources: Sequence[StateSource], want: StateWant, timeout_s: float) -> FetchedState:

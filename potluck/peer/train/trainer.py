@@ -213,7 +213,7 @@ class Trainer:
         root, step = self.checkpoint_root, self.plan.start_step
         first, last = self.assignment.first_layer, self.assignment.last_layer
         tensors = load_layers(root, step, first, last, self.job.model.n_layers)
-        self.runner.load_state_tensors(tensors)
+        self.runner.load_state_tensors(tensors, take=True)  # read for this stage alone
         self._new_diloco()
         logger.info("stage %d resumed from %s", self.stage, step_dir(root, step))
 
@@ -236,7 +236,7 @@ class Trainer:
             fetched = await fetch_first(self.sources, self.want(), STATE_FETCH_TIMEOUT_S)
             nbytes = sum(t.numel() * t.element_size() for t in fetched.tensors.values())
             self.took = (fetched.source, time.perf_counter() - t0, nbytes)
-            await asyncio.to_thread(self.runner.load_state_tensors, fetched.tensors)
+            await asyncio.to_thread(self.runner.load_state_tensors, fetched.tensors, fetched.owned)
             self._new_diloco()
             logger.info("stage %d resumed at step %d from %s", self.stage, fetched.step, fetched.source)
         else:

@@ -66,7 +66,7 @@ def test_a_stage_built_unset_takes_the_loaded_tensors_as_its_weights():
     entries, data = pack(saved)
     loaded = unpack(entries, data)
     runner = StageRunner(MODEL, 0, 2, seed=3, optimizer_spec=spec, unset=True)
-    runner.load_state_tensors(loaded)
+    runner.load_state_tensors(loaded, take=True)
     buffer = torch.frombuffer(data, dtype=torch.uint8).data_ptr()
     embed = runner.model.embed
     assert embed is not None and buffer <= embed.weight.data_ptr() < buffer + len(data)  # no copy
@@ -95,3 +95,21 @@ def test_an_unset_stage_draws_the_maps_its_state_lacks():
         runner.load_state_tensors(saved)
     a, b = drawn.model.state_dict(), unset.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_tensors_not_taken_stay_as_they_were_while_the_stage_trains():
+    """This peer's held state (served to others) is copied into a stage, never taken: training the
+    stage must not change what it serves."""
+    spec = OptimizerSpec()
+    held = {
+        k: v.clone() for k, v in StageRunner(MODEL, 0, 2, seed=3, optimizer_spec=spec).state_tensors().items()
+    }
+    before = {k: v.clone() for k, v in held.items()}
+    runner = StageRunner(MODEL, 0, 2, seed=3, optimizer_spec=spec, unset=True)
+    runner.load_state_tensors(held)  # take=False: the default
+    for p in runner.params:
+        p.grad = torch.ones_like(p)
+    runner.step(lr=1e-2)
+    assert all(torch.equal(held[k], before[k]) for k in held)
+    embed = runner.model.embed
+    assert embed is not None and not torch.equal(embed.weight, before["model.embed.weight"])

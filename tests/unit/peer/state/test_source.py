@@ -68,7 +68,9 @@ def test_pieces_of_a_step_held_in_several_local_states_assemble_without_a_transf
     that re-cuts the layers to [0, 4) takes them from its memory, no holder dialled."""
     pieces = [held(0, 3, step=736), held(3, 4, step=736), held(0, 4, step=816)]
     source = PeerSource(None, "s", [], TransferConfig(), local=pieces)  # type: ignore[arg-type]  # no stream
-    got = asyncio.run(source.fetch(StateWant("j", MODEL, 1, 736, 0, 4), 5.0)).tensors
+    fetched = asyncio.run(source.fetch(StateWant("j", MODEL, 1, 736, 0, 4), 5.0))
+    assert not fetched.owned  # pieces of this peer's held state: copied into a stage, never taken
+    got = fetched.tensors
     local3 = pieces[1].tensors["model.layers.0.qkv.weight"]  # layer 3 is its stage's first
     assert torch.equal(got["model.layers.3.qkv.weight"], local3)
     assert torch.equal(got["model.layers.0.qkv.weight"], pieces[0].tensors["model.layers.0.qkv.weight"])
