@@ -122,7 +122,7 @@ def peer(
     data_dir: Path = typer.Option(
         None,
         "--data-dir",
-        help="Your copy of the job's text directory (default: the job's data.path under STATE_DIR/data).",
+        help="Your copy of the job's data (a shipped job's: used when it is the job's corpus, else fetched).",
     ),
     tokenizer: Path = typer.Option(
         None, "--tokenizer", help="Your copy of the job's tokenizer.json (default: under STATE_DIR/data)."

@@ -413,8 +413,13 @@ class PlanWorker(Replans):
     async def _dataset(self, job: JobSpec) -> tuple[TokenDataset, Callable[[int], Awaitable[None]] | None]:
         """The job's token stream, and what to await before each step: a shipped corpus's shards for that
         step (peer/data/feed.py); else the data read from this machine's files, once, and nothing."""
-        if job.data.fingerprint is not None:
-            feed = await self.feeds.open(job, job.sequences_per_step)
+        if job.data.fingerprint is not None:  # shipped; a copy under --data-dir is checked against it
+            mirror = None
+            if self.cfg.data_dir is not None:
+                spec = job.data.model_copy(update={"source": "generated", "path": None})  # its tokenizer only
+                tokenizer = local_data(spec, self.cfg.state_dir, None, self.cfg.tokenizer).tokenizer
+                mirror = (self.cfg.data_dir, Path(tokenizer) if tokenizer is not None else None)
+            feed = await self.feeds.open(job, job.sequences_per_step, mirror)
             return feed.dataset, feed.ready
         if job.name not in self._datasets:
             self._datasets[job.name], _ = await asyncio.to_thread(

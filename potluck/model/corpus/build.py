@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 SHARD_TOKENS = 1 << 22  # 4 Mi tokens a shard (data.shard_tokens): 8 MiB at uint16, seconds on a home link
 BATCH_CHARS = 1 << 24  # documents tokenized together (HF encode_batch runs them in parallel)
 PIECE_CHARS = 1 << 14  # a document is encoded in newline-cut pieces of about this many characters
+PROGRESS_EVERY_S = 10.0  # how often a long build says how far it is (the launch waits for it)
 BYTES_EOT = 0  # the byte tokenizer's end of text: NUL, which text files do not hold
 EOT_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eot_id|>", "<|im_end|>")
 MANIFEST = "manifest.json"
@@ -76,12 +77,13 @@ def _tokenize(
     """Pass 1: every document's ids and its end-of-text into ``scratch`` (uint32); (starts, lengths)."""
     starts, lengths = array("q"), array("q")
     at = 0
+    started = said = time.monotonic()
     with scratch.open("wb") as out:
         batch: list[str] = []
         chars = 0
 
         def flush() -> None:
-            nonlocal at, chars
+            nonlocal at, chars, said
             for ids in _encode(tokenizer, batch):
                 row = np.append(ids.astype(np.uint32), np.uint32(eot))
                 out.write(row.astype("<u4").tobytes())
@@ -90,6 +92,10 @@ def _tokenize(
                 at += len(row)
             batch.clear()
             chars = 0
+            if (now := time.monotonic()) - said >= PROGRESS_EVERY_S:  # a large corpus takes minutes
+                said = now
+                rate = at / max(now - started, 1e-9)
+                logger.warning("data: %d documents, %d tokens so far (%.0f tokens/s)", len(starts), at, rate)
 
         for text in documents(files, field):
             batch.append(text)

@@ -17,9 +17,10 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from potluck.model.corpus.build import Corpus, prepare_corpus
 from potluck.model.corpus.manifest import MAX_MANIFEST_BYTES, DataManifest, decode_manifest
 from potluck.model.corpus.tokens import ShardedTokens
-from potluck.model.data import TokenDataset
+from potluck.model.data import TokenDataset, load_tokenizer
 from potluck.model.errors import DataError
 from potluck.net.streams import Streams
 from potluck.protocol.jobspec import JobSpec
@@ -118,15 +119,25 @@ class Feeds:
                 await asyncio.sleep(0.5 * (attempt + 1))
         raise TransferError(f"data: {faults}")
 
-    async def open(self, job: JobSpec, per_step: int) -> DataFeed:
-        """The feed of ``job``'s shipped corpus (its manifest fetched and checked the first time)."""
+    async def open(
+        self, job: JobSpec, per_step: int, mirror: tuple[Path, Path | None] | None = None
+    ) -> DataFeed:
+        """The feed of ``job``'s shipped corpus (its manifest fetched and checked the first time).
+        ``mirror``: the volunteer's own copy of the data and the job's tokenizer file on this machine
+        (``--data-dir``, ``--tokenizer``): built here and, when it is the job's corpus, used instead
+        of fetching."""
         fingerprint = job.data.fingerprint
         assert fingerprint is not None
         if fingerprint in self.feeds:
             return self.feeds[fingerprint]
         directory = self.root / fingerprint
-        manifest = await self._manifest(directory, fingerprint)
+        local = (
+            await asyncio.to_thread(mirror_corpus, job, *mirror, self.root / "mirrors") if mirror else None
+        )
+        manifest = local.manifest if local is not None else await self._manifest(directory, fingerprint)
         tokens = await asyncio.to_thread(ShardedTokens, manifest, directory, job.model.seq_len)
+        if local is not None:
+            await asyncio.to_thread(fill_from, tokens, local)
         max_id = max(manifest.eot or 0, 0)
         if max_id >= job.model.vocab_size:
             raise DataError(f"the corpus's end-of-text id {max_id} is outside model.vocab_size")
@@ -161,3 +172,35 @@ class Feeds:
         for feed in self.feeds.values():
             feed.close()
         await self.server.close()
+
+
+def mirror_corpus(job: JobSpec, data_dir: Path, tokenizer_file: Path | None, cache: Path) -> Corpus | None:
+    """The volunteer's copy of the job's data built as the owner built it: the corpus when its
+    fingerprint is the job's, else None (said why at WARNING: the shards are then fetched)."""
+    spec = job.data
+    try:
+        tokenizer = load_tokenizer(str(tokenizer_file) if tokenizer_file is not None else None)
+        corpus = prepare_corpus(
+            data_dir, spec.text_field, tokenizer, tokenizer_file, job.seed, cache, spec.shard_tokens
+        )
+    except (DataError, OSError) as e:
+        logger.warning("data: your copy under %s is not used (%s); fetching the job's shards", data_dir, e)
+        return None
+    if corpus.manifest.fingerprint != spec.fingerprint:
+        logger.warning(
+            "data: your copy under %s differs from the job's data (fingerprint %s, the job's %s); fetching "
+            "the job's shards",
+            data_dir,
+            corpus.manifest.fingerprint[:12],
+            (spec.fingerprint or "")[:12],
+        )
+        return None
+    logger.info("data: your copy under %s is the job's corpus; no shard is fetched", data_dir)
+    return corpus
+
+
+def fill_from(tokens: ShardedTokens, corpus: Corpus) -> None:
+    """Every shard of ``tokens`` it does not have, from a local corpus of the same manifest."""
+    for index, shard in enumerate(tokens.manifest.shards):
+        if index not in tokens.have:
+            tokens.put(index, (corpus.blobs / shard.sha256).read_bytes())
