@@ -40,7 +40,7 @@ from potluck.coordinator.memory import unfinished_swarm
 from potluck.errors import PotluckError, TaskFailed
 from potluck.protocol.errors import ProtocolError
 from potluck.protocol.invite import Invite
-from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.jobspec import JobSpec, owner_path
 from potluck.protocol.keys import check_swarm_id
 
 if TYPE_CHECKING:
@@ -195,8 +195,8 @@ def _owner_files(job: JobSpec, job_file: Path, cfg: CoordinatorConfig) -> tuple[
     a model ``from`` a Hugging Face directory as step 0 (model/hub/convert.py), and a data directory
     as a shipped corpus, its fingerprint in the job (model/corpus/ship.py); the coordinator serves both."""
     from potluck.model.corpus.ship import job_tokenizer, keep_tokenizer, ship_data
-    from potluck.model.hub.convert import model_directory, pretrained_checkpoint
-    from potluck.model.hub.read import weights_digest
+    from potluck.model.hub.convert import pretrained_checkpoint
+    from potluck.model.hub.read import WEIGHTS_MEMO, weights_digest
 
     root = cfg.checkpoint_root or Path(job.checkpoint.dir).expanduser()
     try:
@@ -204,8 +204,11 @@ def _owner_files(job: JobSpec, job_file: Path, cfg: CoordinatorConfig) -> tuple[
         job, corpus = ship_data(job, job_file.parent, root / "corpus")
         keep_tokenizer(job, job_file.parent, root)  # beside the checkpoints: generate and export find it
         if job.model.pretrained:
-            directory = model_directory(job, job_file.parent)
-            model = job.model.model_copy(update={"weights_sha256": weights_digest(directory)})
+            assert job.model.from_dir is not None  # pretrained: it comes from a directory
+            directory = owner_path(job_file.parent, job.model.from_dir)
+            model = job.model.model_copy(
+                update={"weights_sha256": weights_digest(directory, root / WEIGHTS_MEMO)}
+            )
             job = job.model_copy(update={"model": model})
             if (written := pretrained_checkpoint(job, directory, root)) is not None:
                 err_console.print(

@@ -158,13 +158,11 @@ class StageRunner:
         and a replay is one micro-batch now and then."""
         if not (self.device.type != "cpu" if on_cpu is None else on_cpu):
             model = copy.deepcopy(self.model)  # parameter hooks are not copied: no overlap callbacks
-        else:
-            with torch.device("meta"):  # no initialisation work, no memory: the weights come next
-                model = StageModel(self.spec, self.first, self.last, self.seed, self.cuts)
-            model = model.to_empty(device="cpu")
+        else:  # no initialisation work, no memory but the copy: the weights come next
+            model = StageModel.unset(
+                self.spec, self.first, self.last, self.seed, self.cuts, torch.device("cpu")
+            )
             model.load_state_dict({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
-            for name, buf in self.model.named_buffers():  # non-persistent ones (rotary tables) too
-                model.get_buffer(name).copy_(buf.detach().cpu())
         model.requires_grad_(False)
         return model
 

@@ -71,6 +71,11 @@ def rotary(
     return angles.cos(), angles.sin()
 
 
+def spec_rotary(spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and sin tables of ``spec``'s sequence length, head width and rotary settings."""
+    return rotary(spec.seq_len, spec.head_dim, spec.rope_theta, spec.rope_scaling)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (even, odd) of the last dim of x: (batch, heads, seq, head_dim). (Hugging Face
     checkpoints pair dim i with i + head_dim / 2; model/hub/names.py reorders q and k rows to match.)"""
@@ -141,7 +146,7 @@ class StageModel(nn.Module):
         self.layers = nn.ModuleList(Block(spec) for _ in range(first, last))
         self.norm = RMSNorm(d, spec.norm_eps) if self.is_last else None
         self.head = nn.Linear(d, spec.vocab_size, bias=False) if self.is_last else None
-        cos, sin = rotary(spec.seq_len, spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        cos, sin = spec_rotary(spec)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         self.seed = seed
@@ -163,7 +168,7 @@ class StageModel(nn.Module):
         with torch.device("meta"):
             model = cls(spec, first, last, seed, cuts)
         model = model.to_empty(device=device)
-        cos, sin = rotary(spec.seq_len, spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        cos, sin = spec_rotary(spec)
         model.cos, model.sin = cos.to(device), sin.to(device)
         return model
 

@@ -555,6 +555,13 @@ def load_job(path: Path) -> JobSpec:
     return parse_job(read_job_file(path), source=str(path))
 
 
+def owner_path(job_dir: Path, name: str) -> Path:
+    """A path a job file names (a model directory, a data folder, a tokenizer) as the job owner's
+    machine reads it: relative to the job file's directory ``job_dir``, ``~`` expanded."""
+    path = Path(name).expanduser()
+    return path if path.is_absolute() else job_dir / path
+
+
 def read_job_file(path: Path) -> dict[str, object]:
     """A job file's TOML as a dict, bounded in size; ``JobSpecError`` when unreadable or not TOML."""
     try:

@@ -8,7 +8,6 @@ import math
 
 from potluck.protocol.jobspec import JobSpec
 
-BYTES_PER_PARAM = 16  # fp32 weights, gradients and two AdamW moments
 STATE_BYTES_PER_PARAM = 12  # what a stage's state transfer moves: weights and two moments
 GB, MB = 1e9, 1e6
 
@@ -28,15 +27,20 @@ def job_lines(job: JobSpec, n_stages: int | None = None) -> list[str]:
         f"model: {origin}, {params / 1e6:,.1f}M parameters, {m.n_layers} layers, d {m.d_model}, {heads}, "
         f"vocab {m.vocab_size:,}, {m.seq_len} tokens a sequence"
     ]
-    stages = n_stages or 1
-    layers = math.ceil(m.n_layers / stages)
-    # the widest stage, with an end table; the whole model has both
-    stage_params = layers * m.params_per_layer + m.embed_params if n_stages else params
-    act = job.batch.micro_batch_size * m.seq_len * m.d_model * 34 * layers  # one micro-batch in flight
+    # the planner's own memory model (costmodel.layer_memory): torch, so imported only here
+    from potluck.coordinator.job.plan import step_job
+    from potluck.coordinator.placement.costmodel import layer_memory
+
+    planned = step_job(job)
+    state, act = layer_memory(planned)
+    layers = math.ceil(m.n_layers / (n_stages or 1))
+    ends = (1 if n_stages else 2) * m.embed_params  # the widest stage has one end table, a whole model both
+    stage_params = layers * m.params_per_layer + ends
+    need = layers * (state + act) + ends * planned.bytes_per_param  # one micro-batch of activations
     where = f"a stage of {layers} of {m.n_layers} layers" if n_stages else "the whole model on one peer"
     lines.append(
-        f"memory: {where} needs about {(stage_params * BYTES_PER_PARAM + act) / GB:,.2f} GB "
-        f"(weights and AdamW at {BYTES_PER_PARAM} B a parameter, one micro-batch of activations)"
+        f"memory: {where} needs about {need / GB:,.2f} GB (weights and AdamW at "
+        f"{planned.bytes_per_param:g} B a parameter, one micro-batch of activations: the planner's estimate)"
     )
     d = job.data
     if d.fingerprint is not None and d.tokens is not None:

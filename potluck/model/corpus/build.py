@@ -25,6 +25,7 @@ from potluck.model.corpus.documents import documents, source_files
 from potluck.model.corpus.manifest import DataManifest, Shard, decode_manifest
 from potluck.model.data import ByteTokenizer, HFTokenizer, Tokenizer, pieces
 from potluck.model.errors import DataError
+from potluck.protocol.checkpoints import sha256_file
 
 logger = logging.getLogger(__name__)
 
@@ -157,14 +158,6 @@ def cache_key(
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def prepare_corpus(
     directory: Path,
     field: str,
@@ -176,7 +169,7 @@ def prepare_corpus(
 ) -> Corpus:
     """The shipped corpus of ``directory``: from ``cache`` when built before, else built there."""
     files = source_files(directory)
-    tok_id = file_sha256(tokenizer_file) if tokenizer_file is not None else "bytes"
+    tok_id = sha256_file(tokenizer_file) if tokenizer_file is not None else "bytes"
     home = cache / cache_key(files, directory, field, tok_id, seed, shard_tokens)
     if (home / MANIFEST).is_file():
         manifest = decode_manifest((home / MANIFEST).read_bytes())

@@ -11,14 +11,9 @@ from potluck.model.corpus.build import Corpus, prepare_corpus
 from potluck.model.data import load_tokenizer
 from potluck.model.errors import DataError
 from potluck.model.sampling import CHECKPOINT_TOKENIZER
-from potluck.protocol.jobspec import JobSpec
+from potluck.protocol.jobspec import JobSpec, owner_path
 
 MODEL_TOKENIZER = "tokenizer.json"  # a Hugging Face model directory's tokenizer
-
-
-def owner_path(job_dir: Path, name: str) -> Path:
-    path = Path(name).expanduser()
-    return path if path.is_absolute() else job_dir / path
 
 
 def job_tokenizer(job: JobSpec, job_dir: Path) -> JobSpec:

@@ -15,7 +15,7 @@ from typing import Any
 
 from potluck.model.errors import HubError
 from potluck.protocol.errors import JobSpecError
-from potluck.protocol.jobspec import JobSpec, ModelSpec, RopeScaling, parse_job, read_job_file
+from potluck.protocol.jobspec import JobSpec, ModelSpec, RopeScaling, owner_path, parse_job, read_job_file
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KB; refuse to parse anything near this
@@ -128,8 +128,7 @@ def expand_model(model: dict[str, Any], base: Path) -> dict[str, Any]:
         return model
     if not isinstance(source, str) or not source:
         raise HubError("model.from: a path to a Hugging Face model directory")
-    directory = Path(source).expanduser()
-    directory = directory if directory.is_absolute() else base / directory
+    directory = owner_path(base, source)
     where = str(directory / CONFIG)
     config = read_config(directory)
     fields = spec_fields(config, where)

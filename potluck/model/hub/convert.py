@@ -1,9 +1,9 @@
 """From a Hugging Face directory to the swarm's step 0, and from a checkpoint back to a directory.
 
 ``pretrained_checkpoint``: a job ``from`` a model directory starts from its weights. ``potluck launch``
-writes them once, as step 0 of the job owner's checkpoint copy (one stage holding every layer, weights
-only: AdamW starts empty); the coordinator serves that copy like any other, so each peer pulls exactly
-its stage's layers over the swarm, hash-checked, and a volunteer never copies the model.
+writes them once, as step 0 of the job owner's checkpoint copy (one stage a layer, weights only: AdamW
+starts empty); the coordinator serves that copy like any other, so each peer pulls exactly its stage's
+layers over the swarm, hash-checked, and a volunteer never copies the model.
 
 ``export_checkpoint``: a complete checkpoint as a directory ``transformers.AutoModelForCausalLM`` loads:
 ``config.json`` (the family the job came from; ``llama`` for a native job), the weights in safetensors
@@ -26,7 +26,7 @@ from potluck.model.checkpoint import save_stage
 from potluck.model.errors import HubError
 from potluck.model.hub.config import hf_config
 from potluck.model.hub.names import ENDS, LAYER_PARTS, layer_to_hf
-from potluck.model.hub.read import stage_weights
+from potluck.model.hub.read import HubWeights
 from potluck.model.sampling import checkpoint_tokenizer_file, load_model
 from potluck.protocol.checkpoints import (
     CheckpointRef,
@@ -42,13 +42,6 @@ from potluck.protocol.jobspec import JobSpec, ModelSpec
 logger = logging.getLogger(__name__)
 
 MAX_SHARD_BYTES = 2 << 30  # weights per safetensors file of an export; more: shards with an index
-
-
-def model_directory(job: JobSpec, job_dir: Path) -> Path:
-    """Where the job's ``model.from`` points on this machine (relative paths: from ``job_dir``)."""
-    assert job.model.from_dir is not None
-    path = Path(job.model.from_dir).expanduser()
-    return path if path.is_absolute() else job_dir / path
 
 
 def pretrained_checkpoint(job: JobSpec, directory: Path, root: Path) -> Path | None:
@@ -69,24 +62,30 @@ def pretrained_checkpoint(job: JobSpec, directory: Path, root: Path) -> Path | N
     except CheckpointError:
         pass
     n = 0
-    for layer in range(spec.n_layers):
-        tensors = stage_weights(directory, spec, layer, layer + 1)
-        meta = StageMeta(
-            job=job.name,
-            step=0,
-            stage=layer,
-            n_stages=spec.n_layers,
-            first_layer=layer,
-            last_layer=layer + 1,
-            model=spec,
-            seed=job.seed,
-            tokenizer=job.data.tokenizer,
-            epoch=0,
-        )
-        save_stage(root, {f"model.{k}": v for k, v in tensors.items()}, meta)
-        n += sum(t.numel() for t in tensors.values())
+    with HubWeights(directory) as hub:  # its index read and its files opened once, for every layer
+        for layer in range(spec.n_layers):
+            n += _write_layer(job, hub.stage(spec, layer, layer + 1), layer, root)
     logger.info("step 0 of %s from %s: %d parameters at %s", job.name, directory, n, existing)
     return existing
+
+
+def _write_layer(job: JobSpec, tensors: dict[str, torch.Tensor], layer: int, root: Path) -> int:
+    """Layer ``layer`` as stage ``layer`` of step 0; returns its parameter count."""
+    spec = job.model
+    meta = StageMeta(
+        job=job.name,
+        step=0,
+        stage=layer,
+        n_stages=spec.n_layers,
+        first_layer=layer,
+        last_layer=layer + 1,
+        model=spec,
+        seed=job.seed,
+        tokenizer=job.data.tokenizer,
+        epoch=0,
+    )
+    save_stage(root, {f"model.{k}": v for k, v in tensors.items()}, meta)
+    return sum(t.numel() for t in tensors.values())
 
 
 @dataclass(frozen=True)

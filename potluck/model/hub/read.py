@@ -19,10 +19,12 @@ from safetensors import SafetensorError, safe_open
 
 from potluck.model.errors import HubError
 from potluck.model.hub.names import ENDS, layer_from_hf, stage_shapes
+from potluck.protocol.checkpoints import sha256_file
 from potluck.protocol.jobspec import ModelSpec
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+WEIGHTS_MEMO = "weights-sha256.json"  # beside the owner's checkpoints: weight files' hashes by size, time
 MAX_INDEX_BYTES = 64 << 20  # an index lists names and file names; a real one is well under 1 MB
 
 
@@ -74,51 +76,66 @@ class HubWeights(contextlib.AbstractContextManager["HubWeights"]):
         except SafetensorError as e:
             raise HubError(f"{self.directory / file}: cannot read {name} ({e})") from None
 
+    def stage(self, spec: ModelSpec, first: int, last: int) -> dict[str, torch.Tensor]:
+        """The model weights of layers [first, last) (with the embedding, final norm and head where the
+        stage holds them), named as a ``StageModel``'s ``state_dict`` names them: layers local to
+        ``first``; every shape checked against the spec. A tied model without ``lm_head.weight`` takes
+        its head from the embedding."""
+        shapes = stage_shapes(spec, first, last)
+        out: dict[str, torch.Tensor] = {}
+        for layer in range(first, last):
+            try:
+                tensors = layer_from_hf(spec, layer, self.get)
+            except KeyError as e:
+                raise HubError(f"{self.directory}: no tensor {e.args[0]} (layer {layer})") from None
+            out |= {f"layers.{layer - first}.{k}": v for k, v in tensors.items()}
+        for ours, theirs in ENDS.items():
+            if ours not in shapes:
+                continue
+            tensor = self.get(theirs)
+            if tensor is None and ours == "head.weight" and spec.tie_embeddings:
+                tensor = self.get(ENDS["embed.weight"])
+            if tensor is None:
+                raise HubError(f"{self.directory}: no tensor {theirs}")
+            out[ours] = tensor
+        for name, tensor in out.items():
+            if tuple(tensor.shape) != shapes[name]:
+                got = tuple(tensor.shape)
+                raise HubError(f"{self.directory}: {name} has shape {got}, the model needs {shapes[name]}")
+        return out
+
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
 
 
 def stage_weights(directory: Path, spec: ModelSpec, first: int, last: int) -> dict[str, torch.Tensor]:
-    """The model weights of layers [first, last) (with the embedding, final norm and head where the
-    stage holds them), named as a ``StageModel``'s ``state_dict`` names them: layers local to
-    ``first``; every shape checked against the spec. A tied model without ``lm_head.weight`` takes its
-    head from the embedding."""
-    shapes = stage_shapes(spec, first, last)
-    out: dict[str, torch.Tensor] = {}
+    """``HubWeights.stage`` of ``directory`` (opened for this one stage)."""
     with HubWeights(directory) as hub:
-        for layer in range(first, last):
-            try:
-                tensors = layer_from_hf(spec, layer, hub.get)
-            except KeyError as e:
-                raise HubError(f"{directory}: no tensor {e.args[0]} (layer {layer})") from None
-            out |= {f"layers.{layer - first}.{k}": v for k, v in tensors.items()}
-        for ours, theirs in ENDS.items():
-            if ours not in shapes:
-                continue
-            tensor = hub.get(theirs)
-            if tensor is None and ours == "head.weight" and spec.tie_embeddings:
-                tensor = hub.get(ENDS["embed.weight"])
-            if tensor is None:
-                raise HubError(f"{directory}: no tensor {theirs}")
-            out[ours] = tensor
-    for name, tensor in out.items():
-        if tuple(tensor.shape) != shapes[name]:
-            raise HubError(
-                f"{directory}: {name} has shape {tuple(tensor.shape)}, the model needs {tuple(shapes[name])}"
-            )
-    return out
+        return hub.stage(spec, first, last)
 
 
-def weights_digest(directory: Path) -> str:
+def weights_digest(directory: Path, memo: Path | None = None) -> str:
     """SHA-256 over the directory's weight files: each file's name and SHA-256, in name order (what
-    the signed job names as ``model.weights_sha256``)."""
+    the signed job names as ``model.weights_sha256``). ``memo``: a JSON file keeping each file's hash
+    by its size and modification time, so a relaunch does not read gigabytes of unchanged weights
+    again."""
     with HubWeights(directory) as hub:
         files = sorted(set(hub.where.values()))
+    known: dict[str, object] = {}
+    if memo is not None and memo.is_file():
+        with contextlib.suppress(OSError, ValueError):
+            known = dict(json.loads(memo.read_text()))
     outer = hashlib.sha256()
     for name in files:
-        inner = hashlib.sha256()
-        with (directory / name).open("rb") as f:
-            while chunk := f.read(1 << 24):
-                inner.update(chunk)
-        outer.update(f"{name}\0{inner.hexdigest()}\n".encode())
+        path = directory / name
+        stat, key = path.stat(), str(path.resolve())
+        entry = known.get(key)
+        if not (
+            isinstance(entry, list) and len(entry) == 3 and entry[:2] == [stat.st_size, stat.st_mtime_ns]
+        ):
+            entry = known[key] = [stat.st_size, stat.st_mtime_ns, sha256_file(path)]
+        outer.update(f"{name}\0{entry[2]}\n".encode())
+    if memo is not None:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        memo.write_text(json.dumps(known))
     return outer.hexdigest()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from potluck.model.corpus.build import Corpus, prepare_corpus
@@ -36,13 +36,12 @@ FETCH_TRIES = 3  # rounds over the holders before a shard counts as unavailable
 
 
 class DataFeed:
-    def __init__(
-        self, tokens: ShardedTokens, fetch: Callable[[str, int], asyncio.Future[bytes]], per_step: int
-    ):
+    def __init__(self, tokens: ShardedTokens, fetch: Callable[[str, int], Awaitable[bytes]], per_step: int):
         self.tokens, self._fetch, self.per_step = tokens, fetch, per_step
         m = tokens.manifest
         self.ahead = max(1, math.ceil(READ_AHEAD_SHARDS * m.shard_tokens / (per_step * tokens.seq_len)))
         self._reading: asyncio.Task[None] | None = None
+        self._fetching: dict[int, asyncio.Task[None]] = {}  # one fetch a shard, whoever asks for it
         self.by_hash = {s.sha256: i for i, s in enumerate(m.shards)}
 
     @property
@@ -50,10 +49,20 @@ class DataFeed:
         return self.tokens.dataset
 
     async def _get(self, index: int) -> None:
+        """Shard ``index`` here: fetched, or awaited where a fetch of it is under way (a step may need
+        the shard the read-ahead is fetching)."""
         if index in self.tokens.have:
             return
-        shard = self.tokens.manifest.shards[index]
-        data = await self._fetch(shard.sha256, self.tokens.manifest.shard_bytes(index))
+        task = self._fetching.get(index)
+        if task is None:
+            task = self._fetching[index] = asyncio.create_task(self._fetch_shard(index))
+            task.add_done_callback(lambda _t: self._fetching.pop(index, None))
+        await asyncio.shield(task)  # a cancelled read-ahead does not cancel the step's wait, nor the reverse
+
+    async def _fetch_shard(self, index: int) -> None:
+        data = await self._fetch(
+            self.tokens.manifest.shards[index].sha256, self.tokens.manifest.shard_bytes(index)
+        )
         await asyncio.to_thread(self.tokens.put, index, data)
 
     async def ready(self, step: int) -> None:
@@ -82,8 +91,9 @@ class DataFeed:
         return None if index is None else self.tokens.shard(index)
 
     def close(self) -> None:
-        if self._reading is not None:
-            self._reading.cancel()
+        for task in [self._reading, *self._fetching.values()]:
+            if task is not None:
+                task.cancel()
 
 
 class Feeds:
@@ -110,14 +120,15 @@ class Feeds:
         return None
 
     async def _fetch(self, sha: str, max_bytes: int) -> bytes:
-        faults = ""
-        for attempt in range(FETCH_TRIES):
+        tries = 0
+        while True:
             try:
                 return await fetch_blob(self.streams, self.swarm_id, self.holders(), sha, max_bytes, self.cfg)
             except TransferError as e:
-                faults = str(e)
-                await asyncio.sleep(0.5 * (attempt + 1))
-        raise TransferError(f"data: {faults}")
+                tries += 1
+                if tries == FETCH_TRIES:
+                    raise TransferError(f"data: {e}") from None
+                await asyncio.sleep(0.5 * tries)
 
     async def open(
         self, job: JobSpec, per_step: int, mirror: tuple[Path, Path | None] | None = None
@@ -138,10 +149,9 @@ class Feeds:
         tokens = await asyncio.to_thread(ShardedTokens, manifest, directory, job.model.seq_len)
         if local is not None:
             await asyncio.to_thread(fill_from, tokens, local)
-        max_id = max(manifest.eot or 0, 0)
-        if max_id >= job.model.vocab_size:
-            raise DataError(f"the corpus's end-of-text id {max_id} is outside model.vocab_size")
-        feed = DataFeed(tokens, lambda sha, n: asyncio.ensure_future(self._fetch(sha, n)), per_step)
+        if manifest.eot is not None and manifest.eot >= job.model.vocab_size:
+            raise DataError(f"the corpus's end-of-text id {manifest.eot} is outside model.vocab_size")
+        feed = DataFeed(tokens, self._fetch, per_step)
         self.feeds[fingerprint] = feed
         logger.info(
             "data: shipped corpus %s: %d tokens in %d shards, %d here",

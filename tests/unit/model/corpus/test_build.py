@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from potluck.model.corpus.build import BYTES_EOT, MANIFEST, file_sha256, prepare_corpus
+from potluck.model.corpus.build import BYTES_EOT, MANIFEST, prepare_corpus
 from potluck.model.corpus.manifest import DataManifest, Shard, decode_manifest
 from potluck.model.data import ByteTokenizer, load_tokenizer
 from potluck.model.errors import DataError
+from potluck.protocol.checkpoints import sha256_file
 from tests.helpers.bpe import train_bpe
 
 DOCS = [f"document number {i}: " + "x" * (i % 7) for i in range(40)]
@@ -120,7 +121,7 @@ def test_a_hugging_face_tokenizer_separates_documents_with_its_end_of_text(tmp_p
     file = tmp_path / "tokenizer.json"
     c = prepare_corpus(tmp_path / "data", "text", tokenizer, file, 5, tmp_path / "cache", shard_tokens=128)
     eot = c.manifest.eot
-    assert eot == tokenizer.inner.token_to_id("<eos>") and c.manifest.tokenizer == file_sha256(file)
+    assert eot == tokenizer.inner.token_to_id("<eos>") and c.manifest.tokenizer == sha256_file(file)
     tokens = stream(c.blobs, (c.blobs / c.manifest.fingerprint).read_bytes())
     cuts = np.flatnonzero(tokens == eot)
     pieces = np.split(tokens, cuts + 1)[:-1]

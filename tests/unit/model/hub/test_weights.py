@@ -162,3 +162,13 @@ def test_step_zero_is_one_stage_a_layer_and_follows_the_weights(tmp_path: Path) 
     assert weights_digest(tmp_path / "m") != digest
     changed = job.model.model_copy(update={"weights_sha256": weights_digest(tmp_path / "m")})
     assert pretrained_checkpoint(job.model_copy(update={"model": changed}), tmp_path / "m", tmp_path / "ckpt")
+
+
+def test_a_relaunch_reuses_the_weights_hashes_it_kept_and_sees_a_changed_file(tmp_path: Path) -> None:
+    make_model("llama", tmp_path / "m")
+    memo = tmp_path / "ckpt" / "weights-sha256.json"
+    digest = weights_digest(tmp_path / "m", memo)
+    assert memo.is_file() and weights_digest(tmp_path / "m") == digest  # the memo changes nothing
+    assert weights_digest(tmp_path / "m", memo) == digest
+    make_model("llama", tmp_path / "m", seed=1)  # new bytes, a new modification time
+    assert weights_digest(tmp_path / "m", memo) != digest
